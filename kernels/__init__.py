@@ -1,0 +1,66 @@
+"""LoRA kernels, one device-agnostic entry point.
+
+CUDA tensors go to the SGMV/BGMV CUDA kernels (compiled at run time through CuPy/NVRTC,
+see ``kernels.cuda``); CPU tensors go to the PyTorch reference (``kernels.reference``),
+which defines the semantics. Callers never choose the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels import reference
+
+__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "prefer_bgmv", "reference"]
+
+
+def _cuda_ops():
+    from kernels import cuda  # noqa: PLC0415  (imports CuPy; only on CUDA tensors)
+
+    return cuda
+
+
+def add_lora_slices(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_off: torch.Tensor,
+    b_off: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    seg: torch.Tensor,
+    layer: int,
+    out_widths: Sequence[int],
+    workspace: torch.Tensor,
+) -> None:
+    """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices."""
+    impl = _cuda_ops().add_lora_slices if x.is_cuda else reference.add_lora_slices
+    impl(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
+
+
+def add_lora_slices_bgmv(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_off: torch.Tensor,
+    b_off: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    row_slot: torch.Tensor,
+    layer: int,
+    out_widths: Sequence[int],
+    workspace: torch.Tensor,
+) -> None:
+    """BGMV: y[t, slice p] += scale_ps * (x[t] @ A_ps) @ B_ps, s = row_slot[t]. See the reference."""
+    impl = _cuda_ops().add_lora_slices_bgmv if x.is_cuda else reference.add_lora_slices_bgmv
+    impl(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
+
+
+def prefer_bgmv(num_rows: int, num_segments: int) -> bool:
+    """Dispatch rule: BGMV when the batch is decode-like with mostly distinct adapters.
+
+    Placeholder-free default until measured on the GPU: segments of one row each.
+    """
+    return num_segments > 0 and num_rows == num_segments
