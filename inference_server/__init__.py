@@ -1,0 +1,1 @@
+"""loraplex inference server: engine, model, LoRA runtime and the gRPC edge."""

@@ -1,0 +1,1 @@
+"""The engine: requests, scheduler, KV block manager, model runner, async front."""

@@ -1,0 +1,117 @@
+"""What a caller hands the engine, and what the engine streams back."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from inference_server.errors import InvalidRequestError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How the next token is chosen. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    logprobs: bool = False  # return the chosen token's log-probability
+    top_logprobs: int = 0  # and this many alternatives
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError(f"must be a finite number >= 0, got {self.temperature}", "temperature")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"must be >= 0 (0 = off), got {self.top_k}", "top_k")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError(f"must be in (0, 1], got {self.top_p}", "top_p")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise InvalidRequestError(f"must be > 0, got {self.repetition_penalty}", "repetition_penalty")
+        if not (0 <= self.top_logprobs <= 20):
+            raise InvalidRequestError(f"must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
+        if self.seed is not None and not (0 <= self.seed < 2**63):
+            raise InvalidRequestError(f"must be in [0, 2^63), got {self.seed}", "seed")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoppingCriteria:
+    """When generation ends (besides the context window)."""
+
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InvalidRequestError(f"must be >= 1, got {self.max_new_tokens}", "max_new_tokens")
+        if any(not s for s in self.stop_strings):
+            raise InvalidRequestError("stop strings must be non-empty", "stop_strings")
+        if len(self.stop_strings) > 16:
+            raise InvalidRequestError("at most 16 stop strings", "stop_strings")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("token ids must be >= 0", "stop_token_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One generation: prompt token ids, the adapter (None = base model), parameters."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    adapter_id: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stopping: StoppingCriteria = field(default_factory=StoppingCriteria)
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise InvalidRequestError("must be non-empty", "request_id")
+        if not self.prompt_token_ids:
+            raise InvalidRequestError("prompt is empty", "prompt")
+        if any(t < 0 for t in self.prompt_token_ids):
+            raise InvalidRequestError("token ids must be >= 0", "prompt_token_ids")
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # max_new_tokens or the context window
+    STOP = "stop"  # EOS, a stop token or a stop string
+    ABORT = "abort"  # cancelled by the caller or the server
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    queue_s: float  # submit -> first scheduled
+    ttft_s: float  # submit -> first token
+    total_s: float  # submit -> finish
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One streamed step of a request: new tokens and their text (never a split UTF-8 char).
+
+    The last event of a stream has ``finish_reason`` set, with usage and timings.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[dict[int, float], ...] | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None

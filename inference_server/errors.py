@@ -1,0 +1,35 @@
+"""Domain errors. The gRPC edge maps each class to one status code (see the interceptor)."""
+
+from __future__ import annotations
+
+
+class LoraplexError(Exception):
+    """Base class of every error loraplex raises on purpose."""
+
+
+class InvalidRequestError(LoraplexError, ValueError):
+    """A caller's mistake (INVALID_ARGUMENT). ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class AdapterNotFoundError(LoraplexError, LookupError):
+    """The adapter id does not name a stored adapter (NOT_FOUND)."""
+
+    def __init__(self, adapter_id: str) -> None:
+        super().__init__(f"adapter {adapter_id!r} not found")
+        self.adapter_id = adapter_id
+
+
+class AdapterValidationError(InvalidRequestError):
+    """An adapter is malformed, unsupported, or does not fit the base model."""
+
+
+class ResourceExhaustedError(LoraplexError):
+    """A limit was hit (queue full, quota); the message says which (RESOURCE_EXHAUSTED)."""
+
+
+class UnavailableError(LoraplexError):
+    """A dependency is down or the server is shutting down (UNAVAILABLE)."""
