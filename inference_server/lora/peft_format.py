@@ -1,0 +1,225 @@
+"""PEFT LoRA adapter format: parse and validate an adapter folder, without torch.
+
+An adapter is PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``. Validation
+names what is wrong: unsupported features (DoRA, modules_to_save, embedding or lm_head
+targets, bias training), pickle files, tensors whose shapes do not fit the declared rank or
+the base model. The same function guards uploads (store, server) and loads (engine).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from inference_server.errors import AdapterValidationError
+from inference_server.lora.safetensors_header import TensorInfo, read_header
+from inference_server.model.config import ModelConfig
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+SUPPORTED_DTYPES = ("F32", "F16", "BF16")
+_TENSOR = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.("
+    + "|".join(PROJECTIONS)
+    + r")\.lora_(A|B)(?:\.default)?\.weight$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraModuleSpec:
+    """One adapted projection in one layer: A [rank, in] and B [out, rank] as PEFT stores them."""
+
+    layer: int
+    module: str  # one of PROJECTIONS
+    rank: int
+    scale: float  # alpha / r, or alpha / sqrt(r) with rsLoRA
+    a_name: str
+    b_name: str
+    in_features: int
+    out_features: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSpec:
+    """A validated adapter: its hyper-parameters and the modules it adapts."""
+
+    rank: int
+    lora_alpha: float
+    use_rslora: bool
+    dtype: str  # safetensors dtype: F32, F16 or BF16
+    modules: tuple[LoraModuleSpec, ...]
+    num_bytes: int
+    base_model_name: str | None
+
+    @property
+    def target_modules(self) -> tuple[str, ...]:
+        return tuple(p for p in PROJECTIONS if any(m.module == p for m in self.modules))
+
+    @property
+    def max_rank(self) -> int:
+        return max(m.rank for m in self.modules)
+
+
+def parse_adapter_files(
+    files: Mapping[str, bytes], base: ModelConfig | None = None, max_rank: int = 128
+) -> AdapterSpec:
+    """Validate a PEFT LoRA folder given as {filename: bytes}; return its spec.
+
+    Raises AdapterValidationError naming the file, tensor or feature at fault.
+    """
+    pickles = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise AdapterValidationError(
+            f"pickle files are refused ({', '.join(pickles)}): save the adapter with "
+            "safe_serialization=True (adapter_model.safetensors)"
+        )
+    for required in (CONFIG_FILE, WEIGHTS_FILE):
+        if required not in files:
+            raise AdapterValidationError(f"missing {required}")
+    config = _load_config(files[CONFIG_FILE])
+    _reject_unsupported(config)
+    tensors = read_header(files[WEIGHTS_FILE])
+    modules = _module_specs(config, tensors, base, max_rank)
+    return AdapterSpec(
+        rank=int(config["r"]),
+        lora_alpha=float(config.get("lora_alpha", config["r"])),
+        use_rslora=bool(config.get("use_rslora", False)),
+        dtype=next(iter(tensors.values())).dtype,
+        modules=modules,
+        num_bytes=len(files[WEIGHTS_FILE]),
+        base_model_name=config.get("base_model_name_or_path"),
+    )
+
+
+def _load_config(raw: bytes) -> dict:
+    try:
+        config = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AdapterValidationError(f"{CONFIG_FILE} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise AdapterValidationError(f"{CONFIG_FILE} must hold a JSON object")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise AdapterValidationError(f"{CONFIG_FILE}: peft_type {peft_type} is not supported (only LORA)")
+    r = config.get("r")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise AdapterValidationError(f"{CONFIG_FILE}: r must be a positive integer, got {r!r}")
+    alpha = config.get("lora_alpha", r)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise AdapterValidationError(f"{CONFIG_FILE}: lora_alpha must be a number, got {alpha!r}")
+    return config
+
+
+def _reject_unsupported(config: dict) -> None:
+    problems = []
+    if config.get("use_dora"):
+        problems.append("DoRA (use_dora)")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save {config['modules_to_save']}")
+    if config.get("bias", "none") != "none" or config.get("lora_bias"):
+        problems.append(f"bias training (bias={config.get('bias')!r})")
+    if config.get("fan_in_fan_out"):
+        problems.append("fan_in_fan_out (Conv1D-style weights)")
+    if config.get("target_parameters"):
+        problems.append("target_parameters")
+    if config.get("trainable_token_indices"):
+        problems.append("trainable_token_indices")
+    targets = config.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    bad = [t for t in targets if any(k in t for k in ("embed", "lm_head"))]
+    if bad:
+        problems.append(f"embedding or lm_head targets {bad}")
+    if problems:
+        raise AdapterValidationError("unsupported adapter features: " + "; ".join(problems))
+
+
+def _pattern_value(patterns: Mapping[str, float], module_key: str, default: float) -> float:
+    """PEFT's rule: a pattern key matches a module name that ends with it (after a dot)."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module_key):
+            return value
+    return default
+
+
+def _module_specs(
+    config: dict, tensors: dict[str, TensorInfo], base: ModelConfig | None, max_rank: int
+) -> tuple[LoraModuleSpec, ...]:
+    pairs: dict[tuple[int, str], dict[str, str]] = {}
+    for name, info in tensors.items():
+        m = _TENSOR.match(name)
+        if m is None:
+            raise AdapterValidationError(
+                f"tensor {name!r} is not a LoRA A/B weight of q/k/v/o/gate/up/down_proj "
+                "(embedding, lm_head, bias, DoRA magnitude and other tensors are not supported)"
+            )
+        if info.dtype not in SUPPORTED_DTYPES:
+            raise AdapterValidationError(f"tensor {name!r}: dtype {info.dtype} not supported ({SUPPORTED_DTYPES})")
+        if len(info.shape) != 2:
+            raise AdapterValidationError(f"tensor {name!r}: expected 2 dimensions, got shape {list(info.shape)}")
+        pairs.setdefault((int(m.group(1)), m.group(3)), {})[m.group(4)] = name
+    if not pairs:
+        raise AdapterValidationError(f"{WEIGHTS_FILE} holds no LoRA tensors")
+    if len({t.dtype for t in tensors.values()}) > 1:
+        raise AdapterValidationError(f"{WEIGHTS_FILE}: tensors have mixed dtypes")
+    layers = config.get("layers_to_transform")
+    layers = {layers} if isinstance(layers, int) else (set(layers) if layers else None)
+    specs = [
+        _one_module(layer, module, names, tensors, config, base, max_rank, layers)
+        for (layer, module), names in sorted(pairs.items())
+    ]
+    return tuple(specs)
+
+
+def _one_module(
+    layer: int,
+    module: str,
+    names: dict[str, str],
+    tensors: dict[str, TensorInfo],
+    config: dict,
+    base: ModelConfig | None,
+    max_rank: int,
+    layers: set[int] | None,
+) -> LoraModuleSpec:
+    where = f"layers.{layer}.{module}"
+    if set(names) != {"A", "B"}:
+        missing = "lora_B" if "A" in names else "lora_A"
+        raise AdapterValidationError(f"{where}: {missing} weight is missing")
+    if layers is not None and layer not in layers:
+        raise AdapterValidationError(f"{where}: layer {layer} is not in layers_to_transform {sorted(layers)}")
+    a, b = tensors[names["A"]].shape, tensors[names["B"]].shape
+    parent = "self_attn" if module in PROJECTIONS[:4] else "mlp"
+    key = f"model.layers.{layer}.{parent}.{module}"
+    rank = int(_pattern_value(config.get("rank_pattern") or {}, key, config["r"]))
+    alpha = float(_pattern_value(config.get("alpha_pattern") or {}, key, config.get("lora_alpha", config["r"])))
+    if rank < 1 or rank > max_rank:
+        raise AdapterValidationError(f"{where}: rank {rank} outside the supported range 1..{max_rank}")
+    if a[0] != rank or b[1] != rank:
+        raise AdapterValidationError(
+            f"tensor {names['A']!r} has shape {list(a)} and {names['B']!r} {list(b)}, "
+            f"which does not match the declared rank {rank}"
+        )
+    if base is not None:
+        _check_base_fit(where, layer, module, a, b, names, base)
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return LoraModuleSpec(layer, module, rank, scale, names["A"], names["B"], a[1], b[0])
+
+
+def _check_base_fit(
+    where: str, layer: int, module: str, a: tuple, b: tuple, names: dict[str, str], base: ModelConfig
+) -> None:
+    if layer >= base.num_layers:
+        raise AdapterValidationError(f"{where}: the base model has only {base.num_layers} layers")
+    fan_in, fan_out = base.projection_shapes()[module]
+    if a[1] != fan_in:
+        raise AdapterValidationError(
+            f"tensor {names['A']!r} has shape {list(a)}: the base model's {module} takes {fan_in} inputs"
+        )
+    if b[0] != fan_out:
+        raise AdapterValidationError(
+            f"tensor {names['B']!r} has shape {list(b)}: the base model's {module} gives {fan_out} outputs"
+        )

@@ -1,0 +1,70 @@
+"""Read and check a safetensors file's header without torch (used by validation and the store)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from inference_server.errors import AdapterValidationError
+
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # byte offsets into the data section
+    end: int
+
+
+def read_header(data: bytes, filename: str = "adapter_model.safetensors") -> dict[str, TensorInfo]:
+    """Parse and check a safetensors header: sizes, offsets, dtypes. Raises AdapterValidationError."""
+    if len(data) < 8:
+        raise AdapterValidationError(f"{filename}: truncated (no header)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > MAX_HEADER_BYTES or 8 + n > len(data):
+        raise AdapterValidationError(f"{filename}: truncated or corrupt header (length {n})")
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AdapterValidationError(f"{filename}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise AdapterValidationError(f"{filename}: header is not a JSON object")
+    header.pop("__metadata__", None)
+    data_len = len(data) - 8 - n
+    tensors = {name: _tensor_info(name, entry, data_len, filename) for name, entry in header.items()}
+    _check_coverage(tensors, data_len, filename)
+    return tensors
+
+
+def _tensor_info(name: str, entry: object, data_len: int, filename: str) -> TensorInfo:
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        raise AdapterValidationError(f"{filename}: malformed header entry for tensor {name!r}") from None
+    if dtype not in DTYPE_SIZES:
+        raise AdapterValidationError(f"{filename}: tensor {name!r} has unsupported dtype {dtype}")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise AdapterValidationError(f"{filename}: tensor {name!r} has an invalid shape {shape}")
+    count = 1
+    for d in shape:
+        count *= d
+    if not (0 <= begin <= end <= data_len) or end - begin != count * DTYPE_SIZES[dtype]:
+        raise AdapterValidationError(
+            f"{filename}: tensor {name!r} data offsets [{begin}, {end}) do not match its shape "
+            f"{list(shape)} and dtype {dtype} within {data_len} data bytes (truncated or corrupt file)"
+        )
+    return TensorInfo(dtype, shape, begin, end)
+
+
+def _check_coverage(tensors: dict[str, TensorInfo], data_len: int, filename: str) -> None:
+    pos = 0
+    for info in sorted(tensors.values(), key=lambda t: t.begin):
+        if info.begin != pos:
+            raise AdapterValidationError(f"{filename}: tensor data overlaps or has gaps (corrupt file)")
+        pos = info.end
+    if pos != data_len:
+        raise AdapterValidationError(f"{filename}: {data_len - pos} trailing bytes after the tensors (corrupt file)")

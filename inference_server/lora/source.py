@@ -1,0 +1,185 @@
+"""Where adapters come from: a small interface, and its local-directory implementation.
+
+The engine asks an ``AdapterSource`` to resolve an adapter id to its files. The local
+directory is the embedded default; the adapter store's client implements the same
+interface (adapter_store/client.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from inference_server.errors import AdapterNotFoundError, AdapterValidationError
+from inference_server.lora.naming import validate_adapter_id
+from inference_server.lora.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec, parse_adapter_files
+from inference_server.model.config import ModelConfig
+
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    adapter_id: str
+    version: str  # content hash prefix: a re-upload with other bytes is a new version
+    sha256: str  # of the weights file
+    rank: int
+    lora_alpha: float
+    target_modules: tuple[str, ...]
+    dtype: str
+    size_bytes: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterFiles:
+    info: AdapterInfo
+    spec: AdapterSpec
+    files: Mapping[str, bytes]
+
+
+class AdapterSource(Protocol):
+    """Resolves adapter ids to validated PEFT files; also the management surface."""
+
+    def resolve(self, adapter_id: str) -> AdapterFiles: ...
+
+    def get(self, adapter_id: str) -> AdapterInfo: ...
+
+    def list(self) -> list[AdapterInfo]: ...
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo: ...
+
+    def delete(self, adapter_id: str) -> None: ...
+
+
+def content_version(files: Mapping[str, bytes]) -> tuple[str, str]:
+    """(version, sha256 of the weights): the version hashes config and weights together."""
+    weights_sha = hashlib.sha256(files[WEIGHTS_FILE]).hexdigest()
+    version = hashlib.sha256(files[CONFIG_FILE] + weights_sha.encode()).hexdigest()[:16]
+    return version, weights_sha
+
+
+def make_info(adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float) -> AdapterInfo:
+    version, sha = content_version(files)
+    return AdapterInfo(
+        adapter_id=adapter_id,
+        version=version,
+        sha256=sha,
+        rank=spec.rank,
+        lora_alpha=spec.lora_alpha,
+        target_modules=spec.target_modules,
+        dtype=spec.dtype,
+        size_bytes=spec.num_bytes,
+        created_at=created_at,
+    )
+
+
+class LocalAdapterDirectory:
+    """Adapters as PEFT folders under ``root/<id>`` (``id`` = ``name`` or ``tenant/name``).
+
+    ``root/<id>`` is either a plain folder (put there by hand) or a symlink to an
+    immutable version folder under ``root/.versions``; ``put`` writes and validates a new
+    version there, then swaps the symlink with one atomic rename, so a reader sees the old
+    version or the new, never a mix, and a failed upload leaves nothing behind.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], base: ModelConfig | None = None, max_rank: int = 128) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._versions = self.root / ".versions"
+        self._staging = self.root / ".staging"
+        self._base = base
+        self._max_rank = max_rank
+        self._lock = threading.Lock()
+
+    def _path(self, adapter_id: str) -> Path:
+        return self.root / validate_adapter_id(adapter_id)
+
+    def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float]:
+        folder = self._path(adapter_id)
+        real = Path(os.path.realpath(folder))  # pin one version for both files
+        try:
+            files = {name: (real / name).read_bytes() for name in ADAPTER_FILES}
+            return files, real.stat().st_mtime
+        except FileNotFoundError:
+            if folder.exists() and not any((real / n).exists() for n in ADAPTER_FILES):
+                raise AdapterNotFoundError(adapter_id) from None
+            if folder.exists():
+                raise AdapterValidationError(f"adapter {adapter_id!r} is incomplete on disk") from None
+            raise AdapterNotFoundError(adapter_id) from None
+
+    def resolve(self, adapter_id: str) -> AdapterFiles:
+        files, mtime = self._read(adapter_id)
+        spec = parse_adapter_files(files, self._base, self._max_rank)
+        return AdapterFiles(make_info(adapter_id, files, spec, mtime), spec, files)
+
+    def get(self, adapter_id: str) -> AdapterInfo:
+        return self.resolve(adapter_id).info
+
+    def list(self) -> list[AdapterInfo]:
+        out = []
+        for config in sorted(self.root.glob(f"**/{CONFIG_FILE}")):
+            rel = config.parent.relative_to(self.root).as_posix()
+            if rel.startswith(".") or "/." in rel:
+                continue
+            try:
+                out.append(self.get(rel))
+            except (AdapterNotFoundError, AdapterValidationError, ValueError):
+                continue  # a half-copied or foreign folder is not listed
+        return out
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
+        target = self._path(adapter_id)
+        spec = parse_adapter_files(files, self._base, self._max_rank)
+        version, _ = content_version(files)
+        stage = self._staging / uuid.uuid4().hex
+        stage.mkdir(parents=True)
+        try:
+            for name in ADAPTER_FILES:
+                _write_synced(stage / name, files[name])
+            with self._lock:
+                final = self._versions / f"{adapter_id.replace('/', '__')}@{version}-{uuid.uuid4().hex[:8]}"
+                final.parent.mkdir(parents=True, exist_ok=True)
+                stage.rename(final)
+                self._swap_link(target, final)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        return make_info(adapter_id, files, spec, time.time())
+
+    def _swap_link(self, target: Path, version_dir: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        old = Path(os.path.realpath(target)) if target.is_symlink() else None
+        if target.exists() and not target.is_symlink():
+            shutil.rmtree(target)  # a hand-made folder becomes managed
+        link = target.parent / f".link-{uuid.uuid4().hex}"
+        link.symlink_to(os.path.relpath(version_dir, target.parent))
+        os.replace(link, target)
+        if old is not None and old != version_dir:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def delete(self, adapter_id: str) -> None:
+        target = self._path(adapter_id)
+        with self._lock:
+            if not target.exists() and not target.is_symlink():
+                raise AdapterNotFoundError(adapter_id)
+            if target.is_symlink():
+                real = Path(os.path.realpath(target))
+                target.unlink()
+                shutil.rmtree(real, ignore_errors=True)
+            else:
+                shutil.rmtree(target)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
