@@ -1,0 +1,96 @@
+"""Pack a validated PEFT adapter into the flat layout the LoRA kernels read.
+
+For each of the 7 projections p that the adapter targets, with rank r_p (the largest rank
+of p over layers; layers with a smaller rank from ``rank_pattern`` are zero-padded, layers
+without p are zero):
+
+    A_p: [num_layers, in_p, r_p]   (PEFT's lora_A.weight [r, in], transposed)
+    B_p: [num_layers, r_p, out_p]  (PEFT's lora_B.weight [out, r], transposed)
+
+laid out one after the other in one flat tensor. Each projection has one scale (the
+first adapted layer's); layers whose scale differs (``alpha_pattern``/``rank_pattern``)
+have the ratio folded into their B, so the kernels see one scale per projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from inference_server.errors import AdapterValidationError
+from inference_server.lora.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
+from inference_server.model.config import ModelConfig
+
+NUM_PROJECTIONS = len(PROJECTIONS)
+BLOCK_ALIGN = 64  # elements: every A/B block starts 128-byte aligned (bf16) for vector loads
+
+
+def _aligned(n: int) -> int:
+    return -(-n // BLOCK_ALIGN) * BLOCK_ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterLayout:
+    """Where each projection's A and B start (elements, relative to the adapter's base)."""
+
+    ranks: tuple[int, ...]  # [7], 0 = projection not adapted
+    scales: tuple[float, ...]  # [7]
+    a_offsets: tuple[int, ...]  # [7]
+    b_offsets: tuple[int, ...]  # [7]
+    num_elements: int
+
+
+def plan_layout(spec: AdapterSpec, cfg: ModelConfig) -> AdapterLayout:
+    """Compute offsets, ranks and scales from the spec alone (no tensors needed)."""
+    shapes = cfg.projection_shapes()
+    ranks, scales, a_offs, b_offs = [], [], [], []
+    pos = 0
+    for proj in PROJECTIONS:
+        mods = [m for m in spec.modules if m.module == proj]
+        rank = max((m.rank for m in mods), default=0)
+        fan_in, fan_out = shapes[proj]
+        ranks.append(rank)
+        scales.append(mods[0].scale if mods else 0.0)
+        a_offs.append(pos)
+        pos += _aligned(cfg.num_layers * fan_in * rank)
+        b_offs.append(pos)
+        pos += _aligned(cfg.num_layers * rank * fan_out)
+    return AdapterLayout(tuple(ranks), tuple(scales), tuple(a_offs), tuple(b_offs), pos)
+
+
+def pack_adapter(
+    spec: AdapterSpec, tensors: Mapping[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype
+) -> tuple[torch.Tensor, AdapterLayout]:
+    """Return the adapter as one flat tensor of ``dtype`` (on the CPU) and its layout."""
+    layout = plan_layout(spec, cfg)
+    flat = torch.zeros(layout.num_elements, dtype=dtype)
+    shapes = cfg.projection_shapes()
+    for mod in spec.modules:
+        p = PROJECTIONS.index(mod.module)
+        _write_module(flat, layout, p, mod, tensors, shapes[mod.module], cfg.num_layers)
+    return flat, layout
+
+
+def _write_module(
+    flat: torch.Tensor,
+    layout: AdapterLayout,
+    p: int,
+    mod: LoraModuleSpec,
+    tensors: Mapping[str, torch.Tensor],
+    shape: tuple[int, int],
+    num_layers: int,
+) -> None:
+    fan_in, fan_out = shape
+    rank = layout.ranks[p]
+    a = tensors.get(mod.a_name)
+    b = tensors.get(mod.b_name)
+    if a is None or b is None:
+        raise AdapterValidationError(f"tensor {mod.a_name if a is None else mod.b_name!r} missing from the weights")
+    a_all = flat[layout.a_offsets[p] : layout.a_offsets[p] + num_layers * fan_in * rank].view(num_layers, fan_in, rank)
+    b_all = flat[layout.b_offsets[p] : layout.b_offsets[p] + num_layers * rank * fan_out].view(num_layers, rank, fan_out)
+    a_all[mod.layer, :, : mod.rank] = a.t()
+    ratio = mod.scale / layout.scales[p]
+    b_t = b.t() if ratio == 1.0 else (b.t().to(torch.float64) * ratio)
+    b_all[mod.layer, : mod.rank, :] = b_t
