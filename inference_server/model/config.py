@@ -97,8 +97,8 @@ class ModelConfig:
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=cfg.get("rope_theta", 10000.0),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_scaling=cfg.get("rope_scaling") or _scaling_from_rope_parameters(cfg.get("rope_parameters")),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
@@ -132,3 +132,10 @@ class ModelConfig:
         if self.model_type == "llama":
             out["attention_bias"] = self.attention_bias
         return out
+
+
+def _scaling_from_rope_parameters(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """transformers >= 5 writes theta and scaling as one ``rope_parameters`` dict."""
+    if not params or params.get("rope_type", params.get("type", "default")) == "default":
+        return None
+    return {k: v for k, v in params.items() if k != "rope_theta"}
