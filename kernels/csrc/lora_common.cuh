@@ -1,0 +1,166 @@
+// Shared helpers of the LoRA SGMV/BGMV kernels (shrink and expand).
+//
+// No CUDA headers are included: bf16/fp16 travel as raw 16-bit words and are converted
+// with inline PTX, and the tensor-core product is inline PTX mma.sync m16n8k16, so the
+// sources compile the same under NVRTC (CuPy) and nvcc without include paths.
+#pragma once
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define LORA_THREADS 128
+#define LORA_MAX_RANK 128
+
+// DT = 0: bfloat16, DT = 1: float16.
+template <int DT> __device__ __forceinline__ float to_f32(u16 h);
+template <> __device__ __forceinline__ float to_f32<0>(u16 h) {
+  return __uint_as_float(((u32)h) << 16);
+}
+template <> __device__ __forceinline__ float to_f32<1>(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+template <int DT> __device__ __forceinline__ u16 from_f32(float f);
+template <> __device__ __forceinline__ u16 from_f32<0>(float f) {
+  u16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+template <> __device__ __forceinline__ u16 from_f32<1>(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// c[0..3] += A(16x16, row) * B(16x8, col), fp32 accumulate.
+template <int DT> __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b);
+template <> __device__ __forceinline__ void mma16816<0>(float* c, const u32* a, const u32* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma16816<1>(float* c, const u32* a, const u32* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// A fragment of a 16x16 tile at (m0, k0) of a row-major shared tile S[m][k] (ld even).
+__device__ __forceinline__ void load_a_frag(u32* a, const u16* s, int ld, int m0, int k0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const u16* p = s + (m0 + g) * ld + k0 + 2 * t;
+  a[0] = *(const u32*)(p);
+  a[1] = *(const u32*)(p + 8 * ld);
+  a[2] = *(const u32*)(p + 8);
+  a[3] = *(const u32*)(p + 8 * ld + 8);
+}
+
+// B fragment of a 16x8 tile at (k0, n0) of a row-major shared tile S[k][n].
+__device__ __forceinline__ void load_b_frag(u32* b, const u16* s, int ld, int k0, int n0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const u16* p = s + (k0 + 2 * t) * ld + n0 + g;
+  b[0] = (u32)p[0] | ((u32)p[ld] << 16);
+  b[1] = (u32)p[8 * ld] | ((u32)p[9 * ld] << 16);
+}
+
+// One unit of work: rows [row0, row0 + nrows) of the batch, all using adapter `slot`.
+struct LoraItem {
+  int slot;
+  int row0;
+  int nrows;
+};
+
+__device__ __forceinline__ int seg_tiles(const int* seg, int i, int rows, int bm) {
+  const int lo = max(0, min(seg[i], rows));
+  const int hi = max(lo, min(seg[i + 1], rows));
+  return (hi - lo + bm - 1) / bm;
+}
+
+// SGMV: the item-th tile of bm rows, counting the tiles of every non-empty segment in order.
+// Every thread of the block must call it (it scans seg in shared memory). slot = -1: none.
+__device__ LoraItem sgmv_item(const int* seg, int nseg, int rows, int item, int bm) {
+  __shared__ int s_warp[LORA_THREADS / 32];
+  __shared__ LoraItem s_item;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) s_item.slot = -1;
+  const int per = (nseg + LORA_THREADS - 1) / LORA_THREADS;
+  const int lo = min(nseg, tid * per), hi = min(nseg, lo + per);
+  int local = 0;
+  for (int i = lo; i < hi; ++i) local += seg_tiles(seg, i, rows, bm);
+  int incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  int base = 0;
+  for (int w = 0; w < warp; ++w) base += s_warp[w];
+  int acc = base + incl - local;
+  if (item >= acc && item < acc + local) {
+    for (int i = lo; i < hi; ++i) {
+      const int c = seg_tiles(seg, i, rows, bm);
+      if (item < acc + c) {
+        const int start = max(0, min(seg[i], rows));
+        const int end = max(start, min(seg[i + 1], rows));
+        const int row0 = start + (item - acc) * bm;
+        s_item.slot = i;
+        s_item.row0 = row0;
+        s_item.nrows = min(bm, end - row0);
+        break;
+      }
+      acc += c;
+    }
+  }
+  __syncthreads();
+  return s_item;
+}
+
+// BGMV: item = one row; its slot from row_slot (-1 or out of range: none).
+__device__ __forceinline__ LoraItem bgmv_item(const int* row_slot, int rows, int item, int nslots) {
+  LoraItem it;
+  it.slot = -1;
+  it.row0 = item;
+  it.nrows = 1;
+  if (item < rows) {
+    const int s = row_slot[item];
+    if (s >= 0 && s < nslots) it.slot = s;
+  }
+  return it;
+}
+
+__device__ __forceinline__ LoraItem find_item(int mode, const int* table, int ntable, int rows,
+                                              int item, int bm, int nslots) {
+  if (mode == 0) return sgmv_item(table, ntable, rows, item, bm);
+  return bgmv_item(table, rows, item, nslots);
+}
+
+// Eight consecutive 16-bit values from global memory: one 16-byte load when `vec` (caller
+// checked alignment and that all eight are in range), else element loads of the first
+// `valid` values and zeros after.
+__device__ __forceinline__ uint4 load8(const u16* src, bool vec, int valid) {
+  if (vec && valid >= 8) return *(const uint4*)src;
+  u16 v[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = e < valid ? src[e] : (u16)0;
+  uint4 r;
+  r.x = (u32)v[0] | ((u32)v[1] << 16);
+  r.y = (u32)v[2] | ((u32)v[3] << 16);
+  r.z = (u32)v[4] | ((u32)v[5] << 16);
+  r.w = (u32)v[6] | ((u32)v[7] << 16);
+  return r;
+}
+
+__device__ __forceinline__ u16 u4_get(const uint4& v, int e) {
+  const u32 w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  return (u16)((e & 1) ? (w >> 16) : (w & 0xffffu));
+}

@@ -1,0 +1,79 @@
+"""SGMV / BGMV LoRA kernels for CUDA tensors (CUDA C++ under kernels/csrc, NVRTC via CuPy).
+
+Same signatures and semantics as ``kernels.reference.add_lora_slices`` /
+``add_lora_slices_bgmv``. Launches go on PyTorch's current stream, allocate nothing per
+call (scratch is static per device, see ``_runtime``) and depend only on tensor shapes,
+so they can be captured in a CUDA graph and replayed after rewriting the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.cuda._checks import check_args, check_row_slot, check_seg
+from kernels.cuda._launch import launch, make_plan
+from kernels.cuda._runtime import RuntimeCache, default_cache
+
+__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
+
+
+def add_lora_slices(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_off: torch.Tensor,
+    b_off: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    seg: torch.Tensor,
+    layer: int,
+    out_widths: Sequence[int],
+    workspace: torch.Tensor,
+) -> None:
+    """SGMV: y[seg_i, c_p:c_p+w_p] += scales[p,i] * (x[seg_i] @ A_pi(layer)) @ B_pi(layer)
+
+    y: [T, sum(out_widths)] bf16/fp16, rows contiguous (row stride free); x: [T, h_in],
+    same dtype, last dim contiguous (row stride free); pool: [N] 1-D contiguous, same dtype;
+    a_off, b_off: int64 [P, S] element offsets of layer 0's A [h_in, r] / B [r, w_p]
+    (layer l at off + l*h_in*r / off + l*r*w_p); ranks: int32 [P, S] (0 = skip, at most
+    min(R, 128)); scales: float32 [P, S]; seg: int32 [S+1] (non-decreasing, trailing empty
+    segments allowed); layer: int >= 0; out_widths: P <= 4 positive ints;
+    workspace: [P, T_cap >= T, R] contiguous, x's dtype (holds x @ A rounded to x's dtype).
+    Raises ValueError on a dtype, device, shape or stride mismatch.
+    """
+    problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
+    check_seg(seg, problem, x.device)
+    if problem.rows == 0:
+        return
+    rt = default_cache().get(x.device)
+    plan = make_plan(problem, 0, problem.nslots)
+    launch(rt, plan, problem, y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace)
+
+
+def add_lora_slices_bgmv(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_off: torch.Tensor,
+    b_off: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    row_slot: torch.Tensor,
+    layer: int,
+    out_widths: Sequence[int],
+    workspace: torch.Tensor,
+) -> None:
+    """BGMV: y[t, c_p:c_p+w_p] += scales[p,s] * (x[t] @ A_ps(layer)) @ B_ps(layer), s = row_slot[t]
+
+    As add_lora_slices, with row_slot: int32 [T] (-1 = no adapter for that row) instead of
+    seg; the tables are [P, N_slots] and indexed by slot.
+    """
+    problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
+    check_row_slot(row_slot, problem, x.device)
+    if problem.rows == 0:
+        return
+    rt = default_cache().get(x.device)
+    plan = make_plan(problem, 1, problem.rows)
+    launch(rt, plan, problem, y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, workspace)

@@ -1,0 +1,108 @@
+"""Per-device state of the CUDA LoRA kernels: the NVRTC-compiled module and static scratch.
+
+Compiled once per process and device through CuPy (``cupy.RawModule``, NVRTC, for the
+device's own architecture: CuPy passes the device's ``-arch``); cached in an explicit
+``RuntimeCache`` object. Scratch (fp32 split-K partials and the self-resetting
+per-item counters) is allocated on first use and only grows; growing is refused while
+the current stream is capturing a CUDA graph, so a captured graph never points at
+memory that a later call could free.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+_CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+_HEADER = "lora_common.cuh"
+_DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _read_source(name: str) -> str:
+    """The source with lora_common.cuh pasted in (so CuPy's cache key covers the header)."""
+    with open(os.path.join(_CSRC, name), encoding="utf-8") as f:
+        text = f.read()
+    with open(os.path.join(_CSRC, _HEADER), encoding="utf-8") as f:
+        header = f.read()
+    return text.replace(f'#include "{_HEADER}"', header)
+
+
+@dataclass(slots=True)
+class DeviceRuntime:
+    """Compiled kernels, scratch and wrapped streams of one CUDA device."""
+
+    device: torch.device
+    modules: dict = field(default_factory=dict)
+    partials: torch.Tensor | None = None
+    counters: torch.Tensor | None = None
+    streams: dict = field(default_factory=dict)
+
+    def function(self, kind: str, dtype: torch.dtype, bm: int):
+        """The extern "C" kernel ``lora_{kind}_{dtype}_m{bm}`` (kind: shrink or expand)."""
+        import cupy  # noqa: PLC0415
+
+        source = f"lora_{kind}.cu"
+        if source not in self.modules:
+            with cupy.cuda.Device(self.device.index):
+                module = cupy.RawModule(
+                    code=_read_source(source), options=("-std=c++17",)
+                )
+                module.compile()
+            self.modules[source] = module
+        return self.modules[source].get_function(f"lora_{kind}_{_DTYPE_TAG[dtype]}_m{bm}")
+
+    def scratch(self, n_partials: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 partials of >= n_partials elements and zeroed int32 counters (>= n_counters)."""
+        if self.partials is None or self.partials.numel() < n_partials or self.counters.numel() < n_counters:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "LoRA kernel scratch must grow (a larger batch than any call before the capture); "
+                    "call add_lora_slices once with the largest shape before capturing a CUDA graph"
+                )
+            old_p = 0 if self.partials is None else self.partials.numel()
+            old_c = 0 if self.counters is None else self.counters.numel()
+            self.partials = torch.empty(max(n_partials, old_p, 1 << 16), dtype=torch.float32, device=self.device)
+            self.counters = torch.zeros(max(n_counters, old_c, 1 << 12), dtype=torch.int32, device=self.device)
+        return self.partials, self.counters
+
+    def stream(self):
+        """PyTorch's current stream on this device, wrapped for CuPy launches."""
+        import cupy  # noqa: PLC0415
+
+        ts = torch.cuda.current_stream(self.device)
+        key = ts.cuda_stream
+        wrapped = self.streams.get(key)
+        if wrapped is None:
+            try:
+                wrapped = cupy.cuda.Stream.from_external(ts)
+            except (AttributeError, TypeError, ValueError):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    wrapped = cupy.cuda.ExternalStream(key, self.device.index)
+            self.streams[key] = wrapped
+        return wrapped
+
+
+@dataclass(slots=True)
+class RuntimeCache:
+    """One DeviceRuntime per CUDA device index, created on first use."""
+
+    runtimes: dict = field(default_factory=dict)
+
+    def get(self, device: torch.device) -> DeviceRuntime:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        rt = self.runtimes.get(index)
+        if rt is None:
+            rt = DeviceRuntime(torch.device("cuda", index))
+            self.runtimes[index] = rt
+        return rt
+
+
+@functools.cache
+def default_cache() -> RuntimeCache:
+    """The process's RuntimeCache (created lazily, on the first CUDA call)."""
+    return RuntimeCache()

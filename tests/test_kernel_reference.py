@@ -1,0 +1,136 @@
+"""kernels.reference against a naive float64 per-row computation (CPU), plus the CUDA
+wrappers' host-side logic that needs no GPU (launch-grid invariants, CPU rejection)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels import reference
+
+
+def _pool_and_offsets(gen, h_in, widths, ranks, layers):
+    nslices, nslots = ranks.shape
+    a_off = torch.zeros(nslices, nslots, dtype=torch.int64)
+    b_off = torch.zeros(nslices, nslots, dtype=torch.int64)
+    pos = 5  # deliberately unaligned start
+    for p in range(nslices):
+        for s in range(nslots):
+            r = int(ranks[p, s])
+            a_off[p, s], pos = pos, pos + layers * h_in * r + 3
+            b_off[p, s], pos = pos, pos + layers * r * widths[p] + 1
+    return torch.randn(pos, generator=gen, dtype=torch.float64), a_off, b_off
+
+
+def _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, widths):
+    """Row by row, slice by slice, in float64."""
+    y = y.clone()
+    h_in = x.shape[1]
+    for t in range(x.shape[0]):
+        s = int(row_slot[t])
+        if s < 0:
+            continue
+        col = 0
+        for p, w in enumerate(widths):
+            r = int(ranks[p, s])
+            if r:
+                a0 = int(a_off[p, s]) + layer * h_in * r
+                b0 = int(b_off[p, s]) + layer * r * w
+                a = pool[a0 : a0 + h_in * r].reshape(h_in, r)
+                b = pool[b0 : b0 + r * w].reshape(r, w)
+                v = [sum(float(x[t, k]) * float(a[k, j]) for k in range(h_in)) for j in range(r)]
+                for n in range(w):
+                    y[t, col + n] += float(scales[p, s]) * sum(v[j] * float(b[j, n]) for j in range(r))
+            col += w
+        assert col == y.shape[1]
+    return y
+
+
+def _case(seed):
+    gen = torch.Generator().manual_seed(seed)
+    nslices = 1 + seed % 3
+    kv = int(torch.randint(1, 6, (1,), generator=gen))
+    widths = (4 * kv, kv, kv)[:nslices] if nslices == 3 else tuple(
+        int(torch.randint(1, 9, (1,), generator=gen)) for _ in range(nslices))
+    lengths = torch.randint(0, 4, (6,), generator=gen)
+    lengths[2] = 0  # an empty segment
+    nslots = len(lengths) + 2  # trailing empty capacity
+    seg = torch.tensor([0, *torch.cumsum(lengths, 0).tolist()] + [int(lengths.sum())] * 2, dtype=torch.int32)
+    ranks = torch.randint(1, 129, (nslices, nslots), generator=gen, dtype=torch.int32)
+    ranks[:, 1] = 0  # rank-0 slot: no LoRA
+    ranks[0, 0] = 1
+    h_in, layers = int(torch.randint(1, 7, (1,), generator=gen)), 2
+    pool, a_off, b_off = _pool_and_offsets(gen, h_in, widths, ranks, layers)
+    rows = int(seg[-1])
+    x = torch.randn(rows, h_in, generator=gen, dtype=torch.float64)
+    y = torch.randn(rows, sum(widths), generator=gen, dtype=torch.float64)
+    scales = torch.rand(nslices, nslots, generator=gen) + 0.5
+    return x, y, pool, a_off, b_off, ranks, scales, seg, widths
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sgmv_matches_naive_rows(seed):
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths = _case(seed)
+    row_slot = torch.full((x.shape[0],), -1, dtype=torch.int32)
+    for i in range(len(seg) - 1):
+        row_slot[int(seg[i]) : int(seg[i + 1])] = i
+    for layer in (0, 1):
+        expect = _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, widths)
+        out = y.clone()
+        ws = torch.full((len(widths), x.shape[0] + 1, 128), float("nan"), dtype=torch.float64)
+        reference.add_lora_slices(out, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
+        torch.testing.assert_close(out, expect, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bgmv_matches_naive_rows(seed):
+    x, y, pool, a_off, b_off, ranks, scales, _, widths = _case(100 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    row_slot = torch.randint(-1, ranks.shape[1], (x.shape[0],), generator=gen, dtype=torch.int32)
+    expect = _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, 1, widths)
+    out = y.clone()
+    ws = torch.zeros(len(widths), x.shape[0], 128, dtype=torch.float64)
+    reference.add_lora_slices_bgmv(out, x, pool, a_off, b_off, ranks, scales, row_slot, 1, widths, ws)
+    torch.testing.assert_close(out, expect, rtol=1e-9, atol=1e-9)
+    untouched = row_slot < 0
+    assert torch.equal(out[untouched], y[untouched])
+
+
+def test_bf16_reference_rounds_shrink_result_once():
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths = _case(7)
+    rows = x.shape[0]
+    row_slot = torch.repeat_interleave(torch.arange(len(seg) - 1, dtype=torch.int32), torch.diff(seg))
+    expect = _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, 0, widths)
+    out = y.to(torch.bfloat16)
+    ws = torch.zeros(len(widths), rows, 128, dtype=torch.bfloat16)
+    reference.add_lora_slices(out, x.bfloat16(), pool.bfloat16(), a_off, b_off, ranks, scales, seg, 0, widths, ws)
+    err = (out.double() - expect).norm() / (expect - y).norm()
+    assert err < 3e-2
+
+
+def test_launch_plan_covers_every_work_item():
+    from kernels.cuda._checks import Problem
+    from kernels.cuda._launch import make_plan
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        nseg = int(torch.randint(1, 300, (1,), generator=gen))
+        lengths = torch.randint(0, 3000, (nseg,), generator=gen) * (torch.rand(nseg, generator=gen) < 0.5)
+        rows = int(lengths.sum()) + 1
+        h_in = int(torch.randint(1, 20000, (1,), generator=gen))
+        problem = Problem(rows, h_in, (64,) * (1 + nseg % 3), nseg, 16)
+        plan = make_plan(problem, 0, nseg)
+        assert plan.kc % 64 == 0 and (plan.ksplit - 1) * plan.kc < h_in <= plan.ksplit * plan.kc
+        assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
+
+
+def test_cuda_wrappers_reject_cpu_tensors():
+    from kernels import cuda as kcuda
+
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths = _case(1)
+    ws = torch.zeros(len(widths), x.shape[0], 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        kcuda.add_lora_slices(y.bfloat16(), x.bfloat16(), pool.bfloat16(), a_off, b_off, ranks, scales,
+                              seg, 0, widths, ws)
