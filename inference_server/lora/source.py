@@ -126,7 +126,8 @@ class LocalAdapterDirectory:
 
     def list(self) -> list[AdapterInfo]:
         out = []
-        for config in sorted(self.root.glob(f"**/{CONFIG_FILE}")):
+        # ids are name or tenant/name; "**" would not descend into the symlinked version folders
+        for config in sorted([*self.root.glob(f"*/{CONFIG_FILE}"), *self.root.glob(f"*/*/{CONFIG_FILE}")]):
             rel = config.parent.relative_to(self.root).as_posix()
             if rel.startswith(".") or "/." in rel:
                 continue
