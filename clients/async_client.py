@@ -1,0 +1,119 @@
+"""The asyncio client: ``async for event in AsyncLoraplexClient(addr).generate("Hello")``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients.errors import from_rpc_error
+from clients.requests import DEFAULT_ADDRESS, Progress, UploadPlan, channel_options, generate_request
+from clients.sync_client import HEALTH_STATUS
+from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
+from loraplex.v1 import inference_pb2 as pb
+from loraplex.v1 import inference_pb2_grpc as pb_grpc
+
+
+class AsyncLoraplexClient:
+    """The asyncio twin of LoraplexClient (same methods, awaitable; ``generate`` is an async iterator).
+
+    Create it inside a running event loop; ``await client.close()`` (or ``async with``) at the end.
+    """
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0, retry_attempts: int = 5,
+                 channel: grpc.aio.Channel | None = None) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = channel or grpc.aio.insecure_channel(address, options=channel_options(retry_attempts=retry_attempts))
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> "AsyncLoraplexClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return await method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any
+                 ) -> AsyncIterator[GenerationEvent]:
+        """Stream a generation; leaving the loop early cancels it on the server. Same keyword
+        arguments as LoraplexClient.generate."""
+        return self._stream(generate_request(prompt, **kwargs), timeout)
+
+    async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[GenerationEvent]:
+        call = self._stub.Generate(request, timeout=timeout)
+        try:
+            async for message in call:
+                yield GenerationEvent.from_pb(message)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def generate_text(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
+        return GenerationResult.gather([e async for e in self.generate(prompt, **kwargs)])
+
+    # -- adapters ------------------------------------------------------------------------
+    async def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *,
+                             progress: Progress | None = None, timeout: float | None = 600.0) -> AdapterInfo:
+        """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out."""
+        plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder)
+        try:
+            return AdapterInfo.from_pb(await self._stub.UploadAdapter(plan.messages(progress), timeout=timeout))
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    async def list_adapters(self, prefix: str = "", *, timeout: float | None = None) -> list[AdapterInfo]:
+        out, token = [], ""
+        while True:
+            page = await self._call(self._stub.ListAdapters, pb.ListAdaptersRequest(prefix=prefix, page_token=token),
+                                    timeout)
+            out.extend(AdapterInfo.from_pb(a) for a in page.adapters)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def get_adapter(self, adapter_id: str, *, timeout: float | None = None) -> AdapterInfo:
+        return AdapterInfo.from_pb(await self._call(self._stub.GetAdapter, pb.GetAdapterRequest(adapter_id=adapter_id),
+                                                    timeout))
+
+    async def delete_adapter(self, adapter_id: str, *, timeout: float | None = None) -> None:
+        await self._call(self._stub.DeleteAdapter, pb.DeleteAdapterRequest(adapter_id=adapter_id), timeout)
+
+    # -- server --------------------------------------------------------------------------
+    async def server_info(self, *, timeout: float | None = None) -> ServerInfo:
+        return ServerInfo.from_pb(await self._call(self._stub.ServerInfo, pb.ServerInfoRequest(), timeout))
+
+    async def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """SERVING, NOT_SERVING, SERVICE_UNKNOWN or UNKNOWN."""
+        response = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout)
+        return HEALTH_STATUS[response.status]
+
+    async def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
+        """Poll health until SERVING; TimeoutError with the last status if ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                last = await self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                if last == "SERVING":
+                    return
+            except Exception as exc:  # noqa: BLE001  (not up yet: keep polling)
+                last = str(exc)
+            await asyncio.sleep(interval)
+        raise TimeoutError(f"{self.address} not SERVING after {timeout:.0f}s (last: {last})")

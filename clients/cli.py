@@ -1,0 +1,187 @@
+"""``loraplex``: the command-line client (and ``loraplex serve`` to start a server).
+
+    loraplex serve [server flags]                 start a server (same flags as loraplex-server)
+    loraplex generate "Why is the sky blue?"      stream an answer (chat template; --raw for plain text)
+    loraplex generate --adapter pirate "Hi"       ... through an adapter
+    loraplex adapters upload pirate ./pirate      upload a PEFT LoRA folder (progress bar)
+    loraplex adapters list | show ID | delete ID
+    loraplex health [--wait 60]                   exit 0 when SERVING
+    loraplex info                                 the served model and limits
+
+The server address comes from --address or LORAPLEX_ADDRESS (default 127.0.0.1:50051).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every subcommand except ``serve`` (which takes the server's flags)."""
+    from clients.requests import DEFAULT_ADDRESS  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(prog="loraplex", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--address", default=os.environ.get("LORAPLEX_ADDRESS", DEFAULT_ADDRESS),
+                   help="server host:port (env LORAPLEX_ADDRESS)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (generate: the whole stream)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="start a server (see `loraplex serve --help`)", add_help=False)
+    _generate_parser(sub.add_parser("generate", help="stream a generation"))
+    adapters = sub.add_parser("adapters", help="manage adapters").add_subparsers(dest="action", required=True)
+    up = adapters.add_parser("upload", help="upload a PEFT LoRA folder")
+    up.add_argument("adapter_id", help="name or tenant/name")
+    up.add_argument("folder", help="folder with adapter_config.json and adapter_model.safetensors")
+    ls = adapters.add_parser("list", help="list adapters")
+    ls.add_argument("--prefix", default="", help="only ids starting with this")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    show = adapters.add_parser("show", help="one adapter's details (JSON)")
+    show.add_argument("adapter_id")
+    rm = adapters.add_parser("delete", help="delete an adapter")
+    rm.add_argument("adapter_id")
+    health = sub.add_parser("health", help="exit 0 if the server is SERVING")
+    health.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="poll until SERVING, up to this long")
+    sub.add_parser("info", help="the served model and the server's limits (JSON)")
+    return p
+
+
+def _generate_parser(g: argparse.ArgumentParser) -> None:
+    g.add_argument("prompt", help="the prompt ('-' reads stdin)")
+    g.add_argument("--adapter", default=None, help="adapter id (default: the base model)")
+    g.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
+    g.add_argument("--system", default=None, help="system message (chat mode)")
+    g.add_argument("--max-new-tokens", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--json", action="store_true", help="print each event as a JSON line")
+    g.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
+
+
+def _generate(client: Any, args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    kwargs: dict[str, Any] = dict(adapter=args.adapter, max_new_tokens=args.max_new_tokens,
+                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                  stop=args.stop, timeout=args.timeout)
+    if args.raw:
+        kwargs["prompt"] = prompt
+    else:
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        kwargs["messages"] = [*system, {"role": "user", "content": prompt}]
+    start, tokens, last = time.perf_counter(), 0, None
+    for event in client.generate(**kwargs):
+        tokens += len(event.token_ids)
+        last = event
+        if args.json:
+            print(json.dumps(asdict(event)), flush=True)
+        else:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    if not args.json:
+        sys.stdout.write("\n")
+    if not args.quiet and last is not None:
+        elapsed = time.perf_counter() - start
+        ttft = f", first token {last.timings.ttft_s:.3f}s" if last.timings else ""
+        print(f"[{last.finish_reason}: {tokens} tokens in {elapsed:.2f}s{ttft}, {tokens / max(elapsed, 1e-9):.1f} tok/s]",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def _upload(client: Any, args: argparse.Namespace) -> int:
+    from tqdm import tqdm  # noqa: PLC0415
+
+    with tqdm(desc=f"uploading {args.adapter_id}", unit="B", unit_scale=True, unit_divisor=1024,
+              file=sys.stderr) as bar:
+        def progress(sent: int, total: int) -> None:
+            bar.total = total
+            bar.update(sent - bar.n)
+
+        info = client.upload_adapter(args.adapter_id, args.folder, progress=progress, timeout=max(args.timeout, 600.0))
+    print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes)")
+    return EXIT_OK
+
+
+def _list(client: Any, args: argparse.Namespace) -> int:
+    adapters = client.list_adapters(args.prefix)
+    if args.json:
+        for a in adapters:
+            print(json.dumps(asdict(a)))
+        return EXIT_OK
+    rows = [("ID", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS")]
+    rows += [(a.adapter_id, str(a.rank), f"{a.lora_alpha:g}", a.dtype, str(a.size_bytes), a.version,
+              ",".join(a.target_modules)) for a in adapters]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return EXIT_OK
+
+
+def _health(client: Any, args: argparse.Namespace) -> int:
+    if args.wait > 0:
+        client.wait_until_serving(timeout=args.wait)
+    status = client.health()
+    print(status)
+    return EXIT_OK if status == "SERVING" else EXIT_ERROR
+
+
+def _dispatch(client: Any, args: argparse.Namespace) -> int:
+    if args.command == "generate":
+        return _generate(client, args)
+    if args.command == "health":
+        return _health(client, args)
+    if args.command == "info":
+        print(json.dumps(asdict(client.server_info()), indent=2))
+        return EXIT_OK
+    if args.action == "upload":
+        return _upload(client, args)
+    if args.action == "list":
+        return _list(client, args)
+    if args.action == "show":
+        print(json.dumps(asdict(client.get_adapter(args.adapter_id)), indent=2))
+        return EXIT_OK
+    client.delete_adapter(args.adapter_id)
+    print(f"deleted {args.adapter_id}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``loraplex`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from inference_server.main import main as serve_main  # noqa: PLC0415  (loads torch: only here)
+
+        return serve_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        parser.error("`serve` must come first: loraplex serve [server flags]")
+    from clients.errors import LoraplexClientError  # noqa: PLC0415
+    from clients.sync_client import LoraplexClient  # noqa: PLC0415
+
+    try:
+        with LoraplexClient(args.address, timeout=args.timeout) as client:
+            return _dispatch(client, args)
+    except LoraplexClientError as exc:
+        field = f" (field {exc.field})" if exc.field else ""
+        print(f"loraplex: {exc}{field}", file=sys.stderr)
+        return EXIT_ERROR
+    except (ValueError, TimeoutError, OSError) as exc:
+        print(f"loraplex: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Building API requests on the client side: Generate requests, adapter uploads, channel options."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.v1 import inference_pb2 as pb
+
+SERVICE = "loraplex.v1.InferenceService"
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+CHUNK_BYTES = 1024 * 1024
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+PICKLE_WEIGHTS = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
+Progress = Callable[[int, int], None]  # (bytes sent, bytes in all)
+
+# Read-only calls are retried on UNAVAILABLE with exponential backoff (gRPC's own retry policy).
+# Generate, UploadAdapter and DeleteAdapter are never retried.
+RETRIED_METHODS = (
+    (SERVICE, "ListAdapters"), (SERVICE, "GetAdapter"), (SERVICE, "ServerInfo"), ("grpc.health.v1.Health", "Check"),
+)
+
+
+def channel_options(max_message_bytes: int = 64 * 1024 * 1024, retry_attempts: int = 5) -> list[tuple[str, object]]:
+    """Channel options: message size limits and the retry policy for idempotent calls."""
+    if not 1 <= retry_attempts <= 5:
+        raise ValueError(f"retry_attempts must be in 1..5 (gRPC's cap), got {retry_attempts}")
+    policy = {
+        "methodConfig": [{
+            "name": [{"service": s, "method": m} for s, m in RETRIED_METHODS],
+            "retryPolicy": {
+                "maxAttempts": retry_attempts, "initialBackoff": "0.1s", "maxBackoff": "2s",
+                "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }]
+    }
+    options: list[tuple[str, object]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if retry_attempts > 1:  # gRPC requires maxAttempts >= 2 in a retry policy
+        options += [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(policy))]
+    else:
+        options += [("grpc.enable_retries", 0)]
+    return options
+
+
+def generate_request(
+    prompt: str | None = None,
+    *,
+    adapter: str | None = None,
+    token_ids: Sequence[int] | None = None,
+    messages: Sequence[dict[str, str]] | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float | None = None,
+    seed: int | None = None,
+    repetition_penalty: float | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    request_id: str = "",
+) -> pb.GenerateRequest:
+    """A GenerateRequest from keyword arguments; exactly one of prompt, token_ids, messages."""
+    given = [name for name, v in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
+             if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"pass exactly one of prompt, token_ids or messages (got {given or 'none'})")
+    if isinstance(stop, str):
+        stop = (stop,)
+    req = pb.GenerateRequest(adapter_id=adapter or "", request_id=request_id)
+    if prompt is not None:
+        req.text = prompt
+    elif token_ids is not None:
+        req.token_ids.ids.extend(token_ids)
+    else:
+        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages or ())
+    s = req.sampling
+    s.temperature, s.top_k, s.logprobs, s.top_logprobs = temperature, top_k, logprobs, top_logprobs
+    if top_p is not None:
+        s.top_p = top_p
+    if seed is not None:
+        s.seed = seed
+    if repetition_penalty is not None:
+        s.repetition_penalty = repetition_penalty
+    st = req.stopping
+    if max_new_tokens is not None:
+        st.max_new_tokens = max_new_tokens
+    st.stop_strings.extend(stop)
+    st.stop_token_ids.extend(stop_token_ids)
+    st.ignore_eos = ignore_eos
+    return req
+
+
+@dataclass(frozen=True, slots=True)
+class UploadFile:
+    name: str
+    path: Path
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class UploadPlan:
+    """The files of a PEFT adapter folder to send, with sizes and checksums."""
+
+    adapter_id: str
+    files: tuple[UploadFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @classmethod
+    def from_folder(cls, adapter_id: str, folder: str | os.PathLike[str]) -> "UploadPlan":
+        """Scan ``folder`` (adapter_config.json + adapter_model.safetensors); a clear error if it is
+        not a PEFT LoRA folder the server can take."""
+        root = Path(folder)
+        if not root.is_dir():
+            raise ValueError(f"{root}: not a folder")
+        if not (root / ADAPTER_FILES[1]).is_file() and any((root / p).is_file() for p in PICKLE_WEIGHTS):
+            raise ValueError(f"{root}: has pickle weights only; save the adapter with safe_serialization=True "
+                             "(adapter_model.safetensors)")
+        files = []
+        for name in ADAPTER_FILES:
+            path = root / name
+            if not path.is_file():
+                raise ValueError(f"{root}: missing {name} (a PEFT LoRA folder needs {' and '.join(ADAPTER_FILES)})")
+            files.append(UploadFile(name, path, path.stat().st_size, _sha256(path)))
+        return cls(adapter_id, tuple(files))
+
+    def metadata(self) -> pb.UploadAdapterRequest:
+        return pb.UploadAdapterRequest(metadata=pb.UploadMetadata(
+            adapter_id=self.adapter_id,
+            files=[pb.UploadFile(name=f.name, size_bytes=f.size, sha256=f.sha256) for f in self.files],
+        ))
+
+    def messages(self, progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES
+                 ) -> Iterator[pb.UploadAdapterRequest]:
+        """Metadata, then every file in chunks; ``progress(sent, total)`` after each chunk."""
+        yield self.metadata()
+        sent, total = 0, self.total_bytes
+        for f in self.files:
+            with open(f.path, "rb") as handle:
+                while data := handle.read(chunk_bytes):
+                    yield pb.UploadAdapterRequest(chunk=pb.FileChunk(name=f.name, data=data))
+                    sent += len(data)
+                    if progress is not None:
+                        progress(sent, total)
+        if progress is not None and total == 0:
+            progress(0, 0)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(CHUNK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()

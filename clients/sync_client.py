@@ -1,0 +1,126 @@
+"""The blocking client: ``LoraplexClient("127.0.0.1:50051").generate("Hello")`` yields events."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients.errors import from_rpc_error
+from clients.requests import DEFAULT_ADDRESS, Progress, UploadPlan, channel_options, generate_request
+from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
+from loraplex.v1 import inference_pb2 as pb
+from loraplex.v1 import inference_pb2_grpc as pb_grpc
+
+HEALTH_STATUS = {v: k for k, v in health_pb2.HealthCheckResponse.ServingStatus.items()}
+
+
+class LoraplexClient:
+    """A connection to one loraplex server.
+
+    ``timeout`` (seconds) bounds every unary call; ``generate`` and ``upload_adapter`` take
+    their own. Read-only calls are retried on UNAVAILABLE with backoff (``retry_attempts``).
+    Errors are raised as ``clients.errors.LoraplexClientError`` subclasses.
+    """
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0, retry_attempts: int = 5,
+                 channel: grpc.Channel | None = None) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = channel or grpc.insecure_channel(address, options=channel_options(retry_attempts=retry_attempts))
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> "LoraplexClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any
+                 ) -> Iterator[GenerationEvent]:
+        """Stream a generation as GenerationEvents; leaving the loop early cancels it on the server.
+
+        Keyword arguments: adapter, token_ids, messages, max_new_tokens, temperature, top_k, top_p,
+        seed, repetition_penalty, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,
+        request_id (see clients.requests.generate_request). ``timeout`` bounds the whole stream.
+        """
+        return self._stream(generate_request(prompt, **kwargs), timeout)
+
+    def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> Iterator[GenerationEvent]:
+        call = self._stub.Generate(request, timeout=timeout)
+        try:
+            for message in call:
+                yield GenerationEvent.from_pb(message)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()  # no-op once finished; cancels the server side if we leave early
+
+    def generate_text(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
+        """The whole generation at once."""
+        return GenerationResult.gather(list(self.generate(prompt, **kwargs)))
+
+    # -- adapters ------------------------------------------------------------------------
+    def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *, progress: Progress | None = None,
+                       timeout: float | None = 600.0) -> AdapterInfo:
+        """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` is called as chunks go out."""
+        plan = UploadPlan.from_folder(adapter_id, folder)
+        try:
+            return AdapterInfo.from_pb(self._stub.UploadAdapter(plan.messages(progress), timeout=timeout))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def list_adapters(self, prefix: str = "", *, timeout: float | None = None) -> list[AdapterInfo]:
+        """Every adapter (or those whose id starts with ``prefix``), sorted by id; follows pages."""
+        out, token = [], ""
+        while True:
+            page = self._call(self._stub.ListAdapters, pb.ListAdaptersRequest(prefix=prefix, page_token=token), timeout)
+            out.extend(AdapterInfo.from_pb(a) for a in page.adapters)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    def get_adapter(self, adapter_id: str, *, timeout: float | None = None) -> AdapterInfo:
+        return AdapterInfo.from_pb(self._call(self._stub.GetAdapter, pb.GetAdapterRequest(adapter_id=adapter_id),
+                                              timeout))
+
+    def delete_adapter(self, adapter_id: str, *, timeout: float | None = None) -> None:
+        self._call(self._stub.DeleteAdapter, pb.DeleteAdapterRequest(adapter_id=adapter_id), timeout)
+
+    # -- server --------------------------------------------------------------------------
+    def server_info(self, *, timeout: float | None = None) -> ServerInfo:
+        return ServerInfo.from_pb(self._call(self._stub.ServerInfo, pb.ServerInfoRequest(), timeout))
+
+    def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """The server's health status name: SERVING, NOT_SERVING, SERVICE_UNKNOWN or UNKNOWN."""
+        response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout)
+        return HEALTH_STATUS[response.status]
+
+    def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
+        """Poll health until SERVING; raise TimeoutError with the last status if ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                last = self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                if last == "SERVING":
+                    return
+            except Exception as exc:  # noqa: BLE001  (not up yet: keep polling)
+                last = str(exc)
+            time.sleep(interval)
+        raise TimeoutError(f"{self.address} not SERVING after {timeout:.0f}s (last: {last})")

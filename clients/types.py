@@ -1,0 +1,133 @@
+"""What the client returns: plain dataclasses built from the API messages (no protobuf leaks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraplex.v1 import inference_pb2 as pb
+
+FINISH_REASONS = {
+    pb.FINISH_REASON_UNSPECIFIED: None,
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_ABORT: "abort",
+    pb.FINISH_REASON_ERROR: "error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    queue_s: float
+    ttft_s: float
+    total_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationEvent:
+    """One streamed message. ``finish_reason`` ("length", "stop", "abort", "error") is set on the last
+    one, together with ``usage`` and ``timings``. ``top_logprobs`` has, per token, (token_id, logprob)
+    pairs, most likely first."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+    @classmethod
+    def from_pb(cls, msg: pb.GenerateResponse) -> "GenerationEvent":
+        return cls(
+            request_id=msg.request_id,
+            text=msg.text,
+            token_ids=tuple(msg.token_ids),
+            logprobs=tuple(msg.logprobs) if msg.logprobs else None,
+            top_logprobs=tuple(tuple((c.token_id, c.logprob) for c in t.candidates) for t in msg.top_logprobs)
+            if msg.top_logprobs else None,
+            finish_reason=FINISH_REASONS[msg.finish_reason],
+            usage=Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens) if msg.HasField("usage") else None,
+            timings=Timings(msg.timings.queue_s, msg.timings.ttft_s, msg.timings.total_s)
+            if msg.HasField("timings") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """A whole generation, gathered from its events."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    usage: Usage | None
+    timings: Timings | None
+    logprobs: tuple[float, ...] | None
+
+    @classmethod
+    def gather(cls, events: list[GenerationEvent]) -> "GenerationResult":
+        last = events[-1] if events else None
+        has_logprobs = any(e.logprobs for e in events)
+        return cls(
+            request_id=last.request_id if last else "",
+            text="".join(e.text for e in events),
+            token_ids=tuple(t for e in events for t in e.token_ids),
+            finish_reason=last.finish_reason if last else None,
+            usage=last.usage if last else None,
+            timings=last.timings if last else None,
+            logprobs=tuple(lp for e in events for lp in (e.logprobs or ())) if has_logprobs else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    adapter_id: str
+    version: str
+    sha256: str
+    rank: int
+    lora_alpha: float
+    target_modules: tuple[str, ...]
+    dtype: str
+    size_bytes: int
+    created_at: float  # unix seconds
+
+    @classmethod
+    def from_pb(cls, msg: pb.Adapter) -> "AdapterInfo":
+        return cls(
+            adapter_id=msg.adapter_id, version=msg.version, sha256=msg.sha256, rank=msg.rank,
+            lora_alpha=msg.lora_alpha, target_modules=tuple(msg.target_modules), dtype=msg.dtype,
+            size_bytes=msg.size_bytes, created_at=msg.created_at.ToNanoseconds() / 1e9,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    model_name: str
+    dtype: str
+    device: str
+    max_context_len: int
+    max_batch_size: int
+    max_new_tokens_limit: int
+    default_max_new_tokens: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_upload_bytes: int
+    max_message_bytes: int
+    server_version: str
+
+    @classmethod
+    def from_pb(cls, msg: pb.ServerInfoResponse) -> "ServerInfo":
+        return cls(
+            model_name=msg.model_name, dtype=msg.dtype, device=msg.device, max_context_len=msg.max_context_len,
+            max_batch_size=msg.max_batch_size, max_new_tokens_limit=msg.max_new_tokens_limit,
+            default_max_new_tokens=msg.default_max_new_tokens, vocab_size=msg.vocab_size,
+            eos_token_ids=tuple(msg.eos_token_ids), max_upload_bytes=msg.max_upload_bytes,
+            max_message_bytes=msg.max_message_bytes, server_version=msg.server_version,
+        )

@@ -1,0 +1,154 @@
+"""``loraplex-server``: parse settings, configure logging, open the port, load the model, serve.
+
+The gRPC port opens before the model loads (health NOT_SERVING, Generate UNAVAILABLE) so
+orchestrators can probe it; the weights load in a background thread with a progress bar;
+SIGTERM or SIGINT drains open streams within ``--grace-period-s`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from inference_server.settings import ServerSettings
+
+log = logging.getLogger("inference_server")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def configure_logging(settings: ServerSettings) -> None:
+    """Root logging to stderr in the chosen format and level (called before the model loads)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_format == "json"
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level_number)
+
+
+def engine_config(settings: ServerSettings) -> Any:
+    """The EngineConfig for these settings (device and dtype ``auto`` resolved here)."""
+    import torch  # noqa: PLC0415  (heavy: only when the server really starts)
+
+    from inference_server.engine.config import EngineConfig  # noqa: PLC0415
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = settings.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return EngineConfig(
+        device=device, dtype=dtype, num_kv_blocks=settings.num_kv_blocks,
+        kv_cache_memory_fraction=settings.kv_cache_memory_fraction, max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
+        max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
+        adapter_pool_bytes=settings.adapter_pool_bytes, max_lora_rank=settings.max_lora_rank, seed=settings.seed,
+    )
+
+
+def model_source(settings: ServerSettings) -> Any:
+    """The ModelSource for ``--model`` / ``--model-format`` (no model: the embedded SmolLM2)."""
+    from inference_server.model.loading import ModelSource  # noqa: PLC0415
+
+    if settings.model_format == "dummy":
+        return ModelSource(format="dummy", dummy=settings.model, seed=settings.seed)
+    return ModelSource(format=settings.model_format, path=settings.model)
+
+
+def build_engine(settings: ServerSettings) -> Any:
+    """Load the model and build the engine (blocking; shows a progress bar while weights load)."""
+    from inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
+
+    config = engine_config(settings)
+    source = model_source(settings)
+    log.info("loading the model (%s) on %s as %s", settings.model or "SmolLM2-135M-Instruct", config.device,
+             config.dtype)
+    return AsyncEngine.build(config, source, settings.adapter_path, progress=True)
+
+
+async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a daemon thread (a stop during model load must not wait for the load)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001  (handed to the awaiting coroutine)
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(exc))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    threading.Thread(target=run, name="model-loader", daemon=True).start()
+    return await future
+
+
+async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT; return the process exit code."""
+    from inference_server.server.app import GrpcServer, ServerOptions  # noqa: PLC0415
+
+    server = GrpcServer(ServerOptions.from_settings(settings))
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loading = asyncio.ensure_future(_in_daemon_thread(build or (lambda: build_engine(settings))))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    engine, code = None, 0
+    if loading.done():
+        try:
+            engine = loading.result()
+        except (ValueError, OSError) as exc:
+            log.error("cannot load the model: %s", exc)
+            code = 1
+        if engine is not None:
+            await engine.start()
+            await server.attach_engine(engine)
+            await stopping
+    else:
+        log.info("stop requested while the model was loading")
+        loading.cancel()
+    stopping.cancel()
+    log.info("shutting down (grace period %.1fs)", settings.grace_period_s)
+    await server.shutdown(settings.grace_period_s)
+    if engine is not None:
+        await engine.shutdown()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``loraplex-server`` (and ``loraplex serve``)."""
+    try:
+        settings = ServerSettings.from_sources(argv)
+    except ValueError as exc:
+        print(f"loraplex-server: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings)
+    try:
+        return asyncio.run(serve(settings))
+    except OSError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

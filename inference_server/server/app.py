@@ -1,0 +1,136 @@
+"""The gRPC server: inference service, health, reflection, metrics, and its lifecycle.
+
+Start order: the port opens first with health NOT_SERVING (the model is not loaded yet,
+Generate answers UNAVAILABLE); ``attach_engine`` flips health to SERVING. ``shutdown``
+stops admitting (UNAVAILABLE, health NOT_SERVING), lets open streams finish within the
+grace period, aborts what is left, then closes the port.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from inference_server.server.interceptor import ErrorInterceptor
+from inference_server.server.metrics import MetricsHttpServer, ServerMetrics
+from inference_server.server.servicer import EdgeConfig, InferenceServicer
+from inference_server.server.state import ServingState
+from loraplex.v1 import inference_pb2 as pb
+from loraplex.v1 import inference_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
+_ABORT_WAIT_S = 10.0  # after the grace period: how long aborted streams get to send their last message
+
+
+def server_version() -> str:
+    """The installed loraplex version, or 0+unknown when running from a source tree."""
+    try:
+        return metadata.version("loraplex")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """What the gRPC edge needs from ServerSettings."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int = 0
+    default_max_new_tokens: int = 256
+    max_concurrent_streams: int = 4096
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_upload_bytes: int = 512 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "ServerOptions":
+        return cls(**{name: getattr(settings, name) for name in cls.__slots__})
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcServer:
+    """One grpc.aio server with the loraplex services, and the metrics endpoint."""
+
+    def __init__(self, options: ServerOptions, metrics: ServerMetrics | None = None) -> None:
+        self.options = options
+        self.metrics = metrics or ServerMetrics()
+        self.state = ServingState(options.max_concurrent_streams)
+        self.health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._metrics_http: MetricsHttpServer | None = None
+        self.port = 0
+        self.metrics_port = 0
+
+    async def start(self) -> int:
+        """Bind and start serving (health NOT_SERVING); return the bound gRPC port."""
+        o = self.options
+        msg_opts = [("grpc.max_receive_message_length", o.max_message_bytes),
+                    ("grpc.max_send_message_length", o.max_message_bytes),
+                    ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(self.metrics)], options=msg_opts)
+        config = EdgeConfig(default_max_new_tokens=o.default_max_new_tokens, max_upload_bytes=o.max_upload_bytes,
+                            max_message_bytes=o.max_message_bytes, server_version=server_version())
+        pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(self.state, self.metrics, config), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            self.port = server.add_insecure_port(_address(o.host, o.port))
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {_address(o.host, o.port)}: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {_address(o.host, o.port)} (address in use?)")
+        await server.start()
+        self._server = server
+        if o.metrics_port:
+            self._metrics_http = MetricsHttpServer(self.metrics, o.host, o.metrics_port)
+            self.metrics_port = self._metrics_http.port
+        log.info("gRPC listening on %s (metrics: %s)", _address(o.host, self.port),
+                 f"http://{_address(o.host, self.metrics_port)}/metrics" if self._metrics_http else "off")
+        return self.port
+
+    async def attach_engine(self, engine: Any) -> None:
+        """The model is loaded and the engine started: admit requests, report SERVING."""
+        self.state.set_engine(engine)
+        self.metrics.bind_engine_stats(lambda: engine.stats())
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %s", engine.info.model_name)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop admitting, drain open work for up to ``grace_s`` seconds, abort the rest, close."""
+        self.state.start_draining()
+        await self.health.enter_graceful_shutdown()
+        open_streams = len(self.state.open_stream_ids())
+        if open_streams:
+            log.info("draining %d open stream(s), up to %.1fs", open_streams, grace_s)
+        if not await self.state.wait_idle(grace_s):
+            engine = self.state.engine
+            left = self.state.open_stream_ids()
+            log.warning("grace period over: aborting %d stream(s)", len(left))
+            for request_id in left if engine is not None else ():
+                engine.abort(request_id)
+            await self.state.wait_idle(_ABORT_WAIT_S)
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        if self._metrics_http is not None:
+            self._metrics_http.close()
+        log.info("gRPC server stopped")
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()

@@ -1,0 +1,240 @@
+"""Protobuf <-> domain conversion for the gRPC edge: small from_pb / to_pb functions.
+
+Every caller mistake becomes an InvalidRequestError whose ``field`` is the proto field path
+(``sampling.top_p``, ``stopping.max_new_tokens``, ``chat.messages``), so the interceptor can
+name it in the INVALID_ARGUMENT status.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from inference_server.engine.request import (
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    StoppingCriteria,
+    TokenEvent,
+)
+from inference_server.errors import InvalidRequestError
+from inference_server.lora.naming import validate_adapter_id
+from loraplex.v1 import inference_pb2 as pb
+
+MAX_REQUEST_ID_LEN = 128
+T = TypeVar("T")
+
+FINISH_REASON_TO_PB = {
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+}
+
+
+class PromptTokenizer(Protocol):
+    """The part of the engine's tokenizer the edge uses."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What the edge checks before handing a request to the engine."""
+
+    vocab_size: int
+    max_context_len: int
+    max_new_tokens_limit: int
+    default_max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_context_len", "max_new_tokens_limit", "default_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRequest:
+    """A decoded Generate call: the engine request and the id echoed to the client."""
+
+    request: GenerationRequest
+    client_request_id: str
+
+
+def _refield(prefix: str, build: Callable[[], T]) -> T:
+    """Run ``build``; re-raise its InvalidRequestError with the field under ``prefix``."""
+    try:
+        return build()
+    except InvalidRequestError as exc:
+        if exc.field is None:
+            raise InvalidRequestError(str(exc), prefix) from None
+        message = str(exc).removeprefix(f"{exc.field}: ")
+        raise InvalidRequestError(message, f"{prefix}.{exc.field}") from None
+
+
+def client_request_id_from_pb(request_id: str) -> str:
+    """The caller's request id (validated) or a fresh one."""
+    if not request_id:
+        return uuid.uuid4().hex
+    if len(request_id) > MAX_REQUEST_ID_LEN or not all(" " < c <= "~" for c in request_id):
+        raise InvalidRequestError(
+            f"must be 1-{MAX_REQUEST_ID_LEN} printable ASCII characters without spaces", "request_id"
+        )
+    return request_id
+
+
+def adapter_id_from_pb(adapter_id: str, field: str = "adapter_id") -> str | None:
+    """Empty string = the base model; anything else must be a valid adapter id."""
+    return validate_adapter_id(adapter_id, field) if adapter_id else None
+
+
+def _check_token_ids(ids: Any, vocab_size: int, field: str) -> tuple[int, ...]:
+    out = tuple(ids)
+    bad = next((t for t in out if t >= vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab_size})", field)
+    return out
+
+
+def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: RequestLimits) -> tuple[int, ...]:
+    """The prompt's token ids from whichever of text / token_ids / chat is set."""
+    kind = msg.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidRequestError("set one of text, token_ids or chat", "prompt")
+    if kind == "text":
+        if not msg.text:
+            raise InvalidRequestError("must be non-empty", "text")
+        ids = tuple(tokenizer.encode(msg.text))
+    elif kind == "token_ids":
+        ids = _check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
+    else:
+        ids = tuple(_chat_ids(msg.chat, tokenizer))
+    if not ids:
+        raise InvalidRequestError("the prompt has no tokens", kind)
+    if len(ids) >= limits.max_context_len:
+        raise InvalidRequestError(
+            f"the prompt has {len(ids)} tokens; the context window is {limits.max_context_len} "
+            "(prompt + generated tokens)",
+            kind,
+        )
+    return ids
+
+
+def _chat_ids(chat: pb.ChatMessages, tokenizer: PromptTokenizer) -> list[int]:
+    if not chat.messages:
+        raise InvalidRequestError("at least one message is required", "chat.messages")
+    messages = []
+    for i, m in enumerate(chat.messages):
+        if not m.role:
+            raise InvalidRequestError(f"message {i} has no role", "chat.messages.role")
+        messages.append({"role": m.role, "content": m.content})
+    try:
+        return tokenizer.apply_chat_template(messages)
+    except ValueError as exc:  # no chat template, or the template refused the messages
+        raise InvalidRequestError(str(exc), "chat") from None
+
+
+def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
+    """SamplingParams; unset optional fields keep the domain defaults."""
+    defaults = SamplingParams()
+    return _refield("sampling", lambda: SamplingParams(
+        temperature=msg.temperature,
+        top_k=msg.top_k,
+        top_p=msg.top_p if msg.HasField("top_p") else defaults.top_p,
+        seed=msg.seed if msg.HasField("seed") else None,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else defaults.repetition_penalty,
+        logprobs=msg.logprobs or msg.top_logprobs > 0,
+        top_logprobs=msg.top_logprobs,
+    ))
+
+
+def stopping_from_pb(msg: pb.StoppingCriteria, limits: RequestLimits) -> StoppingCriteria:
+    """StoppingCriteria; max_new_tokens defaults to the server's default and is capped by its limit."""
+    max_new = msg.max_new_tokens if msg.HasField("max_new_tokens") else limits.default_max_new_tokens
+    if max_new > limits.max_new_tokens_limit:
+        raise InvalidRequestError(
+            f"{max_new} is above this server's limit of {limits.max_new_tokens_limit}", "stopping.max_new_tokens"
+        )
+    stop_ids = _check_token_ids(msg.stop_token_ids, limits.vocab_size, "stopping.stop_token_ids")
+    return _refield("stopping", lambda: StoppingCriteria(
+        max_new_tokens=max_new,
+        stop_token_ids=stop_ids,
+        stop_strings=tuple(msg.stop_strings),
+        ignore_eos=msg.ignore_eos,
+    ))
+
+
+def generate_request_from_pb(
+    msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: RequestLimits
+) -> EdgeRequest:
+    """Validate and tokenize a GenerateRequest. The engine gets a server-unique request id."""
+    client_id = client_request_id_from_pb(msg.request_id)
+    adapter_id = adapter_id_from_pb(msg.adapter_id)
+    sampling = sampling_from_pb(msg.sampling)
+    stopping = stopping_from_pb(msg.stopping, limits)
+    prompt = prompt_from_pb(msg, tokenizer, limits)
+    tenant = adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
+    request = GenerationRequest(
+        request_id=uuid.uuid4().hex,
+        prompt_token_ids=prompt,
+        adapter_id=adapter_id,
+        sampling=sampling,
+        stopping=stopping,
+        tenant=tenant,
+    )
+    return EdgeRequest(request=request, client_request_id=client_id)
+
+
+def token_event_to_pb(event: TokenEvent, client_request_id: str) -> pb.GenerateResponse:
+    """One streamed step; the last one carries finish reason, usage and timings."""
+    out = pb.GenerateResponse(request_id=client_request_id, text=event.text, token_ids=event.token_ids)
+    if event.logprobs is not None:
+        out.logprobs.extend(event.logprobs)
+    if event.top_logprobs is not None:
+        for alternatives in event.top_logprobs:
+            ranked = sorted(alternatives.items(), key=lambda kv: kv[1], reverse=True)
+            out.top_logprobs.add().candidates.extend(
+                pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in ranked
+            )
+    if event.finish_reason is not None:
+        out.finish_reason = FINISH_REASON_TO_PB[event.finish_reason]
+    if event.usage is not None:
+        out.usage.prompt_tokens = event.usage.prompt_tokens
+        out.usage.completion_tokens = event.usage.completion_tokens
+    if event.timings is not None:
+        t = event.timings
+        out.timings.CopyFrom(pb.Timings(queue_s=t.queue_s, ttft_s=t.ttft_s, total_s=t.total_s))
+    return out
+
+
+def adapter_to_pb(info: Any) -> pb.Adapter:
+    """An AdapterInfo (inference_server.lora.source) as the public Adapter message."""
+    created = Timestamp()
+    created.FromNanoseconds(int(info.created_at * 1e9))
+    return pb.Adapter(
+        adapter_id=info.adapter_id,
+        version=info.version,
+        sha256=info.sha256,
+        rank=info.rank,
+        lora_alpha=info.lora_alpha,
+        target_modules=list(info.target_modules),
+        dtype=info.dtype,
+        size_bytes=info.size_bytes,
+        created_at=created,
+    )
+
+
+def list_page(ids_sorted: list[str], prefix: str, page_size: int, page_token: str, max_page: int) -> tuple[list[str], str]:
+    """One page of adapter ids (sorted) after ``page_token``; returns (ids, next_page_token)."""
+    if page_token:
+        adapter_id_from_pb(page_token, "page_token")
+    size = min(page_size or max_page, max_page)
+    matching = [i for i in ids_sorted if i.startswith(prefix) and (not page_token or i > page_token)]
+    page = matching[:size]
+    return page, (page[-1] if len(matching) > size else "")

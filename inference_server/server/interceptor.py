@@ -1,0 +1,133 @@
+"""The one place where exceptions become gRPC status codes (and request metrics are counted).
+
+Caller mistakes never surface as a bare INTERNAL: domain errors map to precise codes, and
+INVALID_ARGUMENT carries the offending field both in the message and in the trailing
+metadata key ``loraplex-field``. Anything unexpected is logged with its traceback and
+returned as INTERNAL with a short message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from inference_server.errors import (
+    AdapterNotFoundError,
+    InvalidRequestError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from inference_server.server.metrics import ServerMetrics
+
+FIELD_METADATA_KEY = "loraplex-field"
+log = logging.getLogger(__name__)
+
+_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
+    """(code, message, field) for an exception raised by a servicer or the engine."""
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            message = str(exc) or kind.__name__
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                message = f"deadline exceeded: {message}" if str(exc) else "deadline exceeded"
+            return code, message, getattr(exc, "field", None)
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", None
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps the handlers of loraplex services: maps exceptions, counts requests by code."""
+
+    def __init__(self, metrics: ServerMetrics, service_prefix: str = "/loraplex.") -> None:
+        self._metrics = metrics
+        self._prefix = service_prefix
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(self._prefix):
+            return handler
+        name = method.rsplit("/", 1)[-1]
+        kinds = (
+            ("unary_unary", grpc.unary_unary_rpc_method_handler),
+            ("unary_stream", grpc.unary_stream_rpc_method_handler),
+            ("stream_unary", grpc.stream_unary_rpc_method_handler),
+            ("stream_stream", grpc.stream_stream_rpc_method_handler),
+        )
+        for attr, make in kinds:
+            behavior = getattr(handler, attr)
+            if behavior is not None:
+                return make(
+                    self._wrap(behavior, name),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+        return handler
+
+    def _wrap(self, behavior: Callable[..., Any], name: str) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                start, code = time.perf_counter(), "OK"
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                except BaseException as exc:  # noqa: BLE001  (re-raised or turned into a status)
+                    code = _code_name(exc, context)
+                    await _abort_or_reraise(exc, context)
+                finally:
+                    self._metrics.observe_rpc(name, code, time.perf_counter() - start)
+            return stream
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start, code = time.perf_counter(), "OK"
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:  # noqa: BLE001
+                code = _code_name(exc, context)
+                await _abort_or_reraise(exc, context)
+            finally:
+                self._metrics.observe_rpc(name, code, time.perf_counter() - start)
+        return unary
+
+
+def _code_name(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
+    """The status code name the caller will see, for the request counter."""
+    if isinstance(exc, asyncio.CancelledError):
+        remaining = context.time_remaining()
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    if isinstance(exc, grpc.aio.AbortError):
+        code = context.code()
+        return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    if isinstance(exc, Exception):
+        return status_for(exc)[0].name
+    return "CANCELLED"
+
+
+async def _abort_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+    """Abort the call with the status mapped from ``exc``; cancellations and aborts propagate."""
+    if isinstance(exc, (asyncio.CancelledError, grpc.aio.AbortError)) or not isinstance(exc, Exception):
+        raise exc
+    code, message, field = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.error("internal error: %s", message, exc_info=exc)
+    else:
+        log.info("%s: %s", code.name, message)
+    if field:
+        context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
+    await context.abort(code, message)

@@ -1,0 +1,118 @@
+"""Prometheus metrics of the serving edge, in a registry of their own, served over HTTP.
+
+Counters and histograms are updated by the servicer and the interceptor; engine gauges
+(queue length, running requests, KV blocks, resident adapters) are read from
+``engine.stats()`` at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+BASE_MODEL_LABEL = "base"  # the adapter label of requests to the base model
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_TOKEN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+class ServerMetrics:
+    """Every metric the server exports. ``stats`` returns the engine's stats, or None before load."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._stats: Callable[[], Any | None] = lambda: None
+        r = self.registry
+        self.rpcs = Counter("loraplex_rpc_requests", "RPCs by method and status code", ["method", "code"], registry=r)
+        self.rpc_seconds = Histogram("loraplex_rpc_duration_seconds", "RPC duration by method", ["method"],
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.generate_requests = Counter("loraplex_generate_requests", "Generate requests by adapter",
+                                         ["adapter"], registry=r)
+        self.generated_tokens = Counter("loraplex_generated_tokens", "Tokens streamed to clients", registry=r)
+        self.prompt_tokens = Counter("loraplex_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.finished = Counter("loraplex_finished_requests", "Finished generations by finish reason",
+                                ["reason"], registry=r)
+        self.ttft = Histogram("loraplex_time_to_first_token_seconds", "Request arrival to first streamed token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("loraplex_inter_token_latency_seconds", "Time between streamed tokens",
+                             buckets=_TOKEN_BUCKETS, registry=r)
+        self.active_streams = Gauge("loraplex_active_streams", "Generate streams open at the edge", registry=r)
+        self._engine_gauge("loraplex_queue_length", "Requests waiting in the engine queue", "num_waiting")
+        self._engine_gauge("loraplex_running_requests", "Requests the engine is decoding", "num_running")
+        self._engine_gauge("loraplex_free_kv_blocks", "Free KV cache blocks", "free_kv_blocks")
+        self._engine_gauge("loraplex_total_kv_blocks", "KV cache blocks in all", "total_kv_blocks")
+        self._engine_gauge("loraplex_resident_adapters", "Adapters resident in the device pool", "resident_adapters")
+
+    def _engine_gauge(self, name: str, doc: str, attr: str) -> None:
+        def read() -> float:
+            stats = self._stats()
+            value = getattr(stats, attr, 0) if stats is not None else 0
+            return float(len(value) if isinstance(value, (list, tuple, set, frozenset, dict)) else value)
+
+        Gauge(name, doc, registry=self.registry).set_function(read)
+
+    def bind_engine_stats(self, stats: Callable[[], Any | None]) -> None:
+        """Read engine gauges from ``stats()`` (the engine's EngineStats) at scrape time."""
+        self._stats = stats
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        """One finished RPC."""
+        self.rpcs.labels(method, code).inc()
+        self.rpc_seconds.labels(method).observe(seconds)
+
+    def stream(self, adapter_id: str | None, prompt_tokens: int) -> "StreamMetrics":
+        """Start timing one admitted Generate stream."""
+        self.generate_requests.labels(adapter_id or BASE_MODEL_LABEL).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        return StreamMetrics(self)
+
+
+@dataclass(slots=True)
+class StreamMetrics:
+    """Per-stream timing: TTFT at the first token, then the gap between tokens."""
+
+    metrics: ServerMetrics
+    start: float = field(default_factory=time.perf_counter)
+    last: float | None = None
+
+    def tokens(self, n: int) -> None:
+        """``n`` tokens were just streamed."""
+        if n <= 0:
+            return
+        now = time.perf_counter()
+        m = self.metrics
+        if self.last is None:
+            m.ttft.observe(now - self.start)
+            n_gaps, gap = n - 1, 0.0
+        else:
+            n_gaps, gap = n, (now - self.last) / n
+        for _ in range(n_gaps):
+            m.itl.observe(gap)
+        m.generated_tokens.inc(n)
+        self.last = now
+
+    def finished(self, reason: str) -> None:
+        self.metrics.finished.labels(reason).inc()
+
+
+class MetricsHttpServer:
+    """The /metrics HTTP endpoint (prometheus_client's threaded WSGI server)."""
+
+    def __init__(self, metrics: ServerMetrics, host: str, port: int) -> None:
+        self._server: WSGIServer
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(port, addr=host, registry=metrics.registry)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,145 @@
+"""The InferenceService servicer: thin methods over the engine; conversion lives in convert.py,
+status codes in interceptor.py, admission and draining in state.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from inference_server.engine.request import GenerationRequest, TokenEvent
+from inference_server.errors import InvalidRequestError, LoraplexError
+from inference_server.server import convert
+from inference_server.server.metrics import ServerMetrics
+from inference_server.server.state import ServingState
+from inference_server.server.upload import UploadAssembler, UploadLimits
+from loraplex.v1 import inference_pb2 as pb
+from loraplex.v1 import inference_pb2_grpc as pb_grpc
+
+# Prompts longer than this are tokenized in a worker thread, off the event loop.
+_INLINE_TOKENIZE_CHARS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    """The edge's own limits and defaults (from ServerSettings)."""
+
+    default_max_new_tokens: int
+    max_upload_bytes: int
+    max_message_bytes: int
+    server_version: str
+    list_page_size: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("default_max_new_tokens", "max_upload_bytes", "max_message_bytes", "list_page_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class InferenceServicer(pb_grpc.InferenceServiceServicer):
+    """loraplex.v1.InferenceService over an AsyncEngine."""
+
+    def __init__(self, state: ServingState, metrics: ServerMetrics, config: EdgeConfig) -> None:
+        self._state = state
+        self._metrics = metrics
+        self._config = config
+        self._upload_limits = UploadLimits(max_upload_bytes=config.max_upload_bytes)
+
+    def _limits(self, engine: Any) -> convert.RequestLimits:
+        info = engine.info
+        return convert.RequestLimits(
+            vocab_size=info.vocab_size,
+            max_context_len=info.max_context_len,
+            max_new_tokens_limit=info.max_new_tokens_limit,
+            default_max_new_tokens=min(self._config.default_max_new_tokens, info.max_new_tokens_limit),
+        )
+
+    async def _decode(self, request: pb.GenerateRequest, engine: Any) -> convert.EdgeRequest:
+        args = (request, engine.tokenizer, self._limits(engine))
+        long_text = request.WhichOneof("prompt") == "text" and len(request.text) > _INLINE_TOKENIZE_CHARS
+        if long_text or request.WhichOneof("prompt") == "chat":
+            return await asyncio.to_thread(convert.generate_request_from_pb, *args)
+        return convert.generate_request_from_pb(*args)
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[pb.GenerateResponse]:
+        """Stream one generation; a cancelled or expired call aborts it in the engine."""
+        engine = self._state.engine_or_raise()
+        edge = await self._decode(request, engine)
+        req = edge.request
+        async with self._state.stream(req.request_id):
+            track = self._metrics.stream(req.adapter_id, len(req.prompt_token_ids))
+            async for event in _engine_events(engine, req):
+                track.tokens(len(event.token_ids))
+                if event.finish_reason is not None:
+                    track.finished(event.finish_reason.value)
+                yield convert.token_event_to_pb(event, edge.client_request_id)
+
+    async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
+                            context: grpc.aio.ServicerContext) -> pb.Adapter:
+        """Receive metadata + chunks, then validate and store the adapter atomically."""
+        async with self._state.work() as engine:
+            assembler = UploadAssembler(self._upload_limits)
+            async for message in request_iterator:
+                assembler.add(message)
+            adapter_id, files = assembler.finish()
+            info = await asyncio.to_thread(engine.adapters.put, adapter_id, files)
+            return convert.adapter_to_pb(info)
+
+    async def ListAdapters(self, request: pb.ListAdaptersRequest, context: grpc.aio.ServicerContext
+                           ) -> pb.ListAdaptersResponse:
+        engine = self._state.engine_or_raise()
+        infos = {i.adapter_id: i for i in await asyncio.to_thread(engine.adapters.list)}
+        ids, next_token = convert.list_page(sorted(infos), request.prefix, request.page_size,
+                                            request.page_token, self._config.list_page_size)
+        return pb.ListAdaptersResponse(adapters=[convert.adapter_to_pb(infos[i]) for i in ids],
+                                       next_page_token=next_token)
+
+    async def GetAdapter(self, request: pb.GetAdapterRequest, context: grpc.aio.ServicerContext) -> pb.Adapter:
+        engine = self._state.engine_or_raise()
+        adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
+        return convert.adapter_to_pb(await asyncio.to_thread(engine.adapters.get, adapter_id))
+
+    async def DeleteAdapter(self, request: pb.DeleteAdapterRequest, context: grpc.aio.ServicerContext
+                            ) -> pb.DeleteAdapterResponse:
+        async with self._state.work() as engine:
+            adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
+            await asyncio.to_thread(engine.adapters.delete, adapter_id)
+            return pb.DeleteAdapterResponse()
+
+    async def ServerInfo(self, request: pb.ServerInfoRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.ServerInfoResponse:
+        engine = self._state.engine_or_raise()
+        info, limits = engine.info, self._limits(engine)
+        return pb.ServerInfoResponse(
+            model_name=info.model_name, dtype=str(info.dtype), device=str(info.device),
+            max_context_len=info.max_context_len, max_batch_size=info.max_batch_size,
+            max_new_tokens_limit=info.max_new_tokens_limit,
+            default_max_new_tokens=limits.default_max_new_tokens, vocab_size=info.vocab_size,
+            eos_token_ids=list(info.eos_token_ids), max_upload_bytes=self._config.max_upload_bytes,
+            max_message_bytes=self._config.max_message_bytes, server_version=self._config.server_version,
+        )
+
+
+def _missing(field: str) -> str:
+    raise InvalidRequestError("must be non-empty", field)
+
+
+async def _engine_events(engine: Any, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    """The engine's event stream; if it ends early (cancel, deadline, error) the request is aborted."""
+    stream = engine.generate(request)
+    finished = False
+    try:
+        async for event in stream:
+            finished = event.finish_reason is not None
+            yield event
+    except LoraplexError:
+        finished = True  # the engine refused the request: there is nothing to abort
+        raise
+    finally:
+        if not finished:
+            engine.abort(request.request_id)
+        await stream.aclose()

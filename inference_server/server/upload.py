@@ -1,0 +1,122 @@
+"""Reassemble an UploadAdapter client stream into {filename: bytes}, enforcing limits.
+
+The metadata message comes first and declares every file and its size, so an upload over
+the size limit is refused before its bytes arrive, and a truncated upload is detected.
+Nothing is stored here: the caller hands the complete files to the adapter source, which
+validates them and publishes them atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from inference_server.errors import InvalidRequestError, ResourceExhaustedError
+from inference_server.server.convert import adapter_id_from_pb
+from loraplex.v1 import inference_pb2 as pb
+
+MAX_FILE_NAME_LEN = 128
+
+
+@dataclass(frozen=True, slots=True)
+class UploadLimits:
+    max_upload_bytes: int
+    max_files: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_upload_bytes < 1:
+            raise ValueError(f"max_upload_bytes must be >= 1, got {self.max_upload_bytes}")
+        if self.max_files < 1:
+            raise ValueError(f"max_files must be >= 1, got {self.max_files}")
+
+
+@dataclass(slots=True)
+class _File:
+    size: int
+    sha256: str
+    data: bytearray = field(default_factory=bytearray)
+
+
+def _check_file_name(name: str) -> None:
+    if not name or len(name) > MAX_FILE_NAME_LEN or name.startswith(".") or "/" in name or "\\" in name \
+            or "\x00" in name:
+        raise InvalidRequestError(f"{name!r} must be a plain file name (no folders, not hidden)",
+                                  "metadata.files.name")
+
+
+class UploadAssembler:
+    """Feed it the stream's messages with ``add``, then call ``finish``."""
+
+    def __init__(self, limits: UploadLimits) -> None:
+        self._limits = limits
+        self._adapter_id: str | None = None
+        self._files: dict[str, _File] = {}
+        self.received_bytes = 0
+
+    @property
+    def adapter_id(self) -> str | None:
+        return self._adapter_id
+
+    def add(self, msg: pb.UploadAdapterRequest) -> None:
+        """Take one message; raises InvalidRequestError / ResourceExhaustedError on a bad one."""
+        part = msg.WhichOneof("part")
+        if part == "metadata":
+            self._metadata(msg.metadata)
+        elif part == "chunk":
+            self._chunk(msg.chunk)
+        else:
+            raise InvalidRequestError("message carries neither metadata nor chunk", "part")
+
+    def _metadata(self, meta: pb.UploadMetadata) -> None:
+        if self._adapter_id is not None:
+            raise InvalidRequestError("sent twice; send it once, first", "metadata")
+        adapter_id = adapter_id_from_pb(meta.adapter_id, "metadata.adapter_id")
+        if adapter_id is None:
+            raise InvalidRequestError("must be non-empty", "metadata.adapter_id")
+        if not meta.files:
+            raise InvalidRequestError("declare at least one file", "metadata.files")
+        if len(meta.files) > self._limits.max_files:
+            raise InvalidRequestError(f"at most {self._limits.max_files} files", "metadata.files")
+        for f in meta.files:
+            _check_file_name(f.name)
+            if f.name in self._files:
+                raise InvalidRequestError(f"{f.name!r} is declared twice", "metadata.files")
+            if f.sha256 and (len(f.sha256) != 64 or any(c not in "0123456789abcdef" for c in f.sha256.lower())):
+                raise InvalidRequestError(f"{f.name!r}: not a hex sha256 digest", "metadata.files.sha256")
+            self._files[f.name] = _File(size=f.size_bytes, sha256=f.sha256.lower())
+        total = sum(f.size for f in self._files.values())
+        if total > self._limits.max_upload_bytes:
+            raise ResourceExhaustedError(
+                f"upload of {total} bytes is over this server's limit of {self._limits.max_upload_bytes} bytes"
+            )
+        self._adapter_id = adapter_id
+
+    def _chunk(self, chunk: pb.FileChunk) -> None:
+        if self._adapter_id is None:
+            raise InvalidRequestError("the first message must carry the metadata", "metadata")
+        entry = self._files.get(chunk.name)
+        if entry is None:
+            raise InvalidRequestError(f"{chunk.name!r} was not declared in the metadata", "chunk.name")
+        if len(entry.data) + len(chunk.data) > entry.size:
+            raise InvalidRequestError(
+                f"{chunk.name!r}: more bytes than the declared size of {entry.size}", "chunk.data"
+            )
+        entry.data += chunk.data
+        self.received_bytes += len(chunk.data)
+
+    def finish(self) -> tuple[str, dict[str, bytes]]:
+        """(adapter_id, files) once every declared byte has arrived and every checksum matches."""
+        if self._adapter_id is None:
+            raise InvalidRequestError("the upload stream was empty; send the metadata first", "metadata")
+        files = {}
+        for name, entry in self._files.items():
+            if len(entry.data) != entry.size:
+                raise InvalidRequestError(
+                    f"{name!r}: received {len(entry.data)} of {entry.size} declared bytes (upload incomplete)",
+                    "metadata.files.size_bytes",
+                )
+            if entry.sha256 and hashlib.sha256(entry.data).hexdigest() != entry.sha256:
+                raise InvalidRequestError(f"{name!r}: sha256 does not match the received bytes",
+                                          "metadata.files.sha256")
+            files[name] = bytes(entry.data)
+        return self._adapter_id, files

