@@ -112,18 +112,22 @@ def test_bf16_reference_rounds_shrink_result_once():
 
 def test_launch_plan_covers_every_work_item():
     from kernels.cuda._checks import Problem
-    from kernels.cuda._launch import make_plan
+    from kernels.cuda._launch import DEC_ROWS, MAX_KSPLIT, make_plan
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         nseg = int(torch.randint(1, 300, (1,), generator=gen))
-        lengths = torch.randint(0, 3000, (nseg,), generator=gen) * (torch.rand(nseg, generator=gen) < 0.5)
+        top = 3000 if _ % 2 else 3  # prefill-sized or decode-sized segments
+        lengths = torch.randint(0, top, (nseg,), generator=gen) * (torch.rand(nseg, generator=gen) < 0.5)
         rows = int(lengths.sum()) + 1
         h_in = int(torch.randint(1, 20000, (1,), generator=gen))
         problem = Problem(rows, h_in, (64,) * (1 + nseg % 3), nseg, 16)
         plan = make_plan(problem, 0, nseg)
         assert plan.kc % 64 == 0 and (plan.ksplit - 1) * plan.kc < h_in <= plan.ksplit * plan.kc
         assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
+        expand_bm = DEC_ROWS if plan.decode else plan.bm
+        assert sum(math.ceil(int(n) / expand_bm) for n in lengths) <= plan.expand_items
+        assert 1 <= plan.ksplit <= MAX_KSPLIT
 
 
 def test_cuda_wrappers_reject_cpu_tensors():

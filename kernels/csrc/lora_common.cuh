@@ -71,6 +71,14 @@ __device__ __forceinline__ void load_b_frag(u32* b, const u16* s, int ld, int k0
   b[1] = (u32)p[8 * ld] | ((u32)p[9 * ld] << 16);
 }
 
+#define LORA_MAX_SLICES 4
+
+struct SliceTable {
+  int width[LORA_MAX_SLICES];      // w_p: columns of slice p
+  int col[LORA_MAX_SLICES];        // c_p: first column of slice p in y
+  int tile0[LORA_MAX_SLICES + 1];  // first column tile of slice p (prefix sums)
+};
+
 // One unit of work: rows [row0, row0 + nrows) of the batch, all using adapter `slot`.
 struct LoraItem {
   int slot;
@@ -163,4 +171,21 @@ __device__ __forceinline__ uint4 load8(const u16* src, bool vec, int valid) {
 __device__ __forceinline__ u16 u4_get(const uint4& v, int e) {
   const u32 w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
   return (u16)((e & 1) ? (w >> 16) : (w & 0xffffu));
+}
+
+#define LORA_MAX_KSPLIT 16
+
+// sum_j part[p][j][row][n] for j < ksplit (<= LORA_MAX_KSPLIT), in order j = 0, 1, ...;
+// all loads independent (in flight together), read at L2 (other blocks wrote them).
+__device__ __forceinline__ float sum_partials(const float* part, int p, int ksplit, int rows, int R,
+                                              i64 row, int n) {
+  const float* src = part + (((i64)p * ksplit) * rows + row) * R + n;
+  const i64 step = (i64)rows * R;
+  float v[LORA_MAX_KSPLIT];
+#pragma unroll
+  for (int j = 0; j < LORA_MAX_KSPLIT; ++j) v[j] = j < ksplit ? __ldcg(src + j * step) : 0.f;
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < LORA_MAX_KSPLIT; ++j) s += v[j];
+  return s;
 }

@@ -7,14 +7,6 @@
 // with zeros), scales, then adds into y with 16-byte read-modify-writes.
 #include "lora_common.cuh"
 
-#define LORA_MAX_SLICES 4
-
-struct SliceTable {
-  int width[LORA_MAX_SLICES];      // w_p: columns of slice p
-  int col[LORA_MAX_SLICES];        // c_p: first column of slice p in y
-  int tile0[LORA_MAX_SLICES + 1];  // first column tile of slice p (prefix sums)
-};
-
 template <int BM, int BN>
 struct ExpandShape {
   static constexpr int LDV = LORA_MAX_RANK + 8;  // v tile [BM][k]

@@ -6,6 +6,8 @@
 // of an item (counted with an atomic that it resets to 0, so the counters stay zero
 // between launches and a captured graph replays) sums the partials in fixed order:
 // deterministic. The result is rounded to the input dtype into the workspace.
+// With partial_only (the decode path) blocks only store fp32 partials [P][ksplit][T][R];
+// the decode expand (lora_expand_dec.cu) sums them.
 #include "lora_common.cuh"
 
 template <int BM>
@@ -28,7 +30,7 @@ __device__ __forceinline__ void shrink_body(
     const i64* __restrict__ a_off, const int* __restrict__ ranks, const int* __restrict__ table,
     int ntable, int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride,
     int R, float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc,
-    int items, int mode) {
+    int items, int mode, int partial_only) {
   typedef ShrinkShape<BM> S;
   __shared__ __align__(16) unsigned char smem[S::SMEM];
   __shared__ int s_last;
@@ -129,12 +131,12 @@ __device__ __forceinline__ void shrink_body(
 #pragma unroll
     for (int w = 0; w < S::WK; ++w) s += red[(w * BM + m) * S::LDR + n];
     const i64 row = it.row0 + m;
-    if (ksplit == 1)
+    if (ksplit == 1 && !partial_only)
       wsp[row * R + n] = from_f32<DT>(s);
     else
       part[(((i64)p * ksplit + ks) * rows + row) * R + n] = s;
   }
-  if (ksplit == 1) return;
+  if (ksplit == 1 || partial_only) return;
 
   __threadfence();
   __syncthreads();
@@ -150,9 +152,7 @@ __device__ __forceinline__ void shrink_body(
   for (int i = tid; i < nout; i += LORA_THREADS) {
     const int m = i / r, n = i - m * r;
     const i64 row = it.row0 + m;
-    float s = 0.f;
-    for (int j = 0; j < ksplit; ++j) s += __ldcg(part + (((i64)p * ksplit + j) * rows + row) * R + n);
-    wsp[row * R + n] = from_f32<DT>(s);
+    wsp[row * R + n] = from_f32<DT>(sum_partials(part, p, ksplit, rows, R, row, n));
   }
 }
 
@@ -161,9 +161,10 @@ __device__ __forceinline__ void shrink_body(
       const u16* x, i64 x_stride, const u16* pool, const i64* a_off, const int* ranks,        \
       const int* table, int ntable, int nslots, int rows, int h_in, int layer, u16* ws,       \
       i64 ws_pstride, int R, float* part, int* counters, int ksplit, int kc, int items,       \
-      int mode) {                                                                             \
+      int mode, int partial_only) {                                                           \
     shrink_body<DT, BM>(x, x_stride, pool, a_off, ranks, table, ntable, nslots, rows, h_in,  \
-                        layer, ws, ws_pstride, R, part, counters, ksplit, kc, items, mode);  \
+                        layer, ws, ws_pstride, R, part, counters, ksplit, kc, items, mode,   \
+                        partial_only);                                                       \
   }
 
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m16, 0, 16)

@@ -16,9 +16,11 @@ from kernels.cuda._runtime import DeviceRuntime
 
 THREADS = 128
 TARGET_BLOCKS = 264  # about two blocks per multiprocessor on an H200 (132 SMs)
-SMALL_BATCH_ROWS = 256  # up to this many rows: 16-row tiles; above: 64-row tiles
+SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode path
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
-EXPAND_BN = {16: 128, 64: 64}  # output columns per expand block, by row tile
+MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
+EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
+DEC_ROWS, DEC_COLS = 4, THREADS * 8  # decode expand: rows per item, columns per block
 
 
 def _ceil(a: int, b: int) -> int:
@@ -27,33 +29,54 @@ def _ceil(a: int, b: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Grid of one call. mode 0 = SGMV (table = seg), 1 = BGMV (table = row_slot)."""
+    """Grid of one call. mode 0 = SGMV (table = seg), 1 = BGMV (table = row_slot).
+
+    decode: shrink stores fp32 split-K partials and the CUDA-core expand (lora_expand_dec)
+    sums them; otherwise (prefill) the last shrink block of an item sums them into the
+    workspace and the tensor-core expand reads the workspace.
+    """
 
     mode: int
     ntable: int  # S for SGMV, T for BGMV
-    bm: int  # rows per work item
-    items: int  # upper bound of work items (grid.y); surplus blocks exit at once
+    decode: bool
+    bm: int  # shrink rows per work item (and tensor-core expand's)
+    items: int  # upper bound of shrink work items (grid.y); surplus blocks exit at once
+    expand_items: int  # upper bound of expand work items
     ksplit: int  # blocks splitting h_in in the shrink
     kc: int  # input features per shrink block
 
     def __post_init__(self) -> None:
-        if self.mode not in (0, 1) or self.bm not in EXPAND_BN or self.items < 1 or self.ksplit < 1:
+        if self.mode not in (0, 1) or self.bm not in EXPAND_BN or min(self.items, self.expand_items) < 1:
+            raise ValueError(f"invalid launch plan {self}")
+        if not 1 <= self.ksplit <= MAX_KSPLIT:
             raise ValueError(f"invalid launch plan {self}")
 
 
+def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
+    # SGMV: sum over non-empty segments of ceil(len/bm) <= T/bm + (non-empty segments)
+    return rows if mode == 1 else _ceil(rows, bm) + min(ntable, rows)
+
+
+def _stage_depth(rank_cap: int) -> int:
+    """k depth of one 16-row shrink stage for the largest rank (as in lora_shrink.cu)."""
+    rp16 = _ceil(min(rank_cap, 128), 16) * 16
+    return min((8192 // rp16) & ~15, 512)
+
+
 def make_plan(problem: Problem, mode: int, ntable: int) -> Plan:
-    """Row tile, work-item bound and split-K of a call, from its shapes."""
-    rows, nslices = problem.rows, len(problem.widths)
-    bm = 16 if (mode == 1 or rows <= SMALL_BATCH_ROWS) else 64
-    if mode == 0:
-        # sum over non-empty segments of ceil(len/bm) <= T/bm + (number of non-empty segments)
-        items = _ceil(rows, bm) + min(ntable, rows)
-        expected = _ceil(rows, bm) if bm == 64 else min(ntable, rows)
-    else:
-        items = expected = rows
-    ksplit = max(1, min(_ceil(TARGET_BLOCKS, max(1, expected) * nslices), _ceil(problem.h_in, K_GRAIN)))
-    kc = _ceil(_ceil(problem.h_in, ksplit), K_GRAIN) * K_GRAIN
-    return Plan(mode, ntable, bm, items, _ceil(problem.h_in, kc), kc)
+    """Path, row tile, work-item bounds and split-K of a call, from its shapes."""
+    rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
+    decode = mode == 1 or rows <= SMALL_BATCH_ROWS
+    bm = 16 if decode else 64
+    items = _item_bound(mode, rows, ntable, bm)
+    expected = (rows if mode == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
+    ksplit = _ceil(TARGET_BLOCKS, max(1, expected) * nslices)
+    if decode:  # one shrink stage per block where possible: one memory round trip
+        ksplit = max(ksplit, _ceil(h_in, _stage_depth(problem.rank_cap)))
+    ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
+    kc = _ceil(_ceil(h_in, ksplit), K_GRAIN) * K_GRAIN
+    expand_items = _item_bound(mode, rows, ntable, DEC_ROWS) if decode else items
+    return Plan(mode, ntable, decode, bm, items, expand_items, _ceil(h_in, kc), kc)
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:
@@ -81,26 +104,35 @@ def launch(
     partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
     ws_pstride = i64(workspace.shape[1] * cap)
     shrink = rt.function("shrink", x.dtype, plan.bm)
-    expand = rt.function("expand", x.dtype, plan.bm)
-    bn = EXPAND_BN[plan.bm]
+    bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
     tiles = [_ceil(w, bn) for w in problem.widths]
     starts = [sum(tiles[:i]) for i in range(len(tiles) + 1)]
     widths = list(problem.widths) + [0] * (4 - nslices)
     cols = [sum(problem.widths[:i]) for i in range(nslices)] + [0] * (4 - nslices)
     t123 = (starts[1:] + [starts[-1]] * 4)[:3]
     common = (i32(plan.ntable), i32(problem.nslots), i32(rows))
+    slices = (i32(nslices), *(i32(w) for w in widths), *(i32(c) for c in cols), *(i32(t) for t in t123))
     with rt.stream():
         shrink(
             (plan.ksplit, plan.items, nslices),
             (THREADS,),
             (_ptr(x), i64(x.stride(0)), _ptr(pool), _ptr(a_off), _ptr(ranks), _ptr(table), *common,
              i32(problem.h_in), i32(layer), _ptr(workspace), ws_pstride, i32(cap), _ptr(partials),
-             _ptr(counters), i32(plan.ksplit), i32(plan.kc), i32(plan.items), i32(plan.mode)),
+             _ptr(counters), i32(plan.ksplit), i32(plan.kc), i32(plan.items), i32(plan.mode),
+             i32(plan.decode)),
         )
-        expand(
-            (starts[-1], plan.items),
-            (THREADS,),
-            (_ptr(workspace), ws_pstride, i32(cap), _ptr(pool), _ptr(b_off), _ptr(ranks), _ptr(scales),
-             _ptr(table), *common, i32(layer), _ptr(y), i64(y.stride(0)), i32(nslices),
-             *(i32(w) for w in widths), *(i32(c) for c in cols), *(i32(t) for t in t123), i32(plan.mode)),
-        )
+        if plan.decode:
+            rt.function("expand_dec", x.dtype, DEC_ROWS)(
+                (starts[-1], plan.expand_items),
+                (THREADS,),
+                (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(pool), _ptr(b_off), _ptr(ranks),
+                 _ptr(scales), _ptr(table), *common, i32(layer), _ptr(y), i64(y.stride(0)), *slices,
+                 i32(plan.mode)),
+            )
+        else:
+            rt.function("expand", x.dtype, plan.bm)(
+                (starts[-1], plan.expand_items),
+                (THREADS,),
+                (_ptr(workspace), ws_pstride, i32(cap), _ptr(pool), _ptr(b_off), _ptr(ranks), _ptr(scales),
+                 _ptr(table), *common, i32(layer), _ptr(y), i64(y.stride(0)), *slices, i32(plan.mode)),
+            )

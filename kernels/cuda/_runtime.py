@@ -42,10 +42,10 @@ class DeviceRuntime:
     streams: dict = field(default_factory=dict)
 
     def function(self, kind: str, dtype: torch.dtype, bm: int):
-        """The extern "C" kernel ``lora_{kind}_{dtype}_m{bm}`` (kind: shrink or expand)."""
+        """The extern "C" kernel ``lora_{kind}_{dtype}_m{bm}`` of ``csrc/lora_{kind}.cu``."""
         import cupy  # noqa: PLC0415
 
-        source = f"lora_{kind}.cu"
+        source = f"lora_{kind}.cu"  # shrink, expand, expand_dec
         if source not in self.modules:
             with cupy.cuda.Device(self.device.index):
                 module = cupy.RawModule(

@@ -1,0 +1,217 @@
+"""CUDA SGMV/BGMV kernels against the float64 reference (kernels/reference.py).
+
+Fresh random inputs every case (never zeros), the workspace poisoned with NaN so an
+unwritten shrink result shows up, and y compared row by row; elements no adapter touches
+must stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernels
+from kernels import cuda as kcuda
+from lora_problems import assert_close_rows, make_batch, reference64, seg_from_lengths
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _random_widths(gen, nslices):
+    if nslices == 3:  # q/k/v with GQA: k and v narrower than q
+        kv = int(torch.randint(1, 300, (1,), generator=gen))
+        return (kv * int(torch.randint(1, 5, (1,), generator=gen)), kv, kv)
+    return tuple(int(torch.randint(1, 700, (1,), generator=gen)) for _ in range(nslices))
+
+
+def _random_ranks(gen, nslices, nslots):
+    ranks = torch.randint(1, 129, (nslices, nslots), generator=gen)
+    ranks[torch.rand(nslices, nslots, generator=gen) < 0.15] = 0
+    small = torch.rand(nslices, nslots, generator=gen) < 0.3
+    ranks[small] = torch.randint(1, 9, (int(small.sum()),), generator=gen)
+    return ranks
+
+
+def _run(batch, bgmv):
+    y0 = batch.y.clone()
+    ref = reference64(batch, bgmv)
+    fn = kcuda.add_lora_slices_bgmv if bgmv else kcuda.add_lora_slices
+    fn(*batch.args())
+    torch.cuda.synchronize()
+    assert_close_rows(batch.y, ref, y0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(10))
+def test_sgmv_random_layouts(seed, dtype):
+    gen = torch.Generator().manual_seed(1000 + seed)
+    nslices = 1 + seed % 3
+    nseg = int(torch.randint(1, 12, (1,), generator=gen))
+    lengths = torch.randint(0, 40, (nseg,), generator=gen)
+    lengths[torch.rand(nseg, generator=gen) < 0.3] = 0  # empty segments
+    if seed % 4 == 0:
+        lengths[0] = 300  # one long segment: the 64-row tile path
+    table = seg_from_lengths(lengths.tolist() + [0, 0])  # trailing empty capacity
+    rows = int(table[-1]) + int(torch.randint(0, 3, (1,), generator=gen))  # rows past seg[S]
+    h_in = int(torch.randint(1, 1500, (1,), generator=gen))
+    batch = make_batch(gen, rows=rows, h_in=h_in, widths=_random_widths(gen, nslices),
+                       ranks=_random_ranks(gen, nslices, nseg + 2), table=table, dtype=dtype,
+                       misalign=seed % 2 == 1, x_pad=seed % 3, rank_cap=128 if seed % 2 else None)
+    _run(batch, bgmv=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(8))
+def test_bgmv_random(seed, dtype):
+    gen = torch.Generator().manual_seed(2000 + seed)
+    nslices, nslots = 1 + seed % 3, int(torch.randint(1, 10, (1,), generator=gen))
+    rows = int(torch.randint(1, 80, (1,), generator=gen))
+    table = torch.randint(-1, nslots, (rows,), generator=gen, dtype=torch.int32)
+    h_in = int(torch.randint(8, 2100, (1,), generator=gen))
+    batch = make_batch(gen, rows=rows, h_in=h_in, widths=_random_widths(gen, nslices),
+                       ranks=_random_ranks(gen, nslices, nslots), table=table, dtype=dtype,
+                       misalign=seed % 2 == 0, x_pad=8 * (seed % 2))
+    _run(batch, bgmv=True)
+
+
+@pytest.mark.parametrize("rank", [1, 8, 16, 33, 64, 128])
+def test_prefill_long_segments(rank):
+    gen = torch.Generator().manual_seed(3000 + rank)
+    table = seg_from_lengths([1500, 0, 1030, 7, 0])
+    ranks = [[rank, 16, 0, rank, 5], [rank, 128, 3, 0, 2]]
+    batch = make_batch(gen, rows=2537, h_in=1000, widths=(768, 200), ranks=ranks, table=table)
+    _run(batch, bgmv=False)
+
+
+def _workload_lengths(name, batch_size, gen):
+    if name == "distinct":
+        return [1] * batch_size
+    if name == "identical":
+        return [batch_size]
+    if name == "uniform":
+        n = math.ceil(math.sqrt(batch_size))
+        return [len(range(i, batch_size, n)) for i in range(n)]
+    weights = 1.0 / torch.arange(1, batch_size + 1, dtype=torch.float64) ** 1.5  # Zipf 1.5
+    counts = torch.bincount(torch.multinomial(weights, batch_size, True, generator=gen), minlength=batch_size)
+    return [int(c) for c in counts if c > 0]
+
+
+@pytest.mark.parametrize("workload", ["distinct", "uniform", "skewed", "identical"])
+@pytest.mark.parametrize("batch_size", [1, 7, 64])
+def test_workloads_h4096(workload, batch_size):
+    gen = torch.Generator().manual_seed(batch_size)
+    lengths = _workload_lengths(workload, batch_size, gen)
+    table = seg_from_lengths(lengths)
+    ranks = torch.full((1, len(lengths)), 16)
+    batch = make_batch(gen, rows=batch_size, h_in=4096, widths=(4096,), ranks=ranks, table=table, layers=1)
+    _run(batch, bgmv=False)
+
+
+def test_mlp_widths_and_qkv_gqa():
+    gen = torch.Generator().manual_seed(7)
+    table = seg_from_lengths([3, 1, 0, 12])
+    batch = make_batch(gen, rows=16, h_in=4096, widths=(11008, 11008), table=table,
+                       ranks=[[16, 64, 8, 32], [16, 64, 8, 32]], layers=1)
+    _run(batch, bgmv=False)
+    batch = make_batch(gen, rows=16, h_in=11008, widths=(4096,), table=table, ranks=[[16, 64, 8, 32]], layers=1)
+    _run(batch, bgmv=False)
+    batch = make_batch(gen, rows=16, h_in=4096, widths=(4096, 1024, 1024), table=table,
+                       ranks=[[16, 64, 8, 32]] * 3, layers=3)
+    _run(batch, bgmv=False)
+
+
+def test_split_k_is_deterministic():
+    gen = torch.Generator().manual_seed(11)
+    batch = make_batch(gen, rows=5, h_in=4096, widths=(4096,), ranks=[[16, 64]], table=seg_from_lengths([2, 3]))
+    y0 = batch.y.clone()
+    kcuda.add_lora_slices(*batch.args())
+    first = batch.y.clone()
+    batch.y.copy_(y0)
+    kcuda.add_lora_slices(*batch.args())
+    assert torch.equal(first, batch.y)
+
+
+def _rewrite(dst, src):
+    """Copy a new batch's table contents into the captured batch's tensors (same shapes)."""
+    for name in ("x", "a_off", "b_off", "ranks", "scales", "table", "y"):
+        getattr(dst, name).copy_(getattr(src, name))
+
+
+@pytest.mark.parametrize("bgmv", [False, True])
+def test_cuda_graph_replay_with_new_tables(bgmv):
+    gen = torch.Generator().manual_seed(21)
+    rows, nslots, widths = 24, 6, (512, 128, 128)
+
+    def layout(seed):
+        g = torch.Generator().manual_seed(seed)
+        if bgmv:
+            table = torch.randint(-1, nslots, (rows,), generator=g, dtype=torch.int32)
+        else:
+            cuts = sorted(torch.randint(0, rows + 1, (nslots - 1,), generator=g).tolist())
+            table = torch.tensor([0, *cuts, rows], dtype=torch.int32)
+        return make_batch(g, rows=rows, h_in=777, widths=widths, table=table, rank_cap=128,
+                          ranks=_random_ranks(g, 3, nslots))
+
+    first = layout(1)
+    pool = torch.empty(4_000_000, dtype=torch.bfloat16, device="cuda").normal_(generator=None)
+    captured = make_batch(gen, rows=rows, h_in=777, widths=widths, table=first.table, rank_cap=128,
+                          ranks=first.ranks.cpu())
+    captured.pool = pool
+    fn = kcuda.add_lora_slices_bgmv if bgmv else kcuda.add_lora_slices
+    fn(*captured.args())  # warm-up: compile, allocate scratch
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*captured.args())
+    for seed in (2, 3, 4):
+        new = layout(seed)  # new adapters (values, offsets, ranks), new segments, new x and y
+        new.layer = captured.layer  # the layer index is a launch argument, baked into the graph
+        n = new.pool.numel()
+        base = 1000 * seed + 3  # place them at a new, odd position of the captured pool
+        pool[base:base + n].copy_(new.pool)
+        new.a_off += base
+        new.b_off += base
+        _rewrite(captured, new)
+        captured.workspace.fill_(float("nan"))
+        y0 = captured.y.clone()
+        new.pool = pool
+        new.y = y0.clone()
+        ref = reference64(new, bgmv)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_rows(captured.y, ref, y0)
+
+
+def test_entry_point_dispatches_cuda_tensors():
+    gen = torch.Generator().manual_seed(5)
+    batch = make_batch(gen, rows=9, h_in=300, widths=(100,), ranks=[[4, 9]], table=seg_from_lengths([4, 5]))
+    y0 = batch.y.clone()
+    ref = reference64(batch, False)
+    kernels.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    assert_close_rows(batch.y, ref, y0)
+
+
+def test_bad_arguments_raise_value_errors():
+    gen = torch.Generator().manual_seed(6)
+    b = make_batch(gen, rows=4, h_in=64, widths=(32,), ranks=[[4]], table=seg_from_lengths([4]))
+    args = list(b.args())
+    cases = [
+        (1, b.x.float(), "dtype"),
+        (1, torch.empty(64, 4, dtype=b.x.dtype, device="cuda").t(), "contiguous"),
+        (0, b.y[:, :16], "y"),
+        (3, b.a_off.int(), "a_off"),
+        (5, b.ranks.long(), "ranks"),
+        (7, torch.zeros(5, dtype=torch.int64, device="cuda"), "seg"),
+        (10, b.workspace[:, :2], "workspace"),
+        (8, -1, "layer"),
+    ]
+    for index, value, word in cases:
+        bad = list(args)
+        bad[index] = value
+        with pytest.raises(ValueError, match=word):
+            kcuda.add_lora_slices(*bad)
+    with pytest.raises(ValueError, match="row_slot"):
+        kcuda.add_lora_slices_bgmv(*args[:7], torch.zeros(3, dtype=torch.int32, device="cuda"), *args[8:])
