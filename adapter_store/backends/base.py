@@ -1,0 +1,96 @@
+"""The four small interfaces the store is built on. Every method is synchronous and
+thread-safe; an unreachable dependency raises BackendUnavailable, never its client's error.
+
+- BlobBackend: the durable source of truth (local directory or S3): version blobs, and one
+  small "head" object per adapter id naming its current version (the commit point).
+- Index: a fast copy of the heads (memory or Redis), rebuildable from the blob backend.
+- BlobCache: a bounded cache of hot blobs, evicted by size in LRU order (memory or Redis).
+- ChangeFeed: change events to every subscriber (in process, or all processes via Redis).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from adapter_store.records import ChangeEvent, StoredRecord
+
+
+class BlobBackend(Protocol):
+    description: str  # for messages: "S3 bucket 'b' at http://..." or "local directory /x"
+
+    def write_blob(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``; visible only once complete."""
+
+    def read_blob(self, key: str) -> bytes:
+        """The blob's bytes; BlobMissing if there is none."""
+
+    def delete_blob(self, key: str) -> None:
+        """Remove a blob (no error if absent)."""
+
+    def list_blobs(self, adapter_id: str) -> list[str]:
+        """Keys of every stored version of ``adapter_id``."""
+
+    def write_head(self, adapter_id: str, data: bytes) -> None:
+        """Atomically replace the head (current record) of ``adapter_id``."""
+
+    def read_head(self, adapter_id: str) -> bytes | None:
+        """The head, or None if the id has none."""
+
+    def delete_head(self, adapter_id: str) -> None:
+        """Remove the head (no error if absent)."""
+
+    def list_heads(self, prefix: str, start_after: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids with a head, starting with ``prefix``, after ``start_after``,
+        in byte order."""
+
+
+class Index(Protocol):
+    def get(self, adapter_id: str) -> StoredRecord | None: ...
+
+    def put(self, record: StoredRecord) -> None: ...
+
+    def fill(self, record: StoredRecord) -> None:
+        """Add a record read from the blob backend, unless the index holds a newer one."""
+
+    def remove(self, adapter_id: str) -> None: ...
+
+    def list(self, prefix: str, start_after: str, limit: int) -> list[StoredRecord]:
+        """Like BlobBackend.list_heads, with the records."""
+
+    def is_complete(self) -> bool:
+        """True when the index holds every head (it was rebuilt and no write was lost since)."""
+
+    def mark_incomplete(self) -> None: ...
+
+    def rebuild(self, records: Iterable[StoredRecord], started_at: float) -> None:
+        """Load a full scan of the heads taken from ``started_at``; entries written after that
+        by others win over the scan. Marks the index complete."""
+
+    def lock(self, adapter_id: str) -> AbstractContextManager[None]:
+        """Serialises writers of one adapter id (across processes where the index is shared)."""
+
+
+class BlobCache(Protocol):
+    capacity: int
+
+    def get(self, key: str) -> bytes | None:
+        """The cached blob (and mark it recently used), or None."""
+
+    def put(self, key: str, data: bytes) -> bool:
+        """Cache ``data``, evicting least recently used blobs until the total fits;
+        False (nothing cached) for a blob larger than the capacity."""
+
+    def discard(self, key: str) -> None: ...
+
+
+class ChangeFeed(Protocol):
+    def publish(self, event: ChangeEvent) -> bool:
+        """Deliver to every subscriber; False if only local subscribers could be reached."""
+
+    def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread) for each event, starting with a ``resync``
+        once the feed is live; returns the function that unsubscribes."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,122 @@
+"""Blob backend on S3 (or any S3-compatible endpoint) through boto3.
+
+Keys under the configured prefix: ``heads/<id>`` (the head: one small JSON object; its
+PUT is the commit point) and ``blobs/<id>@<version>``. Large blobs go up as multipart
+uploads (boto3's transfer manager aborts a failed multipart upload, leaving nothing).
+Credentials come from the standard AWS chain (environment, profile, instance role).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import TypeVar
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from adapter_store.errors import BackendUnavailable, BlobMissing
+from adapter_store.settings import S3Settings
+
+T = TypeVar("T")
+_MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+class S3BlobBackend:
+    """Heads and version blobs as S3 objects."""
+
+    def __init__(self, settings: S3Settings) -> None:
+        self._bucket = settings.bucket
+        self._prefix = settings.prefix
+        config = Config(
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
+            retries={"max_attempts": settings.max_attempts, "mode": "standard"},
+        )
+        session = boto3.session.Session(profile_name=settings.profile) if settings.profile else boto3.session.Session()
+        self._client = session.client(
+            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region, config=config
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=settings.multipart_threshold, multipart_chunksize=settings.multipart_chunksize
+        )
+        where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
+        self.description = f"S3 bucket {settings.bucket!r}{where}"
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            if code in _MISSING_CODES:
+                raise
+            raise BackendUnavailable(self.description, f"{code}: {e}") from e
+        except BotoCoreError as e:  # connection refused, timeouts, closed connections
+            raise BackendUnavailable(self.description, str(e)) from e
+
+    def _blob(self, key: str) -> str:
+        return f"{self._prefix}blobs/{key}"
+
+    def _head(self, adapter_id: str) -> str:
+        return f"{self._prefix}heads/{adapter_id}"
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            obj = self._call(lambda: self._client.get_object(Bucket=self._bucket, Key=key))
+            return self._call(lambda: obj["Body"].read())
+        except ClientError:  # only the "missing" codes reach here
+            return None
+
+    def write_blob(self, key: str, data: bytes) -> None:
+        self._call(
+            lambda: self._client.upload_fileobj(
+                io.BytesIO(data), self._bucket, self._blob(key), Config=self._transfer
+            )
+        )
+
+    def read_blob(self, key: str) -> bytes:
+        data = self._get(self._blob(key))
+        if data is None:
+            raise BlobMissing(key)
+        return data
+
+    def delete_blob(self, key: str) -> None:
+        self._call(lambda: self._client.delete_object(Bucket=self._bucket, Key=self._blob(key)))
+
+    def list_blobs(self, adapter_id: str) -> list[str]:
+        start = len(self._blob(""))
+        return [k[start:] for k in self._list(self._blob(f"{adapter_id}@"), "", 10_000)]
+
+    def write_head(self, adapter_id: str, data: bytes) -> None:
+        self._call(
+            lambda: self._client.put_object(
+                Bucket=self._bucket, Key=self._head(adapter_id), Body=data, ContentType="application/json"
+            )
+        )
+
+    def read_head(self, adapter_id: str) -> bytes | None:
+        return self._get(self._head(adapter_id))
+
+    def delete_head(self, adapter_id: str) -> None:
+        self._call(lambda: self._client.delete_object(Bucket=self._bucket, Key=self._head(adapter_id)))
+
+    def list_heads(self, prefix: str, start_after: str, limit: int) -> list[str]:
+        start = len(self._head(""))
+        after = self._head(start_after) if start_after else ""
+        return [k[start:] for k in self._list(self._head(prefix), after, limit)]
+
+    def _list(self, prefix: str, start_after: str, limit: int) -> list[str]:
+        keys: list[str] = []
+        kwargs = {"Bucket": self._bucket, "Prefix": prefix}
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        while len(keys) < limit:
+            kwargs["MaxKeys"] = min(1000, limit - len(keys))
+            page = self._call(lambda: self._client.list_objects_v2(**kwargs))
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                break
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+        return keys

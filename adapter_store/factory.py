@@ -1,0 +1,69 @@
+"""Build a Store from StoreSettings: pick one backend per role."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from inference_server.model.config import ModelConfig
+
+from adapter_store.backends.local_blobs import LocalBlobBackend
+from adapter_store.backends.memory_cache import MemoryBlobCache
+from adapter_store.backends.memory_feed import MemoryChangeFeed
+from adapter_store.backends.memory_index import MemoryIndex
+from adapter_store.metrics import StoreMetrics
+from adapter_store.settings import StoreSettings
+from adapter_store.store import Store
+
+
+def load_base_config(path: str | None) -> ModelConfig | None:
+    """The base model's shapes from a Hugging Face config.json (or the folder holding it)."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        return ModelConfig.from_hf(json.loads(p.read_text()), name=p.parent.name)
+    except FileNotFoundError:
+        raise ValueError(f"base model config {p} does not exist") from None
+    except (json.JSONDecodeError, KeyError) as e:
+        raise ValueError(f"base model config {p} is not a Hugging Face config.json ({e})") from None
+
+
+def build_store(
+    settings: StoreSettings, base: ModelConfig | None = None, metrics: StoreMetrics | None = None
+) -> Store:
+    """The store the settings describe. ``base`` overrides ``settings.base_config``."""
+    base = base if base is not None else load_base_config(settings.base_config)
+    if settings.blob_backend == "s3":
+        from adapter_store.backends.s3_blobs import S3BlobBackend  # noqa: PLC0415  (boto3 is an extra)
+
+        blobs = S3BlobBackend(settings.s3)
+    else:
+        blobs = LocalBlobBackend(settings.local_dir)
+    if settings.index_backend == "redis":
+        from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415  (redis is an extra)
+        from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+        from adapter_store.backends.redis_feed import RedisChangeFeed  # noqa: PLC0415
+        from adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
+
+        client = connect(settings.redis)
+        ns = settings.redis.namespace
+        index, cache, feed = (
+            RedisIndex(client, ns),
+            RedisBlobCache(client, ns, settings.cache_max_bytes),
+            RedisChangeFeed(client, ns),
+        )
+    else:
+        index, cache, feed = MemoryIndex(), MemoryBlobCache(settings.cache_max_bytes), MemoryChangeFeed()
+    return Store(
+        blobs,
+        index,
+        cache,
+        feed,
+        base=base,
+        max_rank=settings.max_rank,
+        max_adapter_bytes=settings.max_adapter_bytes,
+        metrics=metrics,
+    )

@@ -1,0 +1,146 @@
+"""What the store keeps about one adapter version, and the change events it publishes.
+
+A version's files are stored as one blob: the files' bytes back to back, in the order of
+``StoredRecord.files``. The record (JSON) carries each file's size and sha256, so every
+read can split the blob and check it before anything is served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from inference_server.errors import AdapterValidationError
+from inference_server.lora.peft_format import AdapterSpec
+from inference_server.lora.source import ADAPTER_FILES, AdapterInfo, make_info
+
+from adapter_store.errors import AdapterCorruptError
+
+MAX_FILE_NAME_LEN = 255
+KIND_PUT, KIND_DELETE, KIND_RESYNC = "put", "delete", "resync"
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One immutable version of an adapter: its AdapterInfo and the manifest of its blob."""
+
+    info: AdapterInfo
+    files: tuple[FileEntry, ...]
+
+    @property
+    def adapter_id(self) -> str:
+        return self.info.adapter_id
+
+    @property
+    def version(self) -> str:
+        return self.info.version
+
+    @property
+    def blob_key(self) -> str:
+        return blob_key(self.info.adapter_id, self.info.version)
+
+    @property
+    def blob_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @classmethod
+    def build(
+        cls, adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float
+    ) -> "StoredRecord":
+        """The record of a validated upload; only the PEFT files are kept, in a fixed order."""
+        entries = tuple(
+            FileEntry(name, len(files[name]), hashlib.sha256(files[name]).hexdigest()) for name in ADAPTER_FILES
+        )
+        return cls(make_info(adapter_id, files, spec, created_at), entries)
+
+    def pack(self, files: Mapping[str, bytes]) -> bytes:
+        """The blob: the manifest's files back to back."""
+        return b"".join(files[f.name] for f in self.files)
+
+    def unpack(self, blob: bytes) -> dict[str, bytes]:
+        """Split a blob into files, checking its size and every file's sha256."""
+        if len(blob) != self.blob_size:
+            raise AdapterCorruptError(
+                f"adapter {self.adapter_id!r} version {self.version}: stored blob has {len(blob)} bytes, "
+                f"its record says {self.blob_size}"
+            )
+        out, pos = {}, 0
+        for f in self.files:
+            data = blob[pos : pos + f.size]
+            pos += f.size
+            if hashlib.sha256(data).hexdigest() != f.sha256:
+                raise AdapterCorruptError(
+                    f"adapter {self.adapter_id!r} version {self.version}: {f.name} fails its sha256 check "
+                    "(stored bytes are corrupt; not served)"
+                )
+            out[f.name] = data
+        return out
+
+    def to_json(self) -> bytes:
+        body = asdict(self.info)
+        body["target_modules"] = list(self.info.target_modules)
+        body["files"] = [asdict(f) for f in self.files]
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "StoredRecord":
+        body: dict[str, Any] = json.loads(raw)
+        files = tuple(FileEntry(**f) for f in body.pop("files"))
+        body["target_modules"] = tuple(body["target_modules"])
+        return cls(AdapterInfo(**body), files)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """A change to the store: ``put`` (the id now names ``version``), ``delete``, or ``resync``
+    (events may have been missed: whoever holds copies should re-check them)."""
+
+    kind: str
+    adapter_id: str = ""
+    version: str = ""
+    sha256: str = ""
+    time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in (KIND_PUT, KIND_DELETE, KIND_RESYNC):
+            raise ValueError(f"unknown change kind {self.kind!r}")
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "ChangeEvent":
+        return cls(**json.loads(raw))
+
+
+def blob_key(adapter_id: str, version: str) -> str:
+    """Blob name of one version. '@' never appears in adapter ids, so keys cannot collide."""
+    return f"{adapter_id}@{version}"
+
+
+def check_file_name(name: str) -> str:
+    """A plain file name (no directories, no traversal, printable); raise AdapterValidationError."""
+    if not name or len(name) > MAX_FILE_NAME_LEN:
+        raise AdapterValidationError(f"file name must be 1-{MAX_FILE_NAME_LEN} characters, got {len(name)}")
+    if name in (".", "..") or any(c in name for c in "/\\") or not name.isprintable():
+        raise AdapterValidationError(f"file name {name!r} must be a plain file name (no directories or '..')")
+    return name
+
+
+def check_upload_files(files: Mapping[str, bytes], max_bytes: int) -> None:
+    """Names and total size of an upload, before any parsing."""
+    for name in files:
+        check_file_name(name)
+    total = sum(len(v) for v in files.values())
+    if total > max_bytes:
+        raise AdapterValidationError(f"adapter is {total} bytes, over the store's limit of {max_bytes} bytes")

@@ -1,0 +1,337 @@
+"""The store: validated uploads, checked reads, listing, deletion and change events.
+
+Plain Python over the four backend interfaces (backends/base.py); synchronous and
+thread-safe (the gRPC servicer runs it in worker threads). The blob backend is the
+truth: a version's blob is written first, then the adapter's head (the commit point),
+then the index, the cache and the change feed. The index, cache and feed are optional
+speed-ups: when one fails the store falls back, counts it and logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+
+from inference_server.errors import AdapterNotFoundError, InvalidRequestError, UnavailableError
+from inference_server.lora.naming import validate_adapter_id
+from inference_server.lora.peft_format import parse_adapter_files
+from inference_server.model.config import ModelConfig
+
+from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
+from adapter_store.degradation import Degradation
+from adapter_store.errors import AdapterCorruptError, BackendUnavailable, BlobMissing
+from adapter_store.listing import HeadScanner
+from adapter_store.metrics import StoreMetrics
+from adapter_store.records import KIND_DELETE, KIND_PUT, ChangeEvent, StoredRecord, check_upload_files
+
+log = logging.getLogger(__name__)
+_LOCK_STRIPES = 64
+
+
+class Store:
+    """One adapter store over a blob backend, an index, a blob cache and a change feed."""
+
+    def __init__(
+        self,
+        blobs: BlobBackend,
+        index: Index,
+        cache: BlobCache,
+        feed: ChangeFeed,
+        *,
+        base: ModelConfig | None = None,
+        max_rank: int = 128,
+        max_adapter_bytes: int = 1 << 30,
+        metrics: StoreMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.blobs, self.index, self.cache, self.feed = blobs, index, cache, feed
+        self.base = base
+        self.max_rank = max_rank
+        self.max_adapter_bytes = max_adapter_bytes
+        self.metrics = metrics if metrics is not None else StoreMetrics()
+        self.health = Degradation(self.metrics)
+        self._clock = clock
+        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._index_dirty = threading.Event()  # an index write was lost: rebuild when it is back
+        self._heads = HeadScanner(blobs)
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> StoredRecord:
+        """Validate ``files`` (a PEFT folder) and make them the adapter's new version."""
+        try:
+            validate_adapter_id(adapter_id)
+            check_upload_files(files, self.max_adapter_bytes)
+            spec = parse_adapter_files(files, self.base, self.max_rank)
+        except InvalidRequestError:
+            self.metrics.uploads.labels("invalid").inc()
+            raise
+        record = StoredRecord.build(adapter_id, files, spec, self._clock())
+        blob = record.pack(files)
+        with self._write_lock(adapter_id):
+            old = self._head_for_write(adapter_id, "store")
+            self._commit(record, blob, old)
+            self._index_write(self.index.put, record)
+            self._cache_call(self.cache.put, record.blob_key, blob)
+            if old is not None and old.version != record.version:
+                self._drop_blob(old.blob_key)
+            self._publish(ChangeEvent(KIND_PUT, adapter_id, record.version, record.info.sha256, self._clock()))
+        self.metrics.uploads.labels("stored").inc()
+        log.info("stored %s version %s (%d bytes)", adapter_id, record.version, len(blob))
+        return record
+
+    def delete(self, adapter_id: str) -> StoredRecord:
+        """Remove the adapter's name and every stored version; returns the record that was current."""
+        validate_adapter_id(adapter_id)
+        with self._write_lock(adapter_id):
+            record = self._head_for_write(adapter_id, "delete")
+            if record is None:
+                self._index_write(self.index.remove, adapter_id)
+                raise AdapterNotFoundError(adapter_id)
+            try:
+                self.blobs.delete_head(adapter_id)  # the commit point
+            except BackendUnavailable as e:
+                raise self._unavailable(f"cannot delete {adapter_id!r}", e) from e
+            self._index_write(self.index.remove, adapter_id)
+            keys = {record.blob_key}
+            try:
+                keys.update(self.blobs.list_blobs(adapter_id))
+            except BackendUnavailable as e:
+                log.warning("delete %s: could not list old versions (%s)", adapter_id, e)
+            for key in sorted(keys):
+                self._drop_blob(key)
+            self._publish(ChangeEvent(KIND_DELETE, adapter_id, record.version, record.info.sha256, self._clock()))
+        log.info("deleted %s (was version %s)", adapter_id, record.version)
+        return record
+
+    def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None) -> None:
+        """Write the blob, then the head. On failure nothing new stays behind."""
+        try:
+            self.blobs.write_blob(record.blob_key, blob)
+            self.blobs.write_head(record.adapter_id, record.to_json())
+        except BaseException as e:
+            if (old is None or old.version != record.version) and not self._head_may_be(record):
+                self._quietly(self.blobs.delete_blob, record.blob_key)
+            if isinstance(e, BackendUnavailable):
+                self.metrics.uploads.labels("unavailable").inc()
+                raise self._unavailable(f"cannot store {record.adapter_id!r}", e) from e
+            raise
+
+    def _head_may_be(self, record: StoredRecord) -> bool:
+        """After a failed head write: did it land anyway? (Unknown counts as yes: keep the blob.)"""
+        try:
+            raw = self.blobs.read_head(record.adapter_id)
+        except BackendUnavailable:
+            return True
+        return raw is not None and StoredRecord.from_json(raw).version == record.version
+
+    def _head_for_write(self, adapter_id: str, what: str) -> StoredRecord | None:
+        try:
+            return self._heads.read(adapter_id)
+        except BackendUnavailable as e:
+            if what == "store":
+                self.metrics.uploads.labels("unavailable").inc()
+            raise self._unavailable(f"cannot {what} {adapter_id!r}", e) from e
+
+    def _unavailable(self, what: str, e: BackendUnavailable) -> UnavailableError:
+        return UnavailableError(
+            f"{what}: the blob store ({e.backend}) is unavailable ({e.detail}); "
+            "uploads and deletes need it, cached adapters can still be read"
+        )
+
+    @contextmanager
+    def _write_lock(self, adapter_id: str) -> Iterator[None]:
+        with self._stripes[zlib.crc32(adapter_id.encode()) % _LOCK_STRIPES], ExitStack() as stack:
+            try:
+                stack.enter_context(self.index.lock(adapter_id))
+            except BackendUnavailable as e:
+                self.health.fell_back("index", e)  # other processes cannot be excluded; go on
+            yield
+
+    # ------------------------------------------------------------------ reads
+
+    def stat(self, adapter_id: str) -> StoredRecord:
+        """The current record of ``adapter_id`` (AdapterNotFoundError if none)."""
+        validate_adapter_id(adapter_id)
+        return self._lookup(adapter_id)
+
+    def fetch(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
+        """The current record and its files, checked against their sha256: cache, else blobs."""
+        validate_adapter_id(adapter_id)
+        record = self._lookup(adapter_id)
+        for _ in range(3):
+            files = self._from_cache(record)
+            if files is not None:
+                return record, files
+            try:
+                blob = self.blobs.read_blob(record.blob_key)
+            except BlobMissing:
+                record = self._moved_on(record)  # re-uploaded or deleted since the lookup
+                continue
+            except BackendUnavailable as e:
+                raise UnavailableError(
+                    f"adapter {adapter_id!r} is not cached and the blob store ({e.backend}) is unreachable "
+                    f"({e.detail})"
+                ) from e
+            files = self._checked(record, blob, "blobs")
+            self._cache_call(self.cache.put, record.blob_key, blob)
+            self.metrics.reads.labels("blobs").inc()
+            self.metrics.bytes_read.inc(len(blob))
+            return record, files
+        raise UnavailableError(f"adapter {adapter_id!r} changed three times while being read; try again")
+
+    def _lookup(self, adapter_id: str) -> StoredRecord:
+        complete = False
+        try:
+            record = self.index.get(adapter_id)
+            self.health.ok("index")
+            if record is not None:
+                return record
+            complete = self.index.is_complete()
+        except BackendUnavailable as e:
+            self.health.fell_back("index", e)
+        try:
+            record = self._heads.read(adapter_id)
+        except BackendUnavailable as e:
+            if complete:
+                raise AdapterNotFoundError(adapter_id) from None
+            raise UnavailableError(
+                f"adapter {adapter_id!r}: neither the index nor the blob store ({e.backend}) can be read ({e.detail})"
+            ) from e
+        if record is None:
+            raise AdapterNotFoundError(adapter_id)
+        self._index_write(self.index.fill, record, lost_ok=True)
+        return record
+
+    def _from_cache(self, record: StoredRecord) -> dict[str, bytes] | None:
+        blob = self._cache_call(self.cache.get, record.blob_key)
+        if blob is None:
+            return None
+        try:
+            files = self._checked(record, blob, "cache")
+        except AdapterCorruptError:
+            self._cache_call(self.cache.discard, record.blob_key)
+            return None  # read it from the blob store instead
+        self.metrics.reads.labels("cache").inc()
+        self.metrics.bytes_read.inc(len(blob))
+        return files
+
+    def _checked(self, record: StoredRecord, blob: bytes, where: str) -> dict[str, bytes]:
+        try:
+            return record.unpack(blob)
+        except AdapterCorruptError as e:
+            self.metrics.checksum_failures.labels(where).inc()
+            log.error("checksum failure in the %s: %s", where, e)
+            raise
+
+    def _moved_on(self, record: StoredRecord) -> StoredRecord:
+        try:
+            fresh = self._heads.read(record.adapter_id)
+        except BackendUnavailable as e:
+            raise UnavailableError(f"adapter {record.adapter_id!r}: blob store unreachable ({e.detail})") from e
+        if fresh is None:
+            self._index_write(self.index.remove, record.adapter_id, lost_ok=True)
+            raise AdapterNotFoundError(record.adapter_id)
+        if fresh.version == record.version:
+            self.metrics.checksum_failures.labels("missing").inc()
+            raise AdapterCorruptError(
+                f"adapter {record.adapter_id!r} version {record.version}: its blob is missing from {self.blobs.description}"
+            )
+        self._index_write(self.index.fill, fresh, lost_ok=True)
+        return fresh
+
+    def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[StoredRecord]:
+        """Up to ``limit`` records whose id starts with ``prefix``, after ``start_after``, in id order."""
+        try:
+            complete = self.index.is_complete()
+            if not complete:
+                scanned = self.rebuild_index()
+                if scanned is not None:
+                    return self._heads.page(scanned, prefix, start_after, limit)
+            return self.index.list(prefix, start_after, limit)
+        except BackendUnavailable as e:
+            self.health.fell_back("index", e)
+        try:
+            return self._heads.list(prefix, start_after, limit)
+        except BackendUnavailable as e:
+            raise UnavailableError(
+                f"cannot list adapters: the index is unreachable and so is the blob store ({e.detail})"
+            ) from e
+
+    # ------------------------------------------------------------------ index upkeep
+
+    def rebuild_index(self) -> list[StoredRecord] | None:
+        """Reload the index from a scan of the heads. Returns the scan if the index could not
+        take it (so the caller can still answer); raises UnavailableError if the scan failed."""
+        started = self._clock()
+        try:
+            scanned = self._heads.scan()
+        except BackendUnavailable as e:
+            raise UnavailableError(f"cannot build the adapter index: the blob store is unreachable ({e.detail})") from e
+        try:
+            self.index.rebuild(scanned, started)
+        except BackendUnavailable as e:
+            self.health.fell_back("index", e)
+            return scanned
+        self._index_dirty.clear()
+        log.info("index rebuilt from %s: %d adapters", self.blobs.description, len(scanned))
+        return None
+
+    def maintain(self) -> None:
+        """Periodic upkeep: once the index is reachable again after lost writes (or after a Redis
+        restart emptied it), rebuild it from the blob store."""
+        try:
+            if self._index_dirty.is_set():
+                self.index.mark_incomplete()
+            if not self.index.is_complete():
+                self.rebuild_index()
+            self.health.ok("index")
+        except BackendUnavailable as e:
+            log.debug("maintain: index still unreachable (%s)", e)
+        except UnavailableError as e:
+            log.debug("maintain: %s", e)
+
+    # ------------------------------------------------------------------ events and helpers
+
+    def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
+        """Change events (from any thread), starting with a resync; returns the unsubscribe function."""
+        return self.feed.subscribe(callback)
+
+    def close(self) -> None:
+        self.feed.close()
+
+    def _publish(self, event: ChangeEvent) -> None:
+        if not self.feed.publish(event):
+            self.health.fell_back("feed", RuntimeError("change published to local watchers only"))
+
+    def _index_write(self, fn: Callable[..., object], *args: object, lost_ok: bool = False) -> None:
+        try:
+            fn(*args)
+        except BackendUnavailable as e:
+            self.health.fell_back("index", e)
+            if not lost_ok:  # a write the index must not miss: rebuild it once it is back
+                self._index_dirty.set()
+
+    def _cache_call(self, fn: Callable[..., object], *args: object) -> object:
+        try:
+            result = fn(*args)
+        except BackendUnavailable as e:
+            self.health.fell_back("cache", e)
+            return None
+        self.health.ok("cache")
+        return result
+
+    def _drop_blob(self, key: str) -> None:
+        self._cache_call(self.cache.discard, key)
+        self._quietly(self.blobs.delete_blob, key)
+
+    @staticmethod
+    def _quietly(fn: Callable[..., object], *args: object) -> None:
+        try:
+            fn(*args)
+        except BackendUnavailable as e:
+            log.warning("%s(%s) failed: %s (left for a later delete)", getattr(fn, "__name__", fn), args, e)
