@@ -1,0 +1,210 @@
+"""The inference server's AdapterSource backed by the store sidecar over gRPC.
+
+``StoreClient(target)`` implements inference_server.lora.source.AdapterSource: resolve,
+get, list, put and delete go to the store; ``watch`` follows its changes. Every file is
+checked against the sha256 the store sent (end to end) and parsed before it is returned.
+Idempotent calls (Get, Stat, List) are retried on UNAVAILABLE with a short backoff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+import grpc
+from inference_server.errors import (
+    AdapterNotFoundError,
+    AdapterValidationError,
+    InvalidRequestError,
+    LoraplexError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from inference_server.lora.peft_format import parse_adapter_files
+from inference_server.lora.source import AdapterFiles, AdapterInfo
+from inference_server.model.config import ModelConfig
+
+from adapter_store.convert import event_from_pb, record_from_pb
+from adapter_store.errors import AdapterCorruptError
+from adapter_store.records import ChangeEvent, StoredRecord
+from adapter_store.server import MAX_MESSAGE_BYTES
+from adapter_store.service import FIELD_METADATA_KEY
+from loraplex.v1 import store_pb2 as pb
+from loraplex.v1 import store_pb2_grpc
+
+T = TypeVar("T")
+CHUNK_BYTES = 1 << 20
+
+
+def error_from_rpc(e: grpc.RpcError, adapter_id: str = "") -> LoraplexError:
+    """The domain error for a failed store call (so the server's interceptor maps it again)."""
+    code, details = e.code(), e.details() or ""
+    field = dict(e.trailing_metadata() or ()).get(FIELD_METADATA_KEY)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        if field:
+            message = details.removeprefix(f"{field}: ")
+            return InvalidRequestError(message, field)
+        return AdapterValidationError(details)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return AdapterNotFoundError(adapter_id) if adapter_id else LoraplexError(details)
+    if code == grpc.StatusCode.DATA_LOSS:
+        return AdapterCorruptError(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhaustedError(details)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return UnavailableError(f"adapter store: {details}")
+    return LoraplexError(f"adapter store call failed ({code.name}): {details}")
+
+
+class StoreClient:
+    """AdapterSource over a running store (``target`` like "127.0.0.1:50061")."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        base: ModelConfig | None = None,
+        max_rank: int = 128,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+    ) -> None:
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = store_pb2_grpc.AdapterStoreStub(self._channel)
+        self._base = base
+        self._max_rank = max_rank
+        self._timeout = timeout_s
+        self._retries = retries
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "StoreClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[[], T], adapter_id: str = "", idempotent: bool = True) -> T:
+        attempts = self._retries + 1 if idempotent else 1
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except grpc.RpcError as e:
+                if attempt + 1 < attempts and e.code() == grpc.StatusCode.UNAVAILABLE:
+                    time.sleep(0.1 * 2**attempt)
+                    continue
+                raise error_from_rpc(e, adapter_id) from None
+        raise ValueError(f"retries must be >= 0, got {self._retries}")
+
+    # ---------------------------------------------------------------- AdapterSource
+
+    def resolve(self, adapter_id: str) -> AdapterFiles:
+        """The current version's files, checked end to end and parsed."""
+        record, files = self._call(lambda: self._download(adapter_id), adapter_id)
+        spec = parse_adapter_files(files, self._base, self._max_rank)
+        return AdapterFiles(record.info, spec, files)
+
+    def get(self, adapter_id: str) -> AdapterInfo:
+        return self.stat(adapter_id).info
+
+    def list(self) -> list[AdapterInfo]:
+        return [r.info for r in self.iter_records()]
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
+        return self.put_record(adapter_id, files).info
+
+    def delete(self, adapter_id: str) -> None:
+        self._call(
+            lambda: self._stub.Delete(pb.StoreDeleteRequest(adapter_id=adapter_id), timeout=self._timeout),
+            adapter_id, idempotent=False,
+        )
+
+    # ---------------------------------------------------------------- the rest of the store API
+
+    def stat(self, adapter_id: str) -> StoredRecord:
+        msg = self._call(lambda: self._stub.Stat(pb.StoreStatRequest(adapter_id=adapter_id), timeout=self._timeout),
+                         adapter_id)
+        return record_from_pb(msg)
+
+    def list_page(
+        self, tenant: str = "", prefix: str = "", page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[StoredRecord], str]:
+        """One page of records and the next page's token ("" after the last page)."""
+        request = pb.StoreListRequest(tenant=tenant, prefix=prefix, page_size=page_size, page_token=page_token)
+        msg = self._call(lambda: self._stub.List(request, timeout=self._timeout))
+        return [record_from_pb(a) for a in msg.adapters], msg.next_page_token
+
+    def iter_records(self, tenant: str = "", prefix: str = "", page_size: int = 0) -> Iterator[StoredRecord]:
+        token = ""
+        while True:
+            page, token = self.list_page(tenant, prefix, page_size, token)
+            yield from page
+            if not token:
+                return
+
+    def put_record(
+        self, adapter_id: str, files: Mapping[str, bytes], progress: Callable[[int, int], None] | None = None
+    ) -> StoredRecord:
+        """Upload ``files``; ``progress(sent, total)`` is called as chunks go out."""
+        names = sorted(files)
+        total = sum(len(files[n]) for n in names)
+
+        def requests() -> Iterator[pb.StorePutRequest]:
+            meta = pb.StorePutMetadata(adapter_id=adapter_id, files=[
+                pb.StoredFile(name=n, size=len(files[n]), sha256=hashlib.sha256(files[n]).hexdigest()) for n in names
+            ])
+            yield pb.StorePutRequest(metadata=meta)
+            sent = 0
+            for n in names:
+                data = memoryview(files[n])
+                for start in range(0, len(data), CHUNK_BYTES):
+                    piece = bytes(data[start : start + CHUNK_BYTES])
+                    sent += len(piece)
+                    yield pb.StorePutRequest(chunk=piece)
+                    if progress is not None:
+                        progress(sent, total)
+
+        msg = self._call(lambda: self._stub.Put(requests(), timeout=self._timeout), adapter_id, idempotent=False)
+        return record_from_pb(msg)
+
+    def fetch(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
+        """The current record and its files (checked end to end), without parsing them."""
+        return self._call(lambda: self._download(adapter_id), adapter_id)
+
+    def _download(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
+        stream = self._stub.Get(pb.StoreGetRequest(adapter_id=adapter_id), timeout=self._timeout)
+        first = next(stream, None)
+        if first is None or first.WhichOneof("kind") != "record":
+            raise AdapterCorruptError(f"adapter store sent no record for {adapter_id!r}")
+        record = record_from_pb(first.record)
+        blob = bytearray()
+        for msg in stream:
+            blob += msg.chunk
+        return record, record.unpack(bytes(blob))
+
+    def watch(self, tenant: str = "", prefix: str = "") -> "Watch":
+        """Follow changes; iterate the result, ``cancel()`` it to stop."""
+        call = self._stub.Watch(pb.StoreWatchRequest(tenant=tenant, prefix=prefix))
+        return Watch(call)
+
+
+class Watch:
+    """An iterator of ChangeEvents from a Watch call; ends when cancelled or the store goes away."""
+
+    def __init__(self, call: grpc.Call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[ChangeEvent]:
+        try:
+            for msg in self._call:
+                yield event_from_pb(msg)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise error_from_rpc(e) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()

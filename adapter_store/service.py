@@ -1,0 +1,205 @@
+"""The AdapterStore gRPC servicer: thin async methods over a Store run in worker threads.
+
+Errors become precise status codes here (the only place): INVALID_ARGUMENT (the message
+starts with the field when there is one, also sent as trailing metadata ``loraplex-field``),
+NOT_FOUND, UNAVAILABLE, DATA_LOSS; anything else is logged and returned as INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from inference_server.errors import (
+    AdapterNotFoundError,
+    InvalidRequestError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+from adapter_store.convert import event_to_pb, record_to_pb
+from adapter_store.errors import AdapterCorruptError
+from adapter_store.records import KIND_RESYNC, ChangeEvent
+from adapter_store.store import Store
+from adapter_store.upload import Undecodable, receive_upload
+from loraplex.v1 import store_pb2 as pb
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "loraplex.v1.AdapterStore"
+FIELD_METADATA_KEY = "loraplex-field"
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+WATCH_QUEUE = 1024
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,128}$")
+_CODES = (
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (AdapterCorruptError, grpc.StatusCode.DATA_LOSS),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            field = getattr(exc, "field", None)
+            if field:
+                context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
+            log.info("%s: %s", code.name, exc)
+            await context.abort(code, str(exc))
+    log.error("internal error in the adapter store", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the store's log")
+
+
+def _unary(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except Exception as exc:  # noqa: BLE001  (every error becomes a status; an abort passes through)
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            await _abort(context, exc)
+
+    return wrapper
+
+
+def _streaming(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            await _abort(context, exc)
+
+    return wrapper
+
+
+def _check_filter(tenant: str, prefix: str) -> str:
+    """The id prefix a List/Watch filter stands for."""
+    if tenant and not _TENANT.match(tenant):
+        raise InvalidRequestError(f"{tenant!r} is not a tenant name (letters, digits, '.', '_', '-')", "tenant")
+    if not _PREFIX.match(prefix):
+        raise InvalidRequestError(f"{prefix!r}: up to 128 characters of letters, digits, '.', '_', '-', '/'", "prefix")
+    return f"{tenant}/{prefix}" if tenant else prefix
+
+
+def _page_token(token: str) -> str:
+    if not token:
+        return ""
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequestError("not a token this store issued", "page_token") from None
+
+
+class AdapterStoreService:
+    """Implements loraplex.v1.AdapterStore over one Store."""
+
+    def __init__(self, store: Store, chunk_bytes: int = 1 << 20) -> None:
+        self._store = store
+        self._chunk = chunk_bytes
+
+    @_unary
+    async def put(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
+        adapter_id, files = await receive_upload(requests, self._store.max_adapter_bytes)
+        record = await asyncio.to_thread(self._store.put, adapter_id, files)
+        return record_to_pb(record)
+
+    @_streaming
+    async def get(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StoreGetResponse]:
+        if isinstance(request, Undecodable):
+            raise request.error()
+        record, files = await asyncio.to_thread(self._store.fetch, request.adapter_id)
+        yield pb.StoreGetResponse(record=record_to_pb(record))
+        for entry in record.files:
+            data = memoryview(files[entry.name])
+            for start in range(0, len(data), self._chunk):
+                yield pb.StoreGetResponse(chunk=bytes(data[start : start + self._chunk]))
+
+    @_unary
+    async def stat(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
+        if isinstance(request, Undecodable):
+            raise request.error()
+        return record_to_pb(await asyncio.to_thread(self._store.stat, request.adapter_id))
+
+    @_unary
+    async def list(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoreListResponse:
+        if isinstance(request, Undecodable):
+            raise request.error()
+        prefix = _check_filter(request.tenant, request.prefix)
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = _page_token(request.page_token)
+        records = await asyncio.to_thread(self._store.list, prefix, after, size + 1)
+        page = records[:size]
+        more = len(records) > size
+        token = base64.urlsafe_b64encode(page[-1].adapter_id.encode()).decode() if more else ""
+        return pb.StoreListResponse(adapters=[record_to_pb(r) for r in page], next_page_token=token)
+
+    @_unary
+    async def delete(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoreDeleteResponse:
+        if isinstance(request, Undecodable):
+            raise request.error()
+        record = await asyncio.to_thread(self._store.delete, request.adapter_id)
+        return pb.StoreDeleteResponse(version=record.version)
+
+    @_streaming
+    async def watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StoreWatchEvent]:
+        if isinstance(request, Undecodable):
+            raise request.error()
+        prefix = _check_filter(request.tenant, request.prefix)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[ChangeEvent] = asyncio.Queue(WATCH_QUEUE)
+        unsubscribe = self._store.subscribe(lambda ev: loop.call_soon_threadsafe(_offer, queue, ev))
+        try:
+            while True:
+                event = await queue.get()
+                if event.kind == KIND_RESYNC or event.adapter_id.startswith(prefix):
+                    yield event_to_pb(event)
+        finally:
+            unsubscribe()
+
+
+def _offer(queue: asyncio.Queue[ChangeEvent], event: ChangeEvent) -> None:
+    """Queue an event; a watcher too slow to keep up gets one resync instead of the backlog."""
+    try:
+        queue.put_nowait(event)
+    except asyncio.QueueFull:
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(ChangeEvent(KIND_RESYNC))
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return message_type.FromString(raw)
+        except DecodeError as e:
+            return Undecodable(message_type.DESCRIPTOR.name, str(e))
+
+    return deserialize
+
+
+def handler(service: AdapterStoreService) -> grpc.GenericRpcHandler:
+    """The generic handler to add to a grpc.aio server (generated stubs talk to it unchanged)."""
+    out = lambda m: m.SerializeToString()  # noqa: E731
+    methods = {
+        "Put": grpc.stream_unary_rpc_method_handler(service.put, _lenient(pb.StorePutRequest), out),
+        "Get": grpc.unary_stream_rpc_method_handler(service.get, _lenient(pb.StoreGetRequest), out),
+        "Stat": grpc.unary_unary_rpc_method_handler(service.stat, _lenient(pb.StoreStatRequest), out),
+        "List": grpc.unary_unary_rpc_method_handler(service.list, _lenient(pb.StoreListRequest), out),
+        "Delete": grpc.unary_unary_rpc_method_handler(service.delete, _lenient(pb.StoreDeleteRequest), out),
+        "Watch": grpc.unary_stream_rpc_method_handler(service.watch, _lenient(pb.StoreWatchRequest), out),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)

@@ -1,0 +1,110 @@
+"""Reassemble a Put stream (metadata, then the files' bytes back to back) into {name: bytes}.
+
+The metadata declares every file and its size, so an upload over the limit is refused
+before its bytes arrive, and a truncated or overlong stream is caught. Nothing is stored
+here: the store validates the complete files and then commits them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from inference_server.errors import AdapterValidationError, InvalidRequestError
+from inference_server.lora.naming import validate_adapter_id
+
+from adapter_store.records import check_file_name
+from loraplex.v1 import store_pb2 as pb
+
+MAX_FILES = 8
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """Stands in for a request message that did not parse (the servicer turns it into
+    INVALID_ARGUMENT instead of gRPC's INTERNAL 'Exception deserializing request')."""
+
+    message_type: str
+    detail: str
+
+    def error(self) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"request is not a valid {self.message_type} ({self.detail}); adapter ids and file names "
+            "must be valid UTF-8"
+        )
+
+
+async def receive_upload(requests: AsyncIterator[object], max_bytes: int) -> tuple[str, dict[str, bytes]]:
+    """(adapter_id, files) from a Put stream; InvalidRequestError names what is wrong."""
+    stream = aiter(requests)
+    first = await anext(stream, None)
+    meta = _metadata(first)
+    adapter_id = validate_adapter_id(meta.adapter_id)
+    declared = _declared_files(meta, max_bytes)
+    total = sum(size for _, size, _ in declared)
+    buf = bytearray(total)
+    view = memoryview(buf)
+    received = 0
+    async for msg in stream:
+        chunk = _chunk(msg)
+        if received + len(chunk) > total:
+            raise AdapterValidationError(f"the stream carries more bytes than the {total} its metadata declares")
+        view[received : received + len(chunk)] = chunk
+        received += len(chunk)
+    if received < total:
+        raise AdapterValidationError(
+            f"truncated upload: the stream ended after {received} of the {total} declared bytes"
+        )
+    return adapter_id, _split(view, declared)
+
+
+def _metadata(msg: object) -> pb.StorePutMetadata:
+    if isinstance(msg, Undecodable):
+        raise msg.error()
+    if msg is None:
+        raise InvalidRequestError("the upload stream is empty; send metadata first", "metadata")
+    if not isinstance(msg, pb.StorePutRequest) or msg.WhichOneof("kind") != "metadata":
+        raise InvalidRequestError("the first message must carry the metadata", "metadata")
+    return msg.metadata
+
+
+def _declared_files(meta: pb.StorePutMetadata, max_bytes: int) -> list[tuple[str, int, str]]:
+    if not meta.files:
+        raise InvalidRequestError("declare the files that follow (adapter_config.json, ...)", "metadata.files")
+    if len(meta.files) > MAX_FILES:
+        raise InvalidRequestError(f"at most {MAX_FILES} files", "metadata.files")
+    out, seen = [], set()
+    for f in meta.files:
+        check_file_name(f.name)
+        if f.name in seen:
+            raise AdapterValidationError(f"file {f.name!r} is declared twice")
+        if f.sha256 and not _SHA256.match(f.sha256):
+            raise InvalidRequestError(f"{f.name}: sha256 must be 64 lowercase hex digits", "metadata.files.sha256")
+        seen.add(f.name)
+        out.append((f.name, f.size, f.sha256))
+    total = sum(size for _, size, _ in out)
+    if total > max_bytes:
+        raise AdapterValidationError(f"adapter is {total} bytes, over the store's limit of {max_bytes} bytes")
+    return out
+
+
+def _chunk(msg: object) -> bytes:
+    if isinstance(msg, Undecodable):
+        raise msg.error()
+    if not isinstance(msg, pb.StorePutRequest) or msg.WhichOneof("kind") != "chunk":
+        raise InvalidRequestError("after the metadata, every message must be a chunk", "chunk")
+    return msg.chunk
+
+
+def _split(view: memoryview, declared: list[tuple[str, int, str]]) -> dict[str, bytes]:
+    files, pos = {}, 0
+    for name, size, sha in declared:
+        data = bytes(view[pos : pos + size])
+        pos += size
+        if sha and hashlib.sha256(data).hexdigest() != sha:
+            raise AdapterValidationError(f"{name}: its bytes do not match the declared sha256 (corrupted in transit?)")
+        files[name] = data
+    return files
