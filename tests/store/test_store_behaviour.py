@@ -1,0 +1,144 @@
+"""What a user of the store relies on, over every backend combination (local/in-memory,
+S3/in-memory, S3/Redis), through the gRPC service and its client."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+from store_adapters import ADAPTERS, CONFIG, WEIGHTS, peft_files
+
+from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
+from inference_server.errors import AdapterNotFoundError
+
+pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_round_trip_of_real_peft_adapters(env, adapters, name):
+    rank, dtype, targets = ADAPTERS[name]
+    files = adapters[name]  # as peft saved them, README.md included
+    info = env.client.put("acme/" + name, files)
+    assert info.rank == rank
+    assert info.dtype == {"float32": "F32", "bfloat16": "BF16"}[dtype]
+    assert list(info.target_modules) == [t for t in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                      "up_proj", "down_proj") if t in targets]
+    assert info.sha256 == hashlib.sha256(files[WEIGHTS]).hexdigest()
+    assert info.size_bytes == len(files[WEIGHTS])
+
+    got = env.client.resolve("acme/" + name)
+    assert dict(got.files) == peft_files(files)  # byte for byte; README.md is not kept
+    assert got.info.version == info.version
+    assert got.spec.rank == rank and got.spec.dtype == info.dtype
+    assert env.client.get("acme/" + name) == got.info
+
+
+def test_reupload_makes_a_new_version_and_drops_the_old_blob(env, adapters):
+    first = env.client.put("acme/model", adapters["r4-fp32"])
+    again = env.client.put("acme/model", adapters["r4-fp32"])
+    assert again.version == first.version  # same bytes, same version
+    second = env.client.put("acme/model", adapters["r16-bf16"])
+    assert second.version != first.version
+    record, files = env.client.fetch("acme/model")
+    assert record.version == second.version
+    assert files == peft_files(adapters["r16-bf16"])
+    blobs = [k for k in env.stored_objects() if "model@" in k and not k.endswith("@head.json")]
+    assert len(blobs) == 1 and second.version in blobs[0]
+
+
+def test_list_pages_by_tenant_and_prefix(env, adapters):
+    ids = ["acme/a1", "acme/a2", "acme/b1", "acme/b2", "acme/b3", "beta/a1", "solo"]
+    for i, adapter_id in enumerate(ids):
+        env.client.put(adapter_id, adapters[sorted(ADAPTERS)[i % len(ADAPTERS)]])
+    assert [i.adapter_id for i in env.client.list()] == sorted(ids)
+
+    pages, token = [], ""
+    while True:
+        page, token = env.client.list_page(tenant="acme", page_size=2, page_token=token)
+        pages.append([r.adapter_id for r in page])
+        if not token:
+            break
+    assert pages == [["acme/a1", "acme/a2"], ["acme/b1", "acme/b2"], ["acme/b3"]]
+    assert [r.adapter_id for r in env.client.iter_records(tenant="acme", prefix="b")] == ["acme/b1", "acme/b2",
+                                                                                           "acme/b3"]
+    assert [r.adapter_id for r in env.client.iter_records(prefix="s")] == ["solo"]
+    assert list(env.client.iter_records(tenant="nobody")) == []
+
+
+def test_delete_removes_the_name_and_every_version(env, adapters):
+    env.client.put("acme/gone", adapters["r4-fp32"])
+    env.client.put("acme/gone", adapters["r32-bf16"])
+    env.client.put("acme/kept", adapters["r4-fp32"])
+    env.client.delete("acme/gone")
+    for call in (env.client.resolve, env.client.get, env.client.delete):
+        with pytest.raises(AdapterNotFoundError):
+            call("acme/gone")
+    assert [i.adapter_id for i in env.client.list()] == ["acme/kept"]
+    assert not [k for k in env.stored_objects() if "gone" in k]
+    assert not [k for k in env.redis_keys() if "gone" in k]
+    assert env.client.resolve("acme/kept").files[WEIGHTS] == adapters["r4-fp32"][WEIGHTS]
+
+
+def test_unknown_adapter_is_not_found(env):
+    with pytest.raises(AdapterNotFoundError, match="acme/missing"):
+        env.client.resolve("acme/missing")
+    with pytest.raises(AdapterNotFoundError):
+        env.client.get("acme/missing")
+
+
+def test_a_restarted_store_finds_what_was_stored(env, make_env, adapters):
+    info = env.client.put("acme/durable", adapters["r64-fp32"])
+    env.close()
+    again = make_env(env.kind, redis_proc=env.redis, moto_proc=env.moto, **_same_place(env.settings))
+    assert again.client.get("acme/durable").version == info.version
+    assert again.client.resolve("acme/durable").files == peft_files(adapters["r64-fp32"])
+    assert [i.adapter_id for i in again.client.list()] == ["acme/durable"]
+
+
+def _same_place(settings):
+    return dict(local_dir=settings.local_dir, s3=settings.s3, redis=settings.redis)
+
+
+def test_watch_sees_puts_and_deletes(env, adapters):
+    watch = env.client.watch(tenant="acme")
+    events, got = [], threading.Event()
+
+    def follow():
+        for ev in watch:
+            events.append(ev)
+            if ev.kind == KIND_DELETE:
+                got.set()
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    _wait_for(lambda: events and events[0].kind == KIND_RESYNC)
+    v1 = env.client.put("acme/w", adapters["r4-fp32"]).version
+    env.client.put("other/w", adapters["r4-fp32"])  # filtered out
+    v2 = env.client.put("acme/w", adapters["r16-bf16"]).version
+    env.client.delete("acme/w")
+    assert got.wait(10)
+    watch.cancel()
+    thread.join(5)
+    changes = [(e.kind, e.adapter_id, e.version) for e in events if e.kind != KIND_RESYNC]
+    assert changes == [(KIND_PUT, "acme/w", v1), (KIND_PUT, "acme/w", v2), (KIND_DELETE, "acme/w", v2)]
+
+
+def test_redis_hit_serves_without_touching_the_blob_store(make_env, shared_redis, shared_moto, adapters):
+    env = make_env("s3-redis", redis_proc=shared_redis, moto_proc=shared_moto)
+    env.client.put("acme/hot", adapters["r16-bf16"])
+    env.client.resolve("acme/hot")
+    metrics = env.store.metrics
+    assert metrics.value("loraplex_store_reads_total", source="cache") == 1
+    assert metrics.value("loraplex_store_reads_total", source="blobs") == 0
+    assert any(k.startswith(f"{env.settings.redis.namespace}:blob:acme/hot@") for k in env.redis_keys())
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> None:
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
