@@ -124,7 +124,7 @@ class ServerSettings:
         args = vars(build_parser(prog).parse_args(argv))
         values: dict[str, Any] = {}
         for f in fields(cls):
-            if args.get(f.name) is not None:
+            if f.name in args:  # given on the command line (absent flags are suppressed)
                 values[f.name] = args[f.name]
                 continue
             var = ENV_PREFIX + f.name.upper()
@@ -141,8 +141,8 @@ def _where(name: str, message: str) -> str:
 
 
 def build_parser(prog: str = "loraplex-server") -> argparse.ArgumentParser:
-    """The argparse parser for every ServerSettings field (defaults are None: env and the
-    dataclass fill in what is not given)."""
+    """The argparse parser for every ServerSettings field. Flags not given are left out of the
+    result (argparse.SUPPRESS), so the environment and the dataclass defaults fill them in."""
     parser = argparse.ArgumentParser(
         prog=prog, description="loraplex inference server: one base model, many LoRA adapters, over gRPC.",
         epilog=f"Every flag can also be set with an environment variable {ENV_PREFIX}<NAME>, e.g. "
@@ -151,7 +151,7 @@ def build_parser(prog: str = "loraplex-server") -> argparse.ArgumentParser:
     for f in fields(ServerSettings):
         default = f.default if f.default is not MISSING else None
         parser.add_argument(
-            f"--{f.name.replace('_', '-')}", dest=f.name, default=None, type=f.metadata["parse"],
+            f"--{f.name.replace('_', '-')}", dest=f.name, default=argparse.SUPPRESS, type=f.metadata["parse"],
             metavar=f.name.upper(), help=f"{f.metadata['help']} (default: {default}; env {ENV_PREFIX}{f.name.upper()})",
         )
     return parser

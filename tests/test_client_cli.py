@@ -1,0 +1,78 @@
+"""The ``loraplex`` CLI against a server with a fake engine: output a user reads, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clients.cli import main
+from inference_server.server.app import ServerOptions
+from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, write_fake_adapter
+
+
+@pytest.fixture
+def address(tmp_path: Path):
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
+    srv.attach(FakeEngine(tmp_path / "store"))
+    yield srv.address
+    srv.close()
+
+
+def run(capsys, address: str, *argv: str) -> tuple[int, str, str]:
+    code = main(["--address", address, *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_prints_the_text_and_a_stats_line(capsys, address: str) -> None:
+    code, out, err = run(capsys, address, "generate", "--raw", "hey", "--max-new-tokens", "5")
+    expected = ByteTokenizer().decode(fake_tokens(tuple(ByteTokenizer().encode("hey")), None, 5))
+    assert code == 0 and out == expected + "\n"
+    assert "[length: 5 tokens" in err
+
+
+def test_generate_chat_mode_json_lines(capsys, address: str) -> None:
+    code, out, err = run(capsys, address, "generate", "hey", "--system", "be brief", "--json", "--quiet")
+    events = [json.loads(line) for line in out.splitlines()]
+    prompt = ByteTokenizer().apply_chat_template([{"role": "system", "content": "be brief"},
+                                                  {"role": "user", "content": "hey"}])
+    assert [t for e in events for t in e["token_ids"]] == fake_tokens(tuple(prompt), None, 6)
+    assert events[-1]["finish_reason"] == "length" and err == ""
+
+
+def test_adapters_upload_list_show_delete(capsys, address: str, tmp_path: Path) -> None:
+    folder = write_fake_adapter(tmp_path / "pirate")
+    code, out, err = run(capsys, address, "adapters", "upload", "pirate", str(folder))
+    assert code == 0 and out.startswith("uploaded pirate (version ") and "uploading pirate" in err
+    code, out, _ = run(capsys, address, "adapters", "list")
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS"]
+    assert row.split()[:4] == ["pirate", "4", "8", "F32"] and row.split()[-1] == "q_proj,v_proj"
+    code, out, _ = run(capsys, address, "adapters", "show", "pirate")
+    assert json.loads(out)["rank"] == 4
+    assert run(capsys, address, "adapters", "delete", "pirate")[:2] == (0, "deleted pirate\n")
+    code, out, err = run(capsys, address, "adapters", "show", "pirate")
+    assert code == 1 and "NOT_FOUND" in err and "pirate" in err
+
+
+def test_errors_exit_1_naming_the_field(capsys, address: str) -> None:
+    code, out, err = run(capsys, address, "generate", "x", "--top-p", "2")
+    assert code == 1 and "INVALID_ARGUMENT" in err and "(field sampling.top_p)" in err
+
+
+def test_health_and_info(capsys, address: str) -> None:
+    assert run(capsys, address, "health") == (0, "SERVING\n", "")
+    code, out, _ = run(capsys, address, "info")
+    assert code == 0 and json.loads(out)["model_name"] == "fake-llama"
+
+
+def test_unreachable_server_is_a_clean_error(capsys) -> None:
+    code = main(["--address", "127.0.0.1:1", "--timeout", "2", "health"])
+    assert code == 1 and "UNAVAILABLE" in capsys.readouterr().err
+
+
+def test_upload_of_a_missing_folder_is_a_clean_error(capsys, address: str, tmp_path: Path) -> None:
+    code, _, err = run(capsys, address, "adapters", "upload", "x", str(tmp_path / "nope"))
+    assert code == 1 and "not a folder" in err

@@ -1,0 +1,61 @@
+"""ServerSettings: flags over LORAPLEX_* variables over defaults, validated with messages that
+name the setting, its flag and its variable; and how settings become engine objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_server.main import engine_config, model_source
+from inference_server.settings import ServerSettings
+
+
+def test_defaults_are_the_embedded_setup() -> None:
+    s = ServerSettings.from_sources([], {})
+    assert (s.host, s.port, s.model, s.model_format, s.device) == ("127.0.0.1", 50051, None, "auto", "auto")
+    assert s.adapter_path.endswith("/.cache/loraplex/adapters") and not s.adapter_path.startswith("~")
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    env = {"LORAPLEX_PORT": "6000", "LORAPLEX_GRACE_PERIOD_S": "2.5", "LORAPLEX_LOG_LEVEL": "debug",
+           "LORAPLEX_MAX_MODEL_LEN": "512"}
+    s = ServerSettings.from_sources(["--port", "7000", "--model", "/m"], env)
+    assert s.port == 7000 and s.grace_period_s == 2.5 and s.log_level == "DEBUG" and s.model == "/m"
+    assert s.max_model_len == 512
+    assert ServerSettings.from_sources(["--max-model-len", "none"], env).max_model_len is None
+
+
+@pytest.mark.parametrize("argv, env, words", [
+    (["--port", "70000"], {}, ["port", "--port", "LORAPLEX_PORT", "65535"]),
+    ([], {"LORAPLEX_PORT": "abc"}, ["LORAPLEX_PORT", "'abc'"]),
+    (["--device", "tpu"], {}, ["device", "cuda:N"]),
+    (["--dtype", "int4"], {}, ["dtype", "bfloat16"]),
+    (["--model-format", "dummy"], {}, ["preset name"]),
+    (["--default-max-new-tokens", "9000"], {}, ["max_new_tokens_limit"]),
+    (["--max-message-bytes", "10"], {}, ["max_message_bytes", "65536"]),
+    (["--grace-period-s", "-1"], {}, ["grace_period_s"]),
+    (["--max-num-seqs", "0"], {}, ["max_num_seqs", ">= 1"]),
+    (["--log-format", "xml"], {}, ["log_format", "json"]),
+])
+def test_invalid_values_name_the_setting(argv, env, words) -> None:
+    with pytest.raises(ValueError) as info:
+        ServerSettings.from_sources(argv, env)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_unknown_flag_exits_with_usage(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        ServerSettings.from_sources(["--no-such-flag"], {})
+    assert info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_engine_config_and_model_source_follow_settings() -> None:
+    s = ServerSettings.from_sources(["--device", "cpu", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
+                                     "--num-kv-blocks", "99", "--max-lora-rank", "32"], {})
+    config = engine_config(s)
+    assert (config.device, config.dtype, config.max_num_seqs, config.max_num_batched_tokens) == ("cpu", "float32", 8, 64)
+    assert config.num_kv_blocks == 99 and config.max_lora_rank == 32
+    dummy = model_source(ServerSettings.from_sources(["--model-format", "dummy", "--model", "tiny"], {}))
+    assert dummy.format == "dummy" and dummy.dummy == "tiny" and dummy.path is None
+    assert model_source(s).path is None and model_source(s).format == "auto"  # the embedded SmolLM2
