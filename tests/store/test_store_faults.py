@@ -1,0 +1,176 @@
+"""Faults with real services: Redis killed, S3 stopped, uploads cancelled, stored bytes flipped."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from store_adapters import WEIGHTS, peft_files
+from store_services import MotoProcess, RedisProcess
+
+from adapter_store.errors import AdapterCorruptError
+from inference_server.errors import UnavailableError
+from loraplex.v1 import store_pb2 as pb
+from loraplex.v1 import store_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(predicate, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_redis_killed_mid_run_reads_fall_back_to_s3(make_env, redis_bin, shared_moto, adapters):
+    redis = RedisProcess(redis_bin).start()
+    try:
+        env = make_env("s3-redis", redis_proc=redis, moto_proc=shared_moto)
+        events = []
+        env.store.subscribe(events.append)
+        env.client.put("acme/a", adapters["r4-fp32"])
+        env.client.put("acme/b", adapters["r16-bf16"])
+        env.client.resolve("acme/a")
+
+        redis.kill()
+        assert env.client.resolve("acme/a").files == peft_files(adapters["r4-fp32"])
+        assert env.client.resolve("acme/b").files == peft_files(adapters["r16-bf16"])
+        assert env.client.get("acme/b").rank == 16
+        assert [i.adapter_id for i in env.client.list()] == ["acme/a", "acme/b"]
+        assert env.store.metrics.value("loraplex_store_degraded_total", dependency="index") > 0
+        assert env.store.metrics.value("loraplex_store_reads_total", source="blobs") >= 2
+        env.client.put("acme/c", adapters["r32-bf16"])  # S3 is the truth: uploads go on
+        assert env.client.resolve("acme/c").info.rank == 32
+        assert ("put", "acme/c") in [(e.kind, e.adapter_id) for e in events]  # local watchers still hear it
+        resyncs = sum(e.kind == "resync" for e in events)
+
+        redis.start()  # same port, empty, like a restarted Redis without persistence
+        ns = env.settings.redis.namespace
+        client = redis.client()
+        _wait_for(lambda: client.exists(f"{ns}:complete") and client.exists(f"{ns}:rec:acme/c"))
+        assert [i.adapter_id for i in env.client.list()] == ["acme/a", "acme/b", "acme/c"]
+        _wait_for(lambda: sum(e.kind == "resync" for e in events) > resyncs)  # events may have been lost
+        assert env.client.resolve("acme/c").files == peft_files(adapters["r32-bf16"])
+        client.close()
+    finally:
+        redis.kill()
+
+
+@pytest.mark.parametrize("kind", ["s3-memory", "s3-redis"])
+def test_s3_stopped_cached_reads_serve_and_uploads_fail(make_env, request, adapters, kind):
+    moto = MotoProcess().start()
+    try:
+        redis = request.getfixturevalue("shared_redis") if "redis" in kind else None
+        env = make_env(kind, redis_proc=redis, moto_proc=moto)
+        hot = env.client.put("acme/hot", adapters["r16-bf16"])  # an upload fills the cache
+        cold = env.client.put("acme/cold", adapters["r4-fp32"])
+        env.store.cache.discard(f"acme/cold@{cold.version}")
+
+        moto.stop()
+        got = env.client.resolve("acme/hot")
+        assert got.info.version == hot.version and got.files == peft_files(adapters["r16-bf16"])
+        assert [i.adapter_id for i in env.client.list()] == ["acme/cold", "acme/hot"]
+        with pytest.raises(UnavailableError, match=r"cannot store 'acme/new'.*S3 bucket .* is unavailable"):
+            env.client.put("acme/new", adapters["r32-bf16"])
+        with pytest.raises(UnavailableError, match="not cached"):
+            env.client.resolve("acme/cold")
+        with pytest.raises(UnavailableError, match="cannot delete"):
+            env.client.delete("acme/hot")
+        assert env.store.metrics.value("loraplex_store_uploads_total", outcome="unavailable") == 1
+    finally:
+        moto.stop()
+
+
+def test_s3_unavailable_is_the_grpc_status(make_env, adapters):
+    moto = MotoProcess().start()
+    try:
+        env = make_env("s3-memory", moto_proc=moto)
+        moto.stop()
+        files = peft_files(adapters["r4-fp32"])
+        stub = store_pb2_grpc.AdapterStoreStub(grpc.insecure_channel(env.server.target))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Put(iter(_put_messages("acme/x", files)), timeout=20)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "unavailable" in err.value.details()
+    finally:
+        moto.stop()
+
+
+def _put_messages(adapter_id, files, chunk=4096):
+    yield pb.StorePutRequest(metadata=pb.StorePutMetadata(
+        adapter_id=adapter_id, files=[pb.StoredFile(name=n, size=len(d)) for n, d in files.items()]))
+    for data in files.values():
+        for i in range(0, len(data), chunk):
+            yield pb.StorePutRequest(chunk=data[i : i + chunk])
+
+
+def test_upload_cancelled_half_way_leaves_no_trace(env, adapters):
+    files = peft_files(adapters["r16-bf16"])
+    messages = list(_put_messages("acme/cancelled", files))
+    half, release = len(messages) // 2, threading.Event()
+    sent = threading.Event()
+
+    def stream():
+        yield from messages[:half]
+        sent.set()
+        release.wait(10)  # the client cancels while the server waits for the rest
+
+    stub = store_pb2_grpc.AdapterStoreStub(grpc.insecure_channel(env.server.target))
+    future = stub.Put.future(stream(), timeout=20)
+    assert sent.wait(10)
+    time.sleep(0.3)
+    future.cancel()
+    release.set()
+    with pytest.raises(grpc.FutureCancelledError):
+        future.result()
+    time.sleep(0.3)
+    assert env.client.list() == []
+    assert env.stored_objects() == []
+    assert env.redis_keys() == []
+    assert env.client.put("acme/cancelled", files).rank == 16  # and the name is free to use
+
+
+def _flip_stored_blob(env, key_part: str) -> None:
+    [key] = [k for k in env.stored_objects() if key_part in k and "head" not in k]
+    if env.settings.blob_backend == "s3":
+        s3 = env.moto.s3()
+        data = bytearray(s3.get_object(Bucket=env.settings.s3.bucket, Key=key)["Body"].read())
+        data[len(data) // 2] ^= 0x40
+        s3.put_object(Bucket=env.settings.s3.bucket, Key=key, Body=bytes(data))
+    else:
+        path = f"{env.settings.local_dir}/{key}"
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0x40
+        open(path, "wb").write(bytes(data))
+
+
+def test_flipped_bytes_in_the_blob_store_are_caught_not_served(env, adapters):
+    info = env.client.put("acme/flip", adapters["r64-fp32"])
+    _flip_stored_blob(env, "acme/flip@")
+    env.store.cache.discard(f"acme/flip@{info.version}")
+    with pytest.raises(AdapterCorruptError, match="fails its sha256 check"):
+        env.client.resolve("acme/flip")
+    stub = store_pb2_grpc.AdapterStoreStub(grpc.insecure_channel(env.server.target))
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Get(pb.StoreGetRequest(adapter_id="acme/flip"), timeout=20))
+    assert err.value.code() == grpc.StatusCode.DATA_LOSS
+    assert env.store.metrics.value("loraplex_store_checksum_failures_total", where="blobs") == 2
+    env.client.put("acme/flip", adapters["r16-bf16"])  # a re-upload repairs it
+    assert env.client.resolve("acme/flip").files[WEIGHTS] == adapters["r16-bf16"][WEIGHTS]
+
+
+def test_a_corrupt_cache_entry_is_dropped_and_read_from_the_blob_store(env, adapters):
+    info = env.client.put("acme/cached", adapters["r32-bf16"])
+    key = f"acme/cached@{info.version}"
+    blob = bytearray(env.store.cache.get(key))
+    blob[-5] ^= 0x01
+    env.store.cache.put(key, bytes(blob))
+    assert env.client.resolve("acme/cached").files == peft_files(adapters["r32-bf16"])
+    assert env.store.metrics.value("loraplex_store_checksum_failures_total", where="cache") == 1
+    assert env.store.metrics.value("loraplex_store_reads_total", source="blobs") == 1
+    assert env.client.resolve("acme/cached").info.version == info.version
+    assert env.store.metrics.value("loraplex_store_reads_total", source="cache") == 1  # refilled with good bytes

@@ -1,0 +1,123 @@
+"""The ``loraplex-store`` process: two of them sharing Redis and S3, and the embedded default."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import urllib.request
+import uuid
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from store_adapters import peft_files
+from store_services import StoreProcess, free_port
+
+from adapter_store.client import StoreClient
+from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
+from inference_server.errors import AdapterNotFoundError
+
+pytestmark = pytest.mark.slow
+
+
+class Collector:
+    """Follows a Watch in a thread; ``wait_for(kind, version)`` blocks until such an event arrived."""
+
+    def __init__(self, watch) -> None:  # noqa: ANN001
+        self.watch = watch
+        self.events = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for ev in self.watch:
+            with self._cond:
+                self.events.append(ev)
+                self._cond.notify_all()
+
+    def wait_for(self, kind: str, version: str = "", timeout: float = 15.0):  # noqa: ANN201
+        def match():
+            return next((e for e in self.events if e.kind == kind and (not version or e.version == version)), None)
+
+        with self._cond:
+            assert self._cond.wait_for(match, timeout), f"no {kind} {version} event; got {self.events}"
+            return match()
+
+    def stop(self) -> None:
+        self.watch.cancel()
+        self._thread.join(5)
+
+
+def test_reupload_through_one_store_is_seen_by_watch_on_the_other(tmp_path, shared_redis, shared_moto, adapters):
+    bucket = f"shared-{uuid.uuid4().hex[:10]}"
+    shared_moto.s3().create_bucket(Bucket=bucket)
+    args = ["--s3-bucket", bucket, "--s3-endpoint-url", shared_moto.endpoint, "--s3-region", "us-east-1",
+            "--redis-url", shared_redis.url, "--redis-namespace", f"two:{uuid.uuid4().hex[:8]}"]
+    a = StoreProcess(args, tmp_path / "a.log")
+    b = StoreProcess(args, tmp_path / "b.log")
+    try:
+        with StoreClient(a.target) as ca, StoreClient(b.target) as cb:
+            watch = Collector(cb.watch(tenant="acme"))
+            watch.wait_for(KIND_RESYNC)
+            v1 = ca.put("acme/shared", adapters["r4-fp32"]).version
+            assert watch.wait_for(KIND_PUT, v1).adapter_id == "acme/shared"
+            assert cb.resolve("acme/shared").info.version == v1
+
+            v2 = ca.put("acme/shared", adapters["r16-bf16"]).version
+            assert v2 != v1
+            watch.wait_for(KIND_PUT, v2)
+            got = cb.resolve("acme/shared")
+            assert got.info.version == v2 and got.files == peft_files(adapters["r16-bf16"])
+
+            ca.delete("acme/shared")
+            watch.wait_for(KIND_DELETE, v2)
+            with pytest.raises(AdapterNotFoundError):
+                cb.get("acme/shared")
+            watch.stop()
+    finally:
+        assert a.stop() == 0, (tmp_path / "a.log").read_text()[-2000:]
+        assert b.stop() == 0, (tmp_path / "b.log").read_text()[-2000:]
+
+
+def test_default_store_process_needs_nothing_external(tmp_path, adapters):
+    metrics_port = free_port()
+    args = ["--local-dir", str(tmp_path / "adapters"), "--metrics-port", str(metrics_port)]
+    proc = StoreProcess(args, tmp_path / "store.log")
+    try:
+        channel = grpc.insecure_channel(proc.target)
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        services = _reflected_services(channel)
+        assert "loraplex.v1.AdapterStore" in services and "grpc.health.v1.Health" in services
+        with StoreClient(proc.target) as client:
+            version = client.put("tenant/local", adapters["r32-bf16"]).version
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert 'loraplex_store_uploads_total{outcome="stored"} 1.0' in body
+        channel.close()
+    finally:
+        assert proc.stop() == 0
+    again = StoreProcess(["--local-dir", str(tmp_path / "adapters")], tmp_path / "store2.log")
+    try:
+        with StoreClient(again.target) as client:
+            assert client.get("tenant/local").version == version
+            assert client.resolve("tenant/local").files == peft_files(adapters["r32-bf16"])
+    finally:
+        again.stop()
+
+
+def _reflected_services(channel: grpc.Channel) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+    return {s.name for r in responses for s in r.list_services_response.service}
+
+
+def test_bad_settings_exit_with_a_clear_message():
+    out = subprocess.run(
+        [sys.executable, "-m", "adapter_store.main", "--s3-bucket", "b", "--s3-prefix", "no-slash"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2
+    assert "prefix must end with '/'" in out.stderr

@@ -1,0 +1,168 @@
+"""The store's parts on their own: LRU-by-size caches (memory and Redis), indexes, records,
+settings and flags."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from adapter_store.backends.memory_cache import MemoryBlobCache
+from adapter_store.backends.memory_index import MemoryIndex
+from adapter_store.errors import AdapterCorruptError
+from adapter_store.main import parse_args
+from adapter_store.records import FileEntry, StoredRecord
+from adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
+from inference_server.lora.source import AdapterInfo
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
+def make_cache(request):
+    if request.param == "memory":
+        return MemoryBlobCache
+    from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
+    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+
+    redis = request.getfixturevalue("shared_redis")
+    client = connect(RedisSettings(url=redis.url))
+    request.addfinalizer(client.close)
+    return lambda capacity: RedisBlobCache(client, f"unit:{uuid.uuid4().hex[:8]}", capacity)
+
+
+def test_cache_evicts_least_recently_used_by_size(make_cache):
+    cache = make_cache(100)
+    assert cache.put("a", b"a" * 40) and cache.put("b", b"b" * 40)
+    assert cache.get("a") == b"a" * 40  # a is now the most recently used
+    assert cache.put("c", b"c" * 40)  # 120 > 100: evicts b, the least recently used
+    assert cache.get("b") is None
+    assert cache.keys() == ["a", "c"]
+    assert cache.total_bytes == 80
+    assert cache.put("d", b"d" * 90)  # needs 90: evicts a and c
+    assert cache.keys() == ["d"] and cache.total_bytes == 90
+
+
+def test_cache_refuses_a_blob_larger_than_itself_and_replaces_in_place(make_cache):
+    cache = make_cache(50)
+    assert cache.put("x", b"x" * 30)
+    assert not cache.put("big", b"b" * 51)
+    assert cache.get("big") is None and cache.get("x") == b"x" * 30
+    assert cache.put("x", b"y" * 10)
+    assert cache.get("x") == b"y" * 10 and cache.total_bytes == 10
+    cache.discard("x")
+    cache.discard("never-there")
+    assert cache.total_bytes == 0 and cache.keys() == []
+
+
+def _record(adapter_id: str, created_at: float = 1.0, version: str = "v") -> StoredRecord:
+    info = AdapterInfo(adapter_id, version, "0" * 64, 4, 8.0, ("q_proj",), "F32", 3, created_at)
+    return StoredRecord(info, (FileEntry("adapter_config.json", 2, "a" * 64),))
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
+def index(request):
+    if request.param == "memory":
+        return MemoryIndex()
+    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+    from adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
+
+    client = connect(RedisSettings(url=request.getfixturevalue("shared_redis").url))
+    request.addfinalizer(client.close)
+    return RedisIndex(client, f"unit:{uuid.uuid4().hex[:8]}")
+
+
+def test_index_pages_in_byte_order_with_prefix_and_start_after(index):
+    ids = ["b", "b-c", "b/x", "b/y", "ba", "a/z"]
+    for i in ids:
+        index.put(_record(i))
+    assert [r.adapter_id for r in index.list("", "", 100)] == sorted(ids)
+    assert [r.adapter_id for r in index.list("b/", "", 100)] == ["b/x", "b/y"]
+    assert [r.adapter_id for r in index.list("b", "b-c", 2)] == ["b/x", "b/y"]
+    assert [r.adapter_id for r in index.list("b/", "a", 100)] == ["b/x", "b/y"]
+    index.remove("b/x")
+    assert index.get("b/x") is None and [r.adapter_id for r in index.list("b/", "", 10)] == ["b/y"]
+
+
+def test_index_rebuild_keeps_writes_newer_than_the_scan(index):
+    index.put(_record("old", created_at=1.0))
+    index.put(_record("fresh", created_at=10.0, version="new"))  # written while the scan ran
+    assert not index.is_complete()
+    index.rebuild([_record("scanned", 2.0), _record("fresh", 3.0, version="stale")], started_at=5.0)
+    assert index.is_complete()
+    assert index.get("old") is None  # gone from the heads before the scan
+    assert index.get("fresh").version == "new"
+    assert index.get("scanned") is not None
+    index.fill(_record("fresh", 4.0, version="older"))
+    assert index.get("fresh").version == "new"
+    index.mark_incomplete()
+    assert not index.is_complete()
+
+
+def test_record_round_trips_and_checks_its_files():
+    files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"weights"}
+    import hashlib  # noqa: PLC0415
+
+    entries = tuple(FileEntry(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in files.items())
+    record = StoredRecord(_record("t/a").info, entries)
+    assert StoredRecord.from_json(record.to_json()) == record
+    blob = record.pack(files)
+    assert record.unpack(blob) == files
+    with pytest.raises(AdapterCorruptError, match="adapter_model.safetensors fails its sha256"):
+        record.unpack(blob[:-1] + b"X")
+    with pytest.raises(AdapterCorruptError, match="stored blob has 8 bytes"):
+        record.unpack(blob[:8])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(blob_backend="ftp"), "blob backend must be one of"),
+    (dict(blob_backend="s3"), "needs S3 settings"),
+    (dict(index_backend="redis"), "needs Redis settings"),
+    (dict(cache_max_bytes=-1), "cache_max_bytes must be >= 0"),
+    (dict(max_rank=0), "max_rank must be in"),
+    (dict(listen="50061"), "listen must be host:port"),
+])
+def test_store_settings_name_the_problem(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        StoreSettings(**kwargs)
+
+
+def test_s3_and_redis_settings_name_the_problem():
+    with pytest.raises(ValueError, match="bucket name is required"):
+        S3Settings(bucket="")
+    with pytest.raises(ValueError, match=">= 5 MiB"):
+        S3Settings(bucket="b", multipart_chunksize=MIB)
+    with pytest.raises(ValueError, match="redis: url must start with"):
+        RedisSettings(url="http://x")
+
+
+def test_flags_and_environment_pick_the_backends():
+    settings, level = parse_args([], env={})
+    assert (settings.blob_backend, settings.index_backend, level) == ("local", "memory", "INFO")
+    env = {"LORAPLEX_STORE_S3_BUCKET": "models", "LORAPLEX_STORE_REDIS_URL": "redis://r:6379/1",
+           "LORAPLEX_STORE_CACHE_MIB": "64"}
+    settings, _ = parse_args(["--s3-prefix", "lp/", "--s3-endpoint-url", "http://s3:9000"], env=env)
+    assert settings.blob_backend == "s3" and settings.s3.bucket == "models" and settings.s3.prefix == "lp/"
+    assert settings.s3.endpoint_url == "http://s3:9000"
+    assert settings.index_backend == "redis" and settings.redis.url == "redis://r:6379/1"
+    assert settings.cache_max_bytes == 64 * MIB
+    settings, _ = parse_args(["--blob-backend", "local", "--index-backend", "memory"], env=env)
+    assert (settings.blob_backend, settings.index_backend) == ("local", "memory")
+
+
+def test_in_process_source_is_an_adapter_source(tmp_path, adapters, base_config):
+    from store_adapters import peft_files  # noqa: PLC0415
+
+    from adapter_store.embedded import InProcessStoreSource  # noqa: PLC0415
+    from adapter_store.factory import build_store  # noqa: PLC0415
+    from inference_server.errors import AdapterNotFoundError, AdapterValidationError  # noqa: PLC0415
+
+    source = InProcessStoreSource(build_store(StoreSettings(local_dir=str(tmp_path)), base=base_config))
+    info = source.put("t/a", adapters["r16-bf16"])
+    got = source.resolve("t/a")
+    assert got.info == info and got.files == peft_files(adapters["r16-bf16"]) and got.spec.rank == 16
+    assert source.get("t/a") == info and source.list() == [info]
+    with pytest.raises(AdapterValidationError, match="missing adapter_config.json"):
+        source.put("t/b", {"adapter_model.safetensors": b"x"})
+    source.delete("t/a")
+    with pytest.raises(AdapterNotFoundError):
+        source.resolve("t/a")
+    assert source.list() == []
