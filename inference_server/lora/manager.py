@@ -21,6 +21,7 @@ from safetensors.torch import load as load_safetensors
 
 from inference_server.errors import AdapterValidationError, ResourceExhaustedError
 from inference_server.lora.packing import AdapterLayout, pack_adapter, plan_layout
+from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files
 from inference_server.lora.range_allocator import RangeAllocator
 from inference_server.lora.source import AdapterSource
 from inference_server.model.config import ModelConfig
@@ -108,17 +109,18 @@ class AdapterManager:
 
     def _load(self, adapter_id: str) -> ResidentAdapter:
         files = self.source.resolve(adapter_id)
-        layout = plan_layout(files.spec, self.config)
+        spec = parse_adapter_files(files.files, self.config)  # the base model decides what fits
+        layout = plan_layout(spec, self.config)
         if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(
                 f"adapter {adapter_id!r} needs {layout.num_elements} pool elements; the pool holds "
                 f"{self._alloc.capacity} (raise the adapter pool size)"
             )
         try:
-            tensors = load_safetensors(files.files["adapter_model.safetensors"])
+            tensors = load_safetensors(files.files[WEIGHTS_FILE])
         except Exception as e:  # safetensors raises its own error types for corrupt data
             raise AdapterValidationError(f"adapter {adapter_id!r}: cannot read adapter_model.safetensors ({e})") from e
-        flat, layout = pack_adapter(files.spec, tensors, self.config, self.dtype)
+        flat, layout = pack_adapter(spec, tensors, self.config, self.dtype)
         start = self._reserve(adapter_id, layout.num_elements)
         self.pool[start : start + flat.numel()].copy_(flat)
         ra = ResidentAdapter(adapter_id, files.info.version, start, layout)

@@ -1,0 +1,182 @@
+"""The asyncio front of the engine: ``generate`` streams token events, ``abort`` cancels.
+
+The step loop runs in its own thread (model work never blocks the event loop); adapter
+loading runs in a small thread pool (a cold adapter never blocks the step loop). Events
+cross back to the event loop with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from inference_server.engine.config import EngineConfig
+from inference_server.engine.llm_engine import LLMEngine
+from inference_server.engine.managed_adapters import ManagedAdapters
+from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
+from inference_server.errors import InvalidRequestError, ResourceExhaustedError, UnavailableError
+from inference_server.lora.manager import AdapterManager
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_name: str
+    dtype: str
+    device: str
+    max_context_len: int
+    max_batch_size: int
+    max_new_tokens_limit: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_lora_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    free_kv_blocks: int
+    total_kv_blocks: int
+    resident_adapters: int
+
+
+class AsyncEngine:
+    def __init__(
+        self, core: LLMEngine, manager: AdapterManager, adapters: ManagedAdapters, info: EngineInfo, config: EngineConfig
+    ) -> None:
+        self._core = core
+        self._manager = manager
+        self.adapters = adapters
+        self.info = info
+        self.tokenizer = core.tokenizer
+        self._config = config
+        self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._ops: list[Callable[[], None]] = []
+        self._cv = threading.Condition()
+        self._loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="adapter-loader")
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+
+    @classmethod
+    def build(cls, config: EngineConfig, model, adapters, progress: bool = True) -> "AsyncEngine":
+        """Load the model (blocking: call it in a thread) and wire the engine together."""
+        from inference_server.engine.factory import build_engine  # noqa: PLC0415
+
+        return build_engine(cls, config, model, adapters, progress)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Abort everything still running and stop the step loop."""
+        self._closing = True
+        for rid in list(self._streams):
+            self.abort(rid)
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    # -- requests ----------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream the request's token events; raises before the first event on bad input,
+        an unknown adapter, or a full queue."""
+        self._admit(request)
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        finished = False
+        try:
+            adapter = await self._acquire(request)
+            self._submit(lambda: self._add(request, adapter))
+            while True:
+                event = await queue.get()
+                finished = event.finish_reason is not None
+                yield event
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not finished:
+                self.abort(request.request_id)
+
+    def _admit(self, request: GenerationRequest) -> None:
+        if self._closing or self._thread is None:
+            raise UnavailableError("the engine is not running (starting up or shutting down)")
+        if request.stopping.max_new_tokens > self.info.max_new_tokens_limit:
+            raise InvalidRequestError(f"at most {self.info.max_new_tokens_limit}", "max_new_tokens")
+        if request.request_id in self._streams:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
+        if len(self._streams) >= self._config.max_waiting + self._config.max_num_seqs:
+            raise ResourceExhaustedError(f"request queue is full ({self._config.max_waiting} waiting)")
+        self._core.check(request)
+
+    async def _acquire(self, request: GenerationRequest):
+        if request.adapter_id is None:
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._loader, self._manager.acquire, request.adapter_id)
+
+    def _add(self, request: GenerationRequest, adapter) -> None:
+        if request.request_id not in self._streams:  # the caller left while the adapter loaded
+            if adapter is not None:
+                self._manager.release(adapter)
+            return
+        try:
+            self._core.add_request(request, adapter)
+        except Exception as e:  # checked on admission; anything here is a race, reported
+            if adapter is not None:
+                self._manager.release(adapter)
+            log.warning("request %s rejected at queueing: %s", request.request_id, e)
+            self._deliver([TokenEvent(request.request_id, (), "", finish_reason=FinishReason.ERROR)])
+
+    def abort(self, request_id: str) -> None:
+        self._submit(lambda: self._core.abort(request_id))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self._core.num_running,
+            num_waiting=self._core.num_waiting,
+            free_kv_blocks=self._core.blocks.num_free,
+            total_kv_blocks=self._core.blocks.num_blocks,
+            resident_adapters=self._manager.stats().resident,
+        )
+
+    # -- the step loop (engine thread) -----------------------------------------------------
+    def _submit(self, op: Callable[[], None]) -> None:
+        with self._cv:
+            self._ops.append(op)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._ops and not self._core.has_work() and not self._closing:
+                    self._cv.wait()
+                ops, self._ops = self._ops, []
+                if self._closing and not ops and not self._core.has_work():
+                    return
+            for op in ops:
+                op()
+            events = self._core.step()
+            if events:
+                self._deliver(events)
+
+    def _deliver(self, events: list[TokenEvent]) -> None:
+        self._loop.call_soon_threadsafe(self._dispatch, events)
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            queue = self._streams.get(event.request_id)
+            if queue is not None:
+                queue.put_nowait(event)

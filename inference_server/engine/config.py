@@ -1,0 +1,53 @@
+"""Engine configuration: one typed, validated object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Limits and sizes of one engine. ``num_kv_blocks`` None = sized from memory at start."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_fraction: float = 0.6  # of free GPU memory after weights and pool (CUDA)
+    kv_cache_cpu_bytes: int = 512 * 1024 * 1024  # CPU default when num_kv_blocks is None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None = the model's context window
+    max_new_tokens_limit: int = 4096
+    max_waiting: int = 1024
+    adapter_pool_bytes: int = 256 * 1024 * 1024
+    max_lora_rank: int = 128
+    adapter_acquire_timeout_s: float = 60.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit",
+                     "max_waiting", "adapter_pool_bytes", "kv_cache_cpu_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError(f"num_kv_blocks must be > 0, got {self.num_kv_blocks}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode each step"
+            )
+        if not 0 < self.kv_cache_memory_fraction <= 0.95:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 0.95], got {self.kv_cache_memory_fraction}")
+        if not 1 <= self.max_lora_rank <= 128:
+            raise ValueError(f"max_lora_rank must be in [1, 128], got {self.max_lora_rank}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,99 @@
+"""Incremental detokenization and stop strings.
+
+Text is produced by decoding a sliding window of token ids and emitting only what is new,
+so byte-level BPE tokens that merge across boundaries and multi-byte UTF-8 characters
+split over tokens come out whole (a window ending in U+FFFD waits for the next token).
+Stop strings cut the text exactly: text that might be the start of a stop string is held
+back until the next token decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+_CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, so merges decode right
+
+
+class Decoder(Protocol):
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, decoder: Decoder, prompt_ids: Sequence[int]) -> None:
+        self._decoder = decoder
+        self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._prefix = 0
+        self._read = len(self._ids)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (possibly empty)."""
+        self._ids.append(token_id)
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return after[len(before) :]
+        return ""
+
+    def flush(self) -> str:
+        """Text still pending at the end of generation (an incomplete character decodes as U+FFFD)."""
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return after[len(before) :] if after.startswith(before) else ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._decoder.decode(ids, skip_special_tokens=True)
+
+
+class StopStringMatcher:
+    """Accumulates output text; releases what can no longer be part of a stop string."""
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self._stops = tuple(stop_strings)
+        self._text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """All output text so far (cut before the stop string once stopped)."""
+        return self._text
+
+    def feed(self, delta: str) -> str:
+        """Add text; return the part that is safe to stream now."""
+        if self.stopped:
+            return ""
+        search_from = max(0, self._emitted - max((len(s) for s in self._stops), default=0))
+        self._text += delta
+        hit = self._first_stop(search_from)
+        if hit is not None:
+            self._text = self._text[:hit]
+            self.stopped = True
+            return self._release(len(self._text))
+        return self._release(len(self._text) - self._held_back())
+
+    def finish(self) -> str:
+        """Release everything still held back (generation ended for another reason)."""
+        return self._release(len(self._text))
+
+    def _first_stop(self, start: int) -> int | None:
+        hits = [i for s in self._stops if (i := self._text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def _held_back(self) -> int:
+        text = self._text
+        best = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:n]):
+                    best = n
+                    break
+        return best
+
+    def _release(self, upto: int) -> str:
+        upto = max(upto, self._emitted)
+        out = self._text[self._emitted : upto]
+        self._emitted = upto
+        return out

@@ -1,0 +1,73 @@
+"""Wire an engine together: load the model, size the KV cache and adapter pool, build the parts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.config import EngineConfig
+from inference_server.engine.llm_engine import LLMEngine
+from inference_server.engine.managed_adapters import ManagedAdapters
+from inference_server.engine.model_runner import ModelRunner
+from inference_server.engine.scheduler import SchedulerConfig
+from inference_server.lora.manager import AdapterManager
+from inference_server.lora.source import AdapterSource, LocalAdapterDirectory
+from inference_server.model.config import ModelConfig
+from inference_server.model.loading import ModelSource, load_checkpoint
+from inference_server.model.weights import build_model
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progress: bool = True):
+    """``adapters``: an AdapterSource, or a folder path for a LocalAdapterDirectory."""
+    ckpt = load_checkpoint(model, config.torch_dtype, progress=progress)
+    log.info("loading %s (%s) on %s", ckpt.description, config.dtype, config.device)
+    module = build_model(ckpt.config, ckpt.iter_tensors(), config.device, config.torch_dtype)
+    if isinstance(adapters, (str, Path)):
+        adapters = LocalAdapterDirectory(adapters, ckpt.config, config.max_lora_rank)
+    return assemble(cls, config, module, ckpt.config, ckpt.tokenizer, adapters)
+
+
+def assemble(cls, config: EngineConfig, module: nn.Module, model_config: ModelConfig, tokenizer, source: AdapterSource):
+    """Build the engine around an already loaded model (tests use this directly)."""
+    dtype = config.torch_dtype
+    elem = torch.tensor([], dtype=dtype).element_size()
+    manager = AdapterManager(
+        source, model_config, config.adapter_pool_bytes // elem, dtype, config.device, config.adapter_acquire_timeout_s
+    )
+    num_blocks = config.num_kv_blocks or _kv_blocks_from_memory(config, model_config, elem)
+    blocks = BlockManager(num_blocks, config.block_size)
+    max_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings,
+                  num_blocks * config.block_size)
+    runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs, config.max_num_batched_tokens)
+    eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
+    core = LLMEngine(
+        runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
+        manager.release, config.seed,
+    )
+    from inference_server.engine.async_engine import EngineInfo  # noqa: PLC0415
+
+    info = EngineInfo(
+        model_name=model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,
+        max_batch_size=config.max_num_seqs, max_new_tokens_limit=config.max_new_tokens_limit,
+        vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)), max_lora_rank=config.max_lora_rank,
+    )
+    return cls(core, manager, ManagedAdapters(source, manager, model_config, config.max_lora_rank), info, config)
+
+
+def _kv_blocks_from_memory(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
+    per_block = 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    if str(config.device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(config.device))
+        budget = int(free * config.kv_cache_memory_fraction)
+    else:
+        budget = config.kv_cache_cpu_bytes
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(f"KV cache budget of {budget} bytes holds no block of {per_block} bytes")
+    return int(blocks)

@@ -1,0 +1,164 @@
+"""The synchronous engine core: add requests, abort them, run steps, emit token events.
+
+Not thread-safe on its own: ``AsyncEngine`` drives it from one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+
+from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.detokenizer import IncrementalDetokenizer
+from inference_server.engine.model_runner import ModelRunner, StepOutput
+from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent, Timings, Usage
+from inference_server.engine.scheduler import Scheduler, SchedulerConfig
+from inference_server.engine.sequence import Sequence, SeqStatus
+from inference_server.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer,
+        scheduler_config: SchedulerConfig,
+        max_model_len: int,
+        eos_token_ids: Iterable[int],
+        release_adapter: Callable[[object], None],
+        seed: int = 0,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.blocks: BlockManager = runner.blocks
+        self.scheduler = Scheduler(scheduler_config, self.blocks)
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._release_adapter = release_adapter
+        self._seqs: dict[str, Sequence] = {}
+        self._aborted: set[str] = set()
+        self._rng = random.Random(seed)
+
+    # -- requests ---------------------------------------------------------------------
+    def check(self, request: GenerationRequest) -> None:
+        """Reject what can never run, before any work: the prompt must leave room to generate."""
+        n = len(request.prompt_token_ids)
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {n} tokens; the context window is {self.max_model_len} tokens "
+                "(prompt + generated must fit)", "prompt")
+        vocab = self.runner.config.vocab_size
+        bad = next((t for t in request.prompt_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab})", "prompt_token_ids")
+        if request.request_id in self._seqs:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
+
+    def add_request(self, request: GenerationRequest, adapter: object | None) -> None:
+        """Queue a checked request; ``adapter`` is a resident adapter reference (or None)."""
+        self.check(request)
+        seed = request.sampling.seed if request.sampling.seed is not None else self._rng.getrandbits(63)
+        generator = None if request.sampling.greedy else self.runner.make_generator(seed)
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        seq = Sequence.create(request, adapter, detok, generator)
+        self._seqs[request.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Mark for removal; the stream ends with ABORT at the next step."""
+        if request_id in self._seqs:
+            self._aborted.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        events = self._reap_aborted()
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return events
+        try:
+            out = self.runner.execute(batch.seqs, batch.num_tokens)
+        except Exception:
+            log.exception("step failed; ending its %d requests with an error", len(batch.seqs))
+            return events + [self._finish(seq, FinishReason.ERROR) for seq in batch.seqs]
+        return events + self._process(batch.seqs, batch.num_tokens, out)
+
+    def _reap_aborted(self) -> list[TokenEvent]:
+        events = [self._finish(self._seqs[rid], FinishReason.ABORT) for rid in self._aborted if rid in self._seqs]
+        self._aborted.clear()
+        return events
+
+    def _process(self, seqs: list[Sequence], num_tokens: list[int], out: StepOutput) -> list[TokenEvent]:
+        events = []
+        now = time.monotonic()
+        results = {id(s): i for i, s in enumerate(out.sampled_seqs)}
+        for seq, n, token in zip(seqs, num_tokens, out.sampled):
+            seq.num_computed += n
+            if token is None:
+                continue
+            seq.first_token = seq.first_token or now
+            seq.token_ids.append(token)
+            events.append(self._token_event(seq, token, out, results[id(seq)]))
+        return [e for e in events if e is not None]
+
+    def _token_event(self, seq: Sequence, token: int, out: StepOutput, index: int) -> TokenEvent | None:
+        reason = self._stop_reason(seq, token)
+        text = ""
+        if reason is None or reason is FinishReason.LENGTH:  # a stop/EOS token adds no text
+            text = seq.stops.feed(seq.detokenizer.push(token))
+        if reason is not None and not seq.stops.stopped:
+            text += seq.stops.feed(seq.detokenizer.flush())
+            text += seq.stops.finish()
+        if seq.stops.stopped:
+            reason = FinishReason.STOP
+        logprobs = None if out.result.logprobs[index] is None else (out.result.logprobs[index],)
+        tops = None if out.result.top_logprobs[index] is None else (out.result.top_logprobs[index],)
+        if reason is None:
+            return TokenEvent(seq.request_id, (token,), text, logprobs, tops)
+        return self._finish(seq, reason, (token,), text, logprobs, tops)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        stopping = seq.request.stopping
+        if (token in self.eos_token_ids and not stopping.ignore_eos) or token in stopping.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output >= stopping.max_new_tokens or len(seq.token_ids) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        token_ids: tuple[int, ...] = (),
+        text: str = "",
+        logprobs: tuple[float, ...] | None = None,
+        tops: tuple[dict[int, float], ...] | None = None,
+    ) -> TokenEvent:
+        self.scheduler.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        del self._seqs[seq.request_id]
+        if seq.adapter is not None:
+            self._release_adapter(seq.adapter)
+        now = time.monotonic()
+        timings = Timings(
+            queue_s=(seq.first_scheduled or now) - seq.arrival,
+            ttft_s=(seq.first_token or now) - seq.arrival,
+            total_s=now - seq.arrival,
+        )
+        usage = Usage(seq.num_prompt, seq.num_output)
+        return TokenEvent(seq.request_id, token_ids, text, logprobs, tops, reason, usage, timings)

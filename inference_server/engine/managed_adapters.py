@@ -1,0 +1,44 @@
+"""The adapter source as the server sees it: validated against the base model, and every
+change invalidates the resident copy in the pool (running requests finish on the old one)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from inference_server.lora.manager import AdapterManager
+from inference_server.lora.naming import validate_adapter_id
+from inference_server.lora.peft_format import parse_adapter_files
+from inference_server.lora.source import AdapterFiles, AdapterInfo, AdapterSource
+from inference_server.model.config import ModelConfig
+
+
+class ManagedAdapters:
+    def __init__(self, source: AdapterSource, manager: AdapterManager, base: ModelConfig, max_rank: int) -> None:
+        self.source = source
+        self._manager = manager
+        self._base = base
+        self._max_rank = max_rank
+
+    def resolve(self, adapter_id: str) -> AdapterFiles:
+        return self.source.resolve(validate_adapter_id(adapter_id))
+
+    def get(self, adapter_id: str) -> AdapterInfo:
+        return self.source.get(validate_adapter_id(adapter_id))
+
+    def list(self) -> list[AdapterInfo]:
+        return self.source.list()
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
+        """Validate against the base model, store atomically, drop any resident old version."""
+        validate_adapter_id(adapter_id)
+        parse_adapter_files(files, self._base, self._max_rank)
+        info = self.source.put(adapter_id, files)
+        self._manager.invalidate(adapter_id)
+        return info
+
+    def delete(self, adapter_id: str) -> None:
+        self.source.delete(validate_adapter_id(adapter_id))
+        self._manager.invalidate(adapter_id)
+
+    def resident_ids(self) -> list[str]:
+        return self._manager.resident_ids()

@@ -1,0 +1,98 @@
+"""The one object that owns the device: model, KV cache, LoRA tables; runs one step.
+
+Everything above it (scheduler, block manager, adapter bookkeeping) is plain Python.
+A step's sequences are ordered by adapter so that each adapter's rows are contiguous
+(one SGMV segment), then flattened into one batch of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.sampler import SampleResult, SampleRow, sample
+from inference_server.engine.sequence import Sequence
+from inference_server.lora.batch import LoraBatchBuilder
+from inference_server.lora.layers import LoraContext, attach_lora
+from inference_server.model.attention import AttentionMetadata, SequenceSpan
+from inference_server.model.config import ModelConfig
+from inference_server.model.llama import ForwardBatch
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """For each scheduled sequence (in the scheduler's order): its new token, or None when
+    this step only advanced a chunked prefill."""
+
+    sampled: list[int | None]
+    result: SampleResult | None
+    sampled_seqs: list[Sequence]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: nn.Module,
+        config: ModelConfig,
+        blocks: BlockManager,
+        adapter_pool: torch.Tensor,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.blocks = blocks
+        self.device = adapter_pool.device
+        self.dtype = adapter_pool.dtype
+        self.kv_caches = [
+            torch.zeros(2, blocks.num_blocks, blocks.block_size, config.num_kv_heads, config.head_dim,
+                        dtype=self.dtype, device=self.device)
+            for _ in range(config.num_layers)
+        ]
+        self.lora_ctx = LoraContext()
+        attach_lora(model, self.lora_ctx)
+        self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens)
+
+    @torch.inference_mode()
+    def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].adapter_key)
+        ids, positions, slots, spans, sample_rows, sample_seqs = [], [], [], [], [], []
+        row = 0
+        for i in order:
+            seq, n = seqs[i], num_tokens[i]
+            start = seq.num_computed
+            ids += seq.token_ids[start : start + n]
+            positions += range(start, start + n)
+            slots += [self.blocks.slot(seq.block_table, p) for p in range(start, start + n)]
+            ctx_slots = torch.tensor([self.blocks.slot(seq.block_table, p) for p in range(start + n)])
+            spans.append(SequenceSpan(row, n, start + n, ctx_slots.to(self.device)))
+            row += n
+            if start + n == len(seq.token_ids):
+                sample_rows.append(row - 1)
+                sample_seqs.append(seq)
+        batch = ForwardBatch(
+            positions=torch.tensor(positions, device=self.device),
+            kv_caches=self.kv_caches,
+            attn=AttentionMetadata(torch.tensor(slots, device=self.device), spans),
+        )
+        self.lora_ctx.batch = self.lora_builder.build([(num_tokens[i], seqs[i].adapter) for i in order])
+        try:
+            hidden = self.model(torch.tensor(ids, device=self.device), batch)
+        finally:
+            self.lora_ctx.batch = None
+        result = self._sample(hidden, sample_rows, sample_seqs)
+        by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids if result else [])}
+        return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
+
+    def _sample(self, hidden: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> SampleResult | None:
+        if not rows:
+            return None
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        return sample(logits, [SampleRow(s.request.sampling, s.token_ids, s.generator) for s in seqs])
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)

@@ -1,0 +1,108 @@
+"""Continuous batching (plain Python): which sequences run this step, and how many tokens.
+
+Each step first gives every running sequence its next chunk (one token for a decode, the
+rest of a prompt for a chunked prefill), then admits waiting sequences FCFS while the token
+budget, the batch size and the KV blocks allow. When blocks run out, the newest running
+sequence is preempted: its blocks are freed and it goes back to the front of the queue,
+to be recomputed later (never dropped).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_tokens: list[int]  # this step's new tokens per sequence
+    preempted: list[Sequence]
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.block_table)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch([], [], [])
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(batch, budget)
+        if not batch.preempted:
+            self._admit_waiting(batch, budget)
+        now = time.monotonic()
+        for seq in batch.seqs:
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        queue = list(self.running)
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            chunk = min(seq.num_pending, budget)
+            while not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            else:
+                self.blocks.grow(seq.block_table, seq.num_computed + chunk)
+                batch.seqs.append(seq)
+                batch.num_tokens.append(chunk)
+                budget -= chunk
+        return budget
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.block_table)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            chunk = min(seq.num_pending, budget)
+            if not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
+                break  # FCFS: the head waits for blocks, nobody overtakes it
+            self.waiting.popleft()
+            self.blocks.grow(seq.block_table, seq.num_computed + chunk)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_tokens.append(chunk)
+            budget -= chunk

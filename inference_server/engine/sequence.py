@@ -1,0 +1,66 @@
+"""A request's life inside the engine (plain Python, no torch tensors)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from inference_server.engine.request import FinishReason, GenerationRequest
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request: GenerationRequest
+    adapter: Any  # ResidentAdapter | None: the engine releases it when the sequence ends
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    generator: Any = None  # torch.Generator for seeded sampling, else None
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose keys/values are in the cache
+    block_table: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+
+    @classmethod
+    def create(cls, request: GenerationRequest, adapter: Any, detok: IncrementalDetokenizer, generator: Any) -> "Sequence":
+        seq = cls(request, adapter, detok, StopStringMatcher(request.stopping.stop_strings), generator)
+        seq.token_ids = list(request.prompt_token_ids)
+        return seq
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt :]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens not yet in the cache (the prompt, or after a preemption, everything)."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def adapter_key(self) -> str:
+        return self.request.adapter_id or ""

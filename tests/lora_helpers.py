@@ -1,0 +1,102 @@
+"""Test helpers: PEFT adapters made with the peft library, the transformers greedy
+reference, and an in-process engine built around a loaded model."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+from pathlib import Path
+
+import torch
+
+from inference_server.engine.async_engine import AsyncEngine
+from inference_server.engine.config import EngineConfig
+from inference_server.engine.factory import assemble
+from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria, TokenEvent
+from inference_server.lora.source import LocalAdapterDirectory
+from inference_server.model.loading import ModelSource, load_checkpoint
+from inference_server.model.weights import build_model
+
+# Four adapters that exercise the PEFT features the engine must honour.
+ADAPTER_CONFIGS = {
+    "attn-r8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    "all-r16-rslora": dict(
+        r=16, lora_alpha=8, use_rslora=True,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    ),
+    "mlp-r64": dict(r=64, lora_alpha=32, target_modules=["gate_proj", "up_proj", "down_proj"]),
+    "layers-r4": dict(
+        r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"], layers_to_transform=[0, 2],
+        rank_pattern={"down_proj": 2}, alpha_pattern={"o_proj": 2},
+    ),
+}
+
+
+def make_peft_adapter(hf_model, out: Path, lora_kwargs: dict, seed: int, std: float) -> Path:
+    """Save a PEFT LoRA adapter with random non-zero A and B (std ``std``) for ``hf_model``."""
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(copy.deepcopy(hf_model), LoraConfig(**lora_kwargs))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    peft_model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy tokens, one at a time with its KV cache; EOS neither stops nor is
+    masked (the engine's ``ignore_eos``). Works across the transformers 4/5 cache renames."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    tokens: list[int] = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        for _ in range(n):
+            tokens.append(int(out.logits[0, -1].argmax()))
+            cache = getattr(out, name)
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), use_cache=True, **{name: cache})
+    return tokens
+
+
+def load_engine(model_path: str | Path, adapter_dir: Path, **config) -> AsyncEngine:
+    """An AsyncEngine (not started) over a model folder/file and a local adapter directory."""
+    cfg = EngineConfig(**{"num_kv_blocks": 256, "block_size": 16, **config})
+    ckpt = load_checkpoint(ModelSource(path=str(model_path)), cfg.torch_dtype)
+    model = build_model(ckpt.config, ckpt.iter_tensors(), cfg.device, cfg.torch_dtype)
+    return assemble(AsyncEngine, cfg, model, ckpt.config, ckpt.tokenizer, LocalAdapterDirectory(adapter_dir, ckpt.config))
+
+
+def greedy_request(rid: str, prompt: list[int], adapter: str | None, n: int, **stop) -> GenerationRequest:
+    return GenerationRequest(
+        rid, tuple(prompt), adapter, SamplingParams(), StoppingCriteria(max_new_tokens=n, ignore_eos=True, **stop)
+    )
+
+
+async def collect(engine: AsyncEngine, request: GenerationRequest) -> list[TokenEvent]:
+    return [event async for event in engine.generate(request)]
+
+
+def run_all(engine: AsyncEngine, requests: list[GenerationRequest]) -> dict[str, list[TokenEvent]]:
+    """Start the engine, run all requests concurrently, stop it; events by request id."""
+
+    async def main() -> dict[str, list[TokenEvent]]:
+        await engine.start()
+        try:
+            results = await asyncio.gather(*(collect(engine, r) for r in requests))
+        finally:
+            await engine.shutdown()
+        return {r.request_id: events for r, events in zip(requests, results)}
+
+    return asyncio.run(main())
+
+
+def tokens_of(events: list[TokenEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+def text_of(events: list[TokenEvent]) -> str:
+    return "".join(e.text for e in events)
