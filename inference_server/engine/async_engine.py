@@ -44,6 +44,7 @@ class EngineStats:
     free_kv_blocks: int
     total_kv_blocks: int
     resident_adapters: int
+    preemptions: int
 
 
 class AsyncEngine:
@@ -150,6 +151,7 @@ class AsyncEngine:
             free_kv_blocks=self._core.blocks.num_free,
             total_kv_blocks=self._core.blocks.num_blocks,
             resident_adapters=self._manager.stats().resident,
+            preemptions=self._core.num_preemptions,
         )
 
     # -- the step loop (engine thread) -----------------------------------------------------

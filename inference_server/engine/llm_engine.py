@@ -81,6 +81,10 @@ class LLMEngine:
         return len(self.scheduler.running)
 
     @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 

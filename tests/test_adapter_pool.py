@@ -1,0 +1,117 @@
+"""Adapter pool bookkeeping: range allocator, LRU eviction, reference counts, invalidation."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inference_server.errors import AdapterNotFoundError, ResourceExhaustedError
+from inference_server.lora.manager import AdapterManager
+from inference_server.lora.packing import plan_layout
+from inference_server.lora.range_allocator import RangeAllocator
+from inference_server.lora.source import LocalAdapterDirectory
+from inference_server.model.config import ModelConfig
+from lora_helpers import make_peft_adapter
+
+CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 500)), min_size=1, max_size=300))
+def test_range_allocator_accounting_is_exact(ops: list[tuple[bool, int]]) -> None:
+    alloc = RangeAllocator(8192, align=16)
+    live: dict[int, int] = {}
+    for do_free, size in ops:
+        if do_free and live:
+            start = sorted(live)[size % len(live)]
+            alloc.free(start)
+            del live[start]
+        else:
+            start = alloc.alloc(size)
+            if start is not None:
+                live[start] = -(-size // 16) * 16
+    assert alloc.used == sum(live.values())
+    spans = sorted(live.items())
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:])), "ranges overlap"
+    for start in list(live):
+        alloc.free(start)
+    assert alloc.used == 0 and alloc.largest_free == 8192
+
+
+@pytest.fixture(scope="module")
+def adapter_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in CFG.to_hf().items() if k != "architectures"}))
+    root = tmp_path_factory.mktemp("pool-adapters")
+    for i in range(6):
+        make_peft_adapter(hf, root / f"a{i}", dict(r=8, target_modules=["q_proj", "down_proj"]),
+                          seed=i, std=0.1)
+    return root
+
+
+def _manager(root: Path, adapters_fit: int) -> AdapterManager:
+    source = LocalAdapterDirectory(root, CFG)
+    biggest = max(plan_layout(source.resolve(f"a{i}").spec, CFG).num_elements for i in range(6))
+    return AdapterManager(source, CFG, biggest * adapters_fit + 64 * 16, torch.float32, "cpu", acquire_timeout_s=1.0)
+
+
+def test_lru_evicts_the_least_recently_used_idle_adapter(adapter_root: Path) -> None:
+    mgr = _manager(adapter_root, 3)
+    for name in ("a0", "a1", "a2"):
+        mgr.release(mgr.acquire(name))
+    mgr.release(mgr.acquire("a0"))  # a0 becomes most recent
+    mgr.release(mgr.acquire("a3"))  # evicts a1, the least recent
+    assert set(mgr.resident_ids()) == {"a0", "a2", "a3"}
+    assert mgr.stats().evictions == 1
+
+
+def test_adapters_in_use_are_never_evicted_and_a_full_pool_waits(adapter_root: Path) -> None:
+    mgr = _manager(adapter_root, 2)
+    held = [mgr.acquire("a0"), mgr.acquire("a1")]
+    with pytest.raises(ResourceExhaustedError, match="in-use"):
+        mgr.acquire("a2")  # bounded wait, then a clear error
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(mgr.acquire("a2")))
+    waiter.start()
+    mgr.release(held[0])  # frees room: the waiter proceeds
+    waiter.join(timeout=5)
+    assert got and got[0].adapter_id == "a2"
+    assert set(mgr.resident_ids()) == {"a1", "a2"}
+
+
+def test_pool_contents_match_the_packed_adapter(adapter_root: Path) -> None:
+    mgr = _manager(adapter_root, 2)
+    ra = mgr.acquire("a4")
+    n = ra.layout.num_elements
+    from safetensors.torch import load_file
+
+    tensors = load_file(adapter_root / "a4" / "adapter_model.safetensors")
+    a = tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"]  # [r, in]
+    r, fan_in = a.shape
+    start = ra.a_offsets[0] + 1 * fan_in * r
+    assert torch.equal(mgr.pool[start : start + fan_in * r].view(fan_in, r), a.t())
+    assert mgr.stats().used_elements >= n
+
+
+def test_invalidate_keeps_the_running_copy_until_released(adapter_root: Path) -> None:
+    mgr = _manager(adapter_root, 3)
+    old = mgr.acquire("a0")
+    mgr.invalidate("a0")
+    assert "a0" not in mgr.resident_ids() and old.stale
+    new = mgr.acquire("a0")
+    assert new is not old and new.start != old.start
+    used = mgr.stats().used_elements
+    mgr.release(old)
+    assert mgr.stats().used_elements < used
+
+
+def test_unknown_adapter_is_not_found(adapter_root: Path) -> None:
+    with pytest.raises(AdapterNotFoundError):
+        _manager(adapter_root, 1).acquire("missing")

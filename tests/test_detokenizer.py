@@ -1,0 +1,64 @@
+"""Incremental detokenization and stop strings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from inference_server.model.tokenizer import Tokenizer
+
+TEXTS = [
+    "Hello, world! 你好，世界。",
+    "Emoji: 🦀🐍🚀 and accents: café naïve résumé",
+    "   leading spaces and\nnew\tlines  ",
+    "def f(x):\n    return x ** 2  # math ✓",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer_dir) -> Tokenizer:
+    return Tokenizer.from_folder(smollm2_tokenizer_dir)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_text_equals_one_decode_and_never_splits_a_character(tokenizer: Tokenizer, text: str) -> None:
+    prompt = tokenizer.encode("Say:")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    deltas = [detok.push(t) for t in ids] + [detok.flush()]
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_random_byte_tokens_stream_like_a_full_decode(tokenizer: Tokenizer) -> None:
+    rng = random.Random(0)
+    ids = [rng.randrange(tokenizer.vocab_size) for _ in range(300)]
+    detok = IncrementalDetokenizer(tokenizer, [])
+    streamed = "".join(detok.push(t) for t in ids) + detok.flush()
+    assert streamed == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _stream(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
+    matcher = StopStringMatcher(stops)
+    out = "".join(matcher.feed(p) for p in pieces)
+    if not matcher.stopped:
+        out += matcher.finish()
+    return out, matcher.stopped
+
+
+def test_stop_string_split_over_pieces_is_cut_exactly() -> None:
+    assert _stream(["STOP"], ["abc S", "T", "OP and more"]) == ("abc ", True)
+
+
+def test_text_that_only_looks_like_a_stop_prefix_is_released() -> None:
+    assert _stream(["STOP"], ["abc ST", "ay here"]) == ("abc STay here", False)
+
+
+def test_earliest_of_several_stop_strings_wins() -> None:
+    assert _stream(["xyz", "b"], ["a", "bcxyz"]) == ("a", True)
+
+
+def test_held_back_prefix_is_released_at_the_end() -> None:
+    assert _stream(["STOP"], ["end ST"]) == ("end ST", False)

@@ -1,0 +1,114 @@
+"""PEFT adapter validation and the local adapter directory (atomic versions)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
+from inference_server.lora.naming import validate_adapter_id
+from inference_server.lora.peft_format import parse_adapter_files
+from inference_server.lora.source import LocalAdapterDirectory
+from inference_server.model.config import ModelConfig
+
+CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8)
+PREFIX = "base_model.model.model.layers"
+
+
+def _files(r: int = 4, config: dict | None = None, tensors: dict | None = None) -> dict[str, bytes]:
+    cfg = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "down_proj"], **(config or {})}
+    if tensors is None:
+        tensors = {}
+        for layer in range(2):
+            tensors[f"{PREFIX}.{layer}.self_attn.q_proj.lora_A.weight"] = torch.randn(r, 32)
+            tensors[f"{PREFIX}.{layer}.self_attn.q_proj.lora_B.weight"] = torch.randn(32, r)
+            tensors[f"{PREFIX}.{layer}.mlp.down_proj.lora_A.weight"] = torch.randn(r, 48)
+            tensors[f"{PREFIX}.{layer}.mlp.down_proj.lora_B.weight"] = torch.randn(32, r)
+    return {"adapter_config.json": json.dumps(cfg).encode(), "adapter_model.safetensors": save(tensors)}
+
+
+def test_valid_adapter_spec() -> None:
+    spec = parse_adapter_files(_files(), CFG)
+    assert spec.rank == 4 and spec.target_modules == ("q_proj", "down_proj") and len(spec.modules) == 4
+    assert all(m.scale == 2.0 for m in spec.modules)
+    rs = parse_adapter_files(_files(config={"use_rslora": True}), CFG)
+    assert rs.modules[0].scale == pytest.approx(8 / 2.0)
+
+
+@pytest.mark.parametrize(
+    ("files", "words"),
+    [
+        ({"adapter_config.json": b"{}"}, "missing adapter_model.safetensors"),
+        ({"adapter_model.safetensors": b"x" * 16}, "missing adapter_config.json"),
+        ({**_files(), "adapter_model.bin": b"pickle"}, "pickle"),
+        (_files(config={"use_dora": True}), "DoRA"),
+        (_files(config={"modules_to_save": ["lm_head"]}), "modules_to_save"),
+        (_files(config={"bias": "all"}), "bias"),
+        (_files(config={"target_modules": ["embed_tokens"]}), "embedding"),
+        (_files(config={"peft_type": "IA3"}), "IA3"),
+        (_files(config={"r": 0}), "r must be a positive integer"),
+        ({**_files(), "adapter_config.json": b"\xff\xfe"}, "not valid JSON"),
+        ({**_files(), "adapter_model.safetensors": _files()["adapter_model.safetensors"][:-7]}, "truncated"),
+        ({**_files(), "adapter_model.safetensors": struct.pack("<Q", 10**6) + b"{}"}, "truncated or corrupt"),
+        (_files(tensors={f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 32)}), "lora_B weight is missing"),
+        (_files(tensors={"base_model.model.lm_head.lora_A.weight": torch.randn(4, 32)}), "not a LoRA A/B weight"),
+        (_files(tensors={f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 32),
+                         f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": torch.randn(32, 3)}), "declared rank 4"),
+        (_files(tensors={f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 20),
+                         f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": torch.randn(32, 4)}), "takes 32 inputs"),
+        (_files(tensors={f"{PREFIX}.7.self_attn.q_proj.lora_A.weight": torch.randn(4, 32),
+                         f"{PREFIX}.7.self_attn.q_proj.lora_B.weight": torch.randn(32, 4)}), "only 2 layers"),
+        (_files(r=200), "outside the supported range"),
+        (_files(tensors={f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 32).to(torch.int32),
+                         f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": torch.randn(32, 4)}), "dtype"),
+    ],
+)
+def test_bad_adapters_are_rejected_with_a_clear_message(files: dict[str, bytes], words: str) -> None:
+    with pytest.raises(AdapterValidationError, match=words):
+        parse_adapter_files(files, CFG)
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b/c", ".hidden", "a b", "x" * 200, "t/..", "é", None, "-a"])
+def test_bad_adapter_ids_are_rejected(bad) -> None:
+    with pytest.raises(InvalidRequestError):
+        validate_adapter_id(bad)
+
+
+def test_local_directory_put_replaces_atomically_and_delete_removes(tmp_path: Path) -> None:
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    first = store.put("acme/support", _files())
+    second = store.put("acme/support", _files())
+    assert first.version != second.version
+    assert store.get("acme/support").version == second.version
+    assert [i.adapter_id for i in store.list()] == ["acme/support"]
+    assert len(list((tmp_path / ".versions").iterdir())) == 1, "the old version is removed"
+    store.delete("acme/support")
+    with pytest.raises(AdapterNotFoundError):
+        store.get("acme/support")
+    assert store.list() == []
+
+
+def test_local_directory_failed_put_leaves_nothing(tmp_path: Path) -> None:
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    store.put("keep", _files())
+    with pytest.raises(AdapterValidationError):
+        store.put("keep", _files(config={"use_dora": True}))
+    with pytest.raises(AdapterValidationError):
+        store.put("new", _files(r=0))
+    assert [i.adapter_id for i in store.list()] == ["keep"]
+    assert not any((tmp_path / ".staging").glob("*"))
+
+
+def test_local_directory_reads_hand_made_peft_folders(tmp_path: Path) -> None:
+    folder = tmp_path / "team" / "manual"
+    folder.mkdir(parents=True)
+    for name, data in _files().items():
+        (folder / name).write_bytes(data)
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    assert store.get("team/manual").rank == 4
