@@ -167,6 +167,41 @@ def run_case(h_in, h_out, rank, batch, workload, methods, gen):
     return out
 
 
+def breakdown(gen) -> None:
+    """Per-kernel device time: an empty CuPy kernel, then shrink alone / expand alone."""
+    import cupy  # noqa: PLC0415
+
+    from kernels.cuda._checks import check_args  # noqa: PLC0415
+    from kernels.cuda._launch import Call, launch, make_plan  # noqa: PLC0415
+
+    rt = kcuda.default_cache().get(torch.device("cuda", torch.cuda.current_device()))
+    nop = cupy.RawKernel('extern "C" __global__ void nop(int* p) { if (p) *p = 0; }', "nop")
+
+    def empty():
+        with rt.stream():
+            nop((1,), (32,), (0,))
+
+    print(f"# empty CuPy kernel in a graph: {time_graph([empty], 64):.2f} us", flush=True)
+    for h_in, h_out, r, b, w in ((4096, 4096, 16, 1, "distinct"), (4096, 4096, 16, 64, "distinct"),
+                                 (4096, 4096, 16, 64, "identical"), (4096, 4096, 16, 4096, "prefill4096"),
+                                 (4096, 4096, 128, 4096, "prefill1024")):
+        rows_adapter = workload_rows(w, b, gen)
+        pool, sets = build(h_in, h_out, r, rows_adapter, 4, gen)
+        x = torch.randn(b, h_in, device="cuda", dtype=DT)
+        y = torch.randn(b, h_out, device="cuda", dtype=DT)
+        ws = torch.empty(1, b, r, device="cuda", dtype=DT)
+        line = []
+        for only in (None, "shrink", "expand"):
+            fns = []
+            for s in sets:
+                c = Call(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, ws)
+                prob = check_args(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, 0, (h_out,), ws)
+                plan = make_plan(prob, 0, prob.nslots)
+                fns.append(lambda c=c, prob=prob, plan=plan, only=only: launch(rt, plan, prob, c, only))
+            line.append(f"{only or 'both'}={time_graph(fns, 16):.1f}")
+        print(f"# breakdown {h_in}x{h_out} r{r} B{b} {w}: {' '.join(line)} plan={plan}", flush=True)
+
+
 def measure_copy_bandwidth() -> float:
     a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
@@ -199,10 +234,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--breakdown-only", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     bw = measure_copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()} copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    breakdown(gen)
+    if args.breakdown_only:
+        return
     results = []
     for h_in, h_out, r, b, w, methods in cases(args.quick):
         res = run_case(h_in, h_out, r, b, w, methods, gen)

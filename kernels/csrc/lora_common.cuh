@@ -86,23 +86,42 @@ struct LoraItem {
   int nrows;
 };
 
-__device__ __forceinline__ int seg_tiles(const int* seg, int i, int rows, int bm) {
+// Tiles of bm rows of segment i beyond its first one (rows clamped to [0, rows)).
+__device__ __forceinline__ int seg_extra_tiles(const int* seg, int i, int rows, int bm) {
   const int lo = max(0, min(seg[i], rows));
   const int hi = max(lo, min(seg[i + 1], rows));
-  return (hi - lo + bm - 1) / bm;
+  return hi - lo > bm ? (hi - lo - 1) / bm : 0;
 }
 
-// SGMV: the item-th tile of bm rows, counting the tiles of every non-empty segment in order.
-// Every thread of the block must call it (it scans seg in shared memory). slot = -1: none.
+// SGMV work items. Item i < nseg is the first tile (bm rows at most) of segment i: found
+// with two loads, no scan, so decode batches (short segments) pay one memory round trip.
+// Item nseg + j is the j-th further tile, counting the further tiles of every segment in
+// order (a block-wide scan of seg in shared memory; every thread of the block calls this).
+// slot = -1: no such tile (empty segment, or past the last tile).
 __device__ LoraItem sgmv_item(const int* seg, int nseg, int rows, int item, int bm) {
+  LoraItem it;
+  it.slot = -1;
+  it.row0 = 0;
+  it.nrows = 0;
+  if (item < nseg) {
+    const int lo = max(0, min(seg[item], rows));
+    const int hi = max(lo, min(seg[item + 1], rows));
+    if (hi > lo) {
+      it.slot = item;
+      it.row0 = lo;
+      it.nrows = min(bm, hi - lo);
+    }
+    return it;
+  }
   __shared__ int s_warp[LORA_THREADS / 32];
   __shared__ LoraItem s_item;
+  const int extra = item - nseg;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid == 0) s_item.slot = -1;
+  if (tid == 0) s_item = it;
   const int per = (nseg + LORA_THREADS - 1) / LORA_THREADS;
   const int lo = min(nseg, tid * per), hi = min(nseg, lo + per);
   int local = 0;
-  for (int i = lo; i < hi; ++i) local += seg_tiles(seg, i, rows, bm);
+  for (int i = lo; i < hi; ++i) local += seg_extra_tiles(seg, i, rows, bm);
   int incl = local;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -111,16 +130,15 @@ __device__ LoraItem sgmv_item(const int* seg, int nseg, int rows, int item, int 
   }
   if (lane == 31) s_warp[warp] = incl;
   __syncthreads();
-  int base = 0;
-  for (int w = 0; w < warp; ++w) base += s_warp[w];
-  int acc = base + incl - local;
-  if (item >= acc && item < acc + local) {
+  int acc = incl - local;
+  for (int w = 0; w < warp; ++w) acc += s_warp[w];
+  if (extra >= acc && extra < acc + local) {
     for (int i = lo; i < hi; ++i) {
-      const int c = seg_tiles(seg, i, rows, bm);
-      if (item < acc + c) {
+      const int c = seg_extra_tiles(seg, i, rows, bm);
+      if (extra < acc + c) {
         const int start = max(0, min(seg[i], rows));
         const int end = max(start, min(seg[i + 1], rows));
-        const int row0 = start + (item - acc) * bm;
+        const int row0 = start + (1 + extra - acc) * bm;
         s_item.slot = i;
         s_item.row0 = row0;
         s_item.nrows = min(bm, end - row0);
@@ -146,26 +164,32 @@ __device__ __forceinline__ LoraItem bgmv_item(const int* row_slot, int rows, int
   return it;
 }
 
+// Uniform per block: the branch on mode and on item < ntable is the same for all threads.
 __device__ __forceinline__ LoraItem find_item(int mode, const int* table, int ntable, int rows,
                                               int item, int bm, int nslots) {
   if (mode == 0) return sgmv_item(table, ntable, rows, item, bm);
   return bgmv_item(table, rows, item, nslots);
 }
 
+// The slot an item has when it is a direct SGMV item (item < S): its tables can be read
+// before (in parallel with) the segment bounds. -1 otherwise.
+__device__ __forceinline__ int direct_slot(int mode, int ntable, int item) {
+  return (mode == 0 && item < ntable) ? item : -1;
+}
+
 // Eight consecutive 16-bit values from global memory: one 16-byte load when `vec` (caller
-// checked alignment and that all eight are in range), else element loads of the first
-// `valid` values and zeros after.
+// checked alignment) and all eight are in range, else element loads of the first `valid`
+// values and zeros after (out of line: rare, and it keeps the kernels' code small).
+__device__ __noinline__ uint4 load8_slow(const u16* src, int valid) {
+  u32 w[4] = {0, 0, 0, 0};
+  for (int e = 0; e < valid && e < 8; ++e) w[e >> 1] |= ((u32)src[e]) << ((e & 1) * 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 __device__ __forceinline__ uint4 load8(const u16* src, bool vec, int valid) {
   if (vec && valid >= 8) return *(const uint4*)src;
-  u16 v[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = e < valid ? src[e] : (u16)0;
-  uint4 r;
-  r.x = (u32)v[0] | ((u32)v[1] << 16);
-  r.y = (u32)v[2] | ((u32)v[3] << 16);
-  r.z = (u32)v[4] | ((u32)v[5] << 16);
-  r.w = (u32)v[6] | ((u32)v[7] << 16);
-  return r;
+  if (valid <= 0) return make_uint4(0, 0, 0, 0);
+  return load8_slow(src, valid);
 }
 
 __device__ __forceinline__ u16 u4_get(const uint4& v, int e) {

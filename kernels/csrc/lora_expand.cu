@@ -37,26 +37,50 @@ __device__ __forceinline__ void expand_body(
 #pragma unroll
   for (int q = 1; q < LORA_MAX_SLICES; ++q)
     if (q < nslices && tile >= sl.tile0[q]) p = q;
+  const int guess = direct_slot(mode, ntable, item);
+  int r = 0;
+  i64 boff = 0;
+  float scale = 0.f;
+  if (guess >= 0) {  // loads in flight together with the segment bounds
+    r = ranks[p * nslots + guess];
+    boff = b_off[p * nslots + guess];
+    scale = scales[p * nslots + guess];
+  }
   const LoraItem it = find_item(mode, table, ntable, rows, item, BM, nslots);
   if (it.slot < 0) return;
-  const int r = ranks[p * nslots + it.slot];
+  if (it.slot != guess) {
+    r = ranks[p * nslots + it.slot];
+    boff = b_off[p * nslots + it.slot];
+    scale = scales[p * nslots + it.slot];
+  }
   if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-  const float scale = scales[p * nslots + it.slot];
   const int w = sl.width[p], n0 = (tile - sl.tile0[p]) * BN;
-  const u16* B = pool + b_off[p * nslots + it.slot] + (i64)layer * r * w;
+  const u16* B = pool + boff + (i64)layer * r * w;
+  constexpr int VPR = BN / 8, YV = (BM * VPR + LORA_THREADS - 1) / LORA_THREADS;
+  // y tile loads go out first: the read-modify-write at the end then waits on nothing.
+  u16* ybase = y + (i64)it.row0 * y_stride + sl.col[p] + n0;
+  const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0);
+  uint4 yv[YV];
+#pragma unroll
+  for (int u = 0; u < YV; ++u) {
+    const int v = tid + u * LORA_THREADS, m = v / VPR, n = (v - m * VPR) * 8;
+    yv[u] = (y_vec && m < it.nrows && n0 + n + 8 <= w) ? *(const uint4*)(ybase + (i64)m * y_stride + n)
+                                                       : make_uint4(0, 0, 0, 0);
+  }
   const int rp16 = (r + 15) & ~15;
 
   // Stage v [BM][rp16] and B [rp16][BN]; zeros outside (rows, r, w) so padding adds 0.
   const u16* vsrc = ws + p * ws_pstride + (i64)it.row0 * R;
   const bool v_vec = ((((u64)vsrc) & 15) == 0) && ((R & 7) == 0);
-  for (int v = tid; v < BM * (rp16 >> 3); v += LORA_THREADS) {
-    const int m = v / (rp16 >> 3), k = (v - m * (rp16 >> 3)) * 8;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (m < it.nrows) val = load8(vsrc + (i64)m * R + k, v_vec, r - k);
-    *(uint4*)(vs + m * S::LDV + k) = val;
+  constexpr int VV = (BM * LORA_MAX_RANK / 8 + LORA_THREADS - 1) / LORA_THREADS;
+  const int vrow = rp16 >> 3;  // vectors per v row
+  uint4 vv[VV];
+#pragma unroll
+  for (int u = 0; u < VV; ++u) {  // loads first (in flight with B's), stores after B's
+    const int v = tid + u * LORA_THREADS, m = v / vrow, k = (v - m * vrow) * 8;
+    vv[u] = (m < it.nrows && m < BM) ? load8(vsrc + (i64)m * R + k, v_vec, r - k) : make_uint4(0, 0, 0, 0);
   }
   const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
-  constexpr int VPR = BN / 8;
   for (int v0 = tid; v0 < rp16 * VPR; v0 += LORA_THREADS * 4) {
     uint4 bv[4];
 #pragma unroll
@@ -70,6 +94,11 @@ __device__ __forceinline__ void expand_body(
       const int v = v0 + u * LORA_THREADS, k = v / VPR, n = (v - k * VPR) * 8;
       if (v < rp16 * VPR) *(uint4*)(bs + k * S::LDB + n) = bv[u];
     }
+  }
+#pragma unroll
+  for (int u = 0; u < VV; ++u) {
+    const int v = tid + u * LORA_THREADS, m = v / vrow, k = (v - m * vrow) * 8;
+    if (m < BM) *(uint4*)(vs + m * S::LDV + k) = vv[u];
   }
   __syncthreads();
 
@@ -108,17 +137,15 @@ __device__ __forceinline__ void expand_body(
   __syncthreads();
 
   // y += C: 8 columns per thread and step, 16-byte read-modify-write where aligned.
-  u16* ybase = y + (i64)it.row0 * y_stride + sl.col[p] + n0;
-  const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0);
-  for (int v = tid; v < it.nrows * VPR; v += LORA_THREADS) {
-    const int m = v / VPR, n = (v - m * VPR) * 8, valid = min(8, w - n0 - n);
-    if (valid <= 0) continue;
+#pragma unroll
+  for (int u = 0; u < YV; ++u) {
+    const int v = tid + u * LORA_THREADS, m = v / VPR, n = (v - m * VPR) * 8, valid = min(8, w - n0 - n);
+    if (m >= it.nrows || valid <= 0) continue;
     u16* dst = ybase + (i64)m * y_stride + n;
     const float* c = cs + m * S::LDC + n;
     if (y_vec && valid == 8) {
-      uint4 old = *(const uint4*)dst;
       u32 out[4];
-      const u32 in[4] = {old.x, old.y, old.z, old.w};
+      const u32 in[4] = {yv[u].x, yv[u].y, yv[u].z, yv[u].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float lo = to_f32<DT>((u16)(in[e] & 0xffffu)) + c[2 * e];

@@ -2,22 +2,16 @@
 //   v = round(sum_j partial_j)            (the split-K shrink partials, fp32 -> x's dtype)
 //   y[rows, c_p + n] += scale * (v[rows, :r] @ B_slot(layer))[:, n]
 //
-// Grid (column tiles of 1024 over all slices, items of <= 4 rows). Each thread owns 8
-// consecutive output columns: it issues its y loads and the first 16 rows of B (16-byte
-// loads) before waiting for v, so one block has one memory round trip for r <= 16.
+// Grid (column tiles of 256 over all slices, items of <= 4 rows). Four threads share 8
+// consecutive output columns and split k (k = kt, kt+4, ...), then reduce with two warp
+// shuffles. Each thread issues its B loads (and y loads) before summing v, so a block
+// costs about one memory round trip for r <= 16.
 #include "lora_common.cuh"
 
 #define DEC_ROWS 4
-#define DEC_COLS (LORA_THREADS * 8)
-#define DEC_KCHUNK 16
-
-template <int DT>
-__device__ __forceinline__ void load_b_chunk(uint4* bv, const u16* B, int w, int n, int k0, int r,
-                                             bool vec, int valid) {
-#pragma unroll
-  for (int u = 0; u < DEC_KCHUNK; ++u)
-    bv[u] = (k0 + u < r && valid > 0) ? load8(B + (i64)(k0 + u) * w + n, vec, valid) : make_uint4(0, 0, 0, 0);
-}
+#define DEC_KT 4                                   // threads splitting k per column group
+#define DEC_COLS (LORA_THREADS / DEC_KT * 8)       // 256 columns per block
+#define DEC_KU 4                                   // k rows per thread per round (loads in flight)
 
 template <int DT>
 __device__ __forceinline__ void expand_dec_body(
@@ -26,53 +20,71 @@ __device__ __forceinline__ void expand_dec_body(
     const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
     i64 y_stride, int nslices, const SliceTable& sl, int mode) {
   __shared__ float vsh[DEC_ROWS][LORA_MAX_RANK];
-  const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x;
+  const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, kt = tid & (DEC_KT - 1);
   int p = 0;
 #pragma unroll
   for (int q = 1; q < LORA_MAX_SLICES; ++q)
     if (q < nslices && tile >= sl.tile0[q]) p = q;
+  const int guess = direct_slot(mode, ntable, item);
+  int r = 0;
+  i64 boff = 0;
+  float scale = 0.f;
+  if (guess >= 0) {  // loads in flight together with the segment bounds
+    r = ranks[p * nslots + guess];
+    boff = b_off[p * nslots + guess];
+    scale = scales[p * nslots + guess];
+  }
   const LoraItem it = find_item(mode, table, ntable, rows, item, DEC_ROWS, nslots);
   if (it.slot < 0) return;
-  const int r = ranks[p * nslots + it.slot];
+  if (it.slot != guess) {
+    r = ranks[p * nslots + it.slot];
+    boff = b_off[p * nslots + it.slot];
+    scale = scales[p * nslots + it.slot];
+  }
   if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-  const float scale = scales[p * nslots + it.slot];
-  const int w = sl.width[p], n = (tile - sl.tile0[p]) * DEC_COLS + tid * 8;
+  const int w = sl.width[p], n = (tile - sl.tile0[p]) * DEC_COLS + (tid / DEC_KT) * 8;
   const int valid = min(8, w - n);
-  const u16* B = pool + b_off[p * nslots + it.slot] + (i64)layer * r * w;
+  const u16* B = pool + boff + (i64)layer * r * w + n;
   const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
   u16* ybase = y + (i64)it.row0 * y_stride + sl.col[p] + n;
   const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0) && valid == 8;
 
-  uint4 bv[DEC_KCHUNK], yv[DEC_ROWS];
-  load_b_chunk<DT>(bv, B, w, n, 0, r, b_vec, valid);
+  uint4 yv[DEC_ROWS];
 #pragma unroll
   for (int m = 0; m < DEC_ROWS; ++m)
-    yv[m] = (y_vec && m < it.nrows) ? *(const uint4*)(ybase + (i64)m * y_stride) : make_uint4(0, 0, 0, 0);
-  for (int o = tid; o < it.nrows * r; o += LORA_THREADS) {
-    const int m = o / r, k = o - m * r;
-    const float s = sum_partials(part, p, ksplit, rows, R, it.row0 + m, k);
-    vsh[m][k] = to_f32<DT>(from_f32<DT>(s));  // v is rounded to x's dtype, as the reference
-  }
-  __syncthreads();
-  if (valid <= 0) return;
-
+    yv[m] = (kt == 0 && y_vec && m < it.nrows) ? *(const uint4*)(ybase + (i64)m * y_stride)
+                                               : make_uint4(0, 0, 0, 0);
   float acc[DEC_ROWS][8];
 #pragma unroll
   for (int m = 0; m < DEC_ROWS; ++m)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[m][e] = 0.f;
-  for (int k0 = 0; k0 < r; k0 += DEC_KCHUNK) {
-    if (k0 > 0) load_b_chunk<DT>(bv, B, w, n, k0, r, b_vec, valid);
+  for (int k0 = 0; k0 < r; k0 += DEC_KT * DEC_KU) {
+    uint4 bv[DEC_KU];
 #pragma unroll
-    for (int u = 0; u < DEC_KCHUNK; ++u) {
-      if (k0 + u < r) {
+    for (int u = 0; u < DEC_KU; ++u) {
+      const int k = k0 + kt + u * DEC_KT;
+      bv[u] = (k < r && valid > 0) ? load8(B + (i64)k * w, b_vec, valid) : make_uint4(0, 0, 0, 0);
+    }
+    if (k0 == 0) {  // v while the first loads of B and y are in flight
+      for (int o = tid; o < it.nrows * r; o += LORA_THREADS) {
+        const int m = o / r, k = o - m * r;
+        const float s = sum_partials(part, p, ksplit, rows, R, it.row0 + m, k);
+        vsh[m][k] = to_f32<DT>(from_f32<DT>(s));  // v is rounded to x's dtype, as the reference
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int u = 0; u < DEC_KU; ++u) {
+      const int k = k0 + kt + u * DEC_KT;
+      if (k < r) {
         float b[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) b[e] = to_f32<DT>(u4_get(bv[u], e));
 #pragma unroll
         for (int m = 0; m < DEC_ROWS; ++m) {
           if (m < it.nrows) {
-            const float vv = vsh[m][k0 + u];
+            const float vv = vsh[m][k];
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[m][e] = fmaf(vv, b[e], acc[m][e]);
           }
@@ -80,6 +92,17 @@ __device__ __forceinline__ void expand_dec_body(
       }
     }
   }
+#pragma unroll
+  for (int m = 0; m < DEC_ROWS; ++m) {
+    if (m < it.nrows) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {  // fixed-order sum over the 4 k-threads of the group
+        acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], 1);
+        acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], 2);
+      }
+    }
+  }
+  if (kt != 0 || valid <= 0) return;
 #pragma unroll
   for (int m = 0; m < DEC_ROWS; ++m) {
     if (m < it.nrows) {

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from kernels.cuda._checks import check_args, check_row_slot, check_seg
-from kernels.cuda._launch import launch, make_plan
+from kernels.cuda._launch import Call, launch, make_plan
 from kernels.cuda._runtime import RuntimeCache, default_cache
 
 __all__ = ["add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
@@ -49,7 +49,7 @@ def add_lora_slices(
         return
     rt = default_cache().get(x.device)
     plan = make_plan(problem, 0, problem.nslots)
-    launch(rt, plan, problem, y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace)
+    launch(rt, plan, problem, Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace))
 
 
 def add_lora_slices_bgmv(
@@ -76,4 +76,4 @@ def add_lora_slices_bgmv(
         return
     rt = default_cache().get(x.device)
     plan = make_plan(problem, 1, problem.rows)
-    launch(rt, plan, problem, y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, workspace)
+    launch(rt, plan, problem, Call(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, workspace))

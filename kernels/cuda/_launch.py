@@ -15,12 +15,13 @@ from kernels.cuda._checks import Problem
 from kernels.cuda._runtime import DeviceRuntime
 
 THREADS = 128
-TARGET_BLOCKS = 264  # about two blocks per multiprocessor on an H200 (132 SMs)
+TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
+TARGET_BLOCKS_PREFILL = 1024  # prefill: short k-ranges per block (few serial stages)
 SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode path
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
-DEC_ROWS, DEC_COLS = 4, THREADS * 8  # decode expand: rows per item, columns per block
+DEC_ROWS, DEC_COLS = 4, THREADS // 4 * 8  # decode expand: rows per item, columns per block
 
 
 def _ceil(a: int, b: int) -> int:
@@ -53,8 +54,8 @@ class Plan:
 
 
 def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
-    # SGMV: sum over non-empty segments of ceil(len/bm) <= T/bm + (non-empty segments)
-    return rows if mode == 1 else _ceil(rows, bm) + min(ntable, rows)
+    # SGMV: one item per segment (its first tile) + its further tiles, < T/bm in all
+    return rows if mode == 1 else ntable + _ceil(rows, bm)
 
 
 def _stage_depth(rank_cap: int) -> int:
@@ -70,7 +71,7 @@ def make_plan(problem: Problem, mode: int, ntable: int) -> Plan:
     bm = 16 if decode else 64
     items = _item_bound(mode, rows, ntable, bm)
     expected = (rows if mode == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
-    ksplit = _ceil(TARGET_BLOCKS, max(1, expected) * nslices)
+    ksplit = _ceil(TARGET_BLOCKS if decode else TARGET_BLOCKS_PREFILL, max(1, expected) * nslices)
     if decode:  # one shrink stage per block where possible: one memory round trip
         ksplit = max(ksplit, _ceil(h_in, _stage_depth(problem.rank_cap)))
     ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
@@ -83,56 +84,62 @@ def _ptr(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 
 
-def launch(
-    rt: DeviceRuntime,
-    plan: Plan,
-    problem: Problem,
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    table: torch.Tensor,
-    layer: int,
-    workspace: torch.Tensor,
-) -> None:
-    """Shrink into the workspace, then expand into y, both on PyTorch's current stream."""
-    i32, i64 = np.int32, np.int64
-    nslices, rows, cap = len(problem.widths), problem.rows, problem.rank_cap
-    partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
-    ws_pstride = i64(workspace.shape[1] * cap)
-    shrink = rt.function("shrink", x.dtype, plan.bm)
+@dataclass(frozen=True, slots=True)
+class Call:
+    """The tensors of one add_lora call."""
+
+    y: torch.Tensor
+    x: torch.Tensor
+    pool: torch.Tensor
+    a_off: torch.Tensor
+    b_off: torch.Tensor
+    ranks: torch.Tensor
+    scales: torch.Tensor
+    table: torch.Tensor
+    layer: int
+    workspace: torch.Tensor
+
+
+def _slice_args(plan: Plan, problem: Problem) -> tuple[int, tuple]:
+    """(column tiles in all, kernel arguments nslices, w0..w3, c0..c3, t1..t3)."""
+    i32 = np.int32
+    nslices = len(problem.widths)
     bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
     tiles = [_ceil(w, bn) for w in problem.widths]
-    starts = [sum(tiles[:i]) for i in range(len(tiles) + 1)]
+    starts = [sum(tiles[:i]) for i in range(nslices + 1)]
     widths = list(problem.widths) + [0] * (4 - nslices)
     cols = [sum(problem.widths[:i]) for i in range(nslices)] + [0] * (4 - nslices)
     t123 = (starts[1:] + [starts[-1]] * 4)[:3]
+    return starts[-1], (i32(nslices), *(i32(v) for v in widths + cols + t123))
+
+
+def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str | None = None) -> None:
+    """Shrink, then expand into y, on PyTorch's current stream (only = "shrink" / "expand":
+    just that kernel, for timing breakdowns)."""
+    i32, i64 = np.int32, np.int64
+    nslices, rows, cap = len(problem.widths), problem.rows, problem.rank_cap
+    partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
+    ws_pstride = i64(c.workspace.shape[1] * cap)
     common = (i32(plan.ntable), i32(problem.nslots), i32(rows))
-    slices = (i32(nslices), *(i32(w) for w in widths), *(i32(c) for c in cols), *(i32(t) for t in t123))
+    ntiles, slices = _slice_args(plan, problem)
+    meta = (_ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), *common, i32(c.layer),
+            _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode))
     with rt.stream():
-        shrink(
-            (plan.ksplit, plan.items, nslices),
-            (THREADS,),
-            (_ptr(x), i64(x.stride(0)), _ptr(pool), _ptr(a_off), _ptr(ranks), _ptr(table), *common,
-             i32(problem.h_in), i32(layer), _ptr(workspace), ws_pstride, i32(cap), _ptr(partials),
-             _ptr(counters), i32(plan.ksplit), i32(plan.kc), i32(plan.items), i32(plan.mode),
-             i32(plan.decode)),
-        )
+        if only != "expand":
+            rt.function("shrink", c.x.dtype, f"m{plan.bm}_r{32 if cap <= 32 else 128}")(
+                (plan.ksplit, plan.items, nslices),
+                (THREADS,),
+                (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table),
+                 *common, i32(problem.h_in), i32(c.layer), _ptr(c.workspace), ws_pstride, i32(cap),
+                 _ptr(partials), _ptr(counters), i32(plan.ksplit), i32(plan.kc), i32(plan.items),
+                 i32(plan.mode), i32(plan.decode)),
+            )
+        if only == "shrink":
+            return
         if plan.decode:
-            rt.function("expand_dec", x.dtype, DEC_ROWS)(
-                (starts[-1], plan.expand_items),
-                (THREADS,),
-                (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(pool), _ptr(b_off), _ptr(ranks),
-                 _ptr(scales), _ptr(table), *common, i32(layer), _ptr(y), i64(y.stride(0)), *slices,
-                 i32(plan.mode)),
-            )
+            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
+            head = (_ptr(partials), i32(plan.ksplit), i32(cap))
         else:
-            rt.function("expand", x.dtype, plan.bm)(
-                (starts[-1], plan.expand_items),
-                (THREADS,),
-                (_ptr(workspace), ws_pstride, i32(cap), _ptr(pool), _ptr(b_off), _ptr(ranks), _ptr(scales),
-                 _ptr(table), *common, i32(layer), _ptr(y), i64(y.stride(0)), *slices, i32(plan.mode)),
-            )
+            expand = rt.function("expand", c.x.dtype, f"m{plan.bm}")
+            head = (_ptr(c.workspace), ws_pstride, i32(cap))
+        expand((ntiles, plan.expand_items), (THREADS,), (*head, *meta))

@@ -41,8 +41,8 @@ class DeviceRuntime:
     counters: torch.Tensor | None = None
     streams: dict = field(default_factory=dict)
 
-    def function(self, kind: str, dtype: torch.dtype, bm: int):
-        """The extern "C" kernel ``lora_{kind}_{dtype}_m{bm}`` of ``csrc/lora_{kind}.cu``."""
+    def function(self, kind: str, dtype: torch.dtype, variant: str):
+        """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``."""
         import cupy  # noqa: PLC0415
 
         source = f"lora_{kind}.cu"  # shrink, expand, expand_dec
@@ -53,7 +53,7 @@ class DeviceRuntime:
                 )
                 module.compile()
             self.modules[source] = module
-        return self.modules[source].get_function(f"lora_{kind}_{_DTYPE_TAG[dtype]}_m{bm}")
+        return self.modules[source].get_function(f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}")
 
     def scratch(self, n_partials: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 partials of >= n_partials elements and zeroed int32 counters (>= n_counters)."""
