@@ -1,8 +1,11 @@
 """Redis blob cache, bounded by total bytes, evicting the least recently used blob first.
 
 Keys: ``ns:blob:<key>`` (the bytes), ``ns:lru`` (sorted set: blob key -> last use, in
-Redis server time, so every store process agrees), ``ns:bytes`` (total cached bytes).
-Every change is one Lua script, so the accounting stays right with many store processes.
+Redis server time, so every store process agrees), ``ns:sizes`` (hash: blob key -> bytes),
+``ns:bytes`` (total cached bytes).
+The bytes move with plain SET/GET (a Lua script copying 80 MB would double the time);
+the accounting is a Lua script run in the same MULTI as the SET, so it stays right with
+many store processes.
 (Standalone Redis: the scripts touch keys they discover, which Redis Cluster forbids.)
 """
 
@@ -14,40 +17,38 @@ from adapter_store.backends.redis_conn import describe, translated
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 
-# KEYS: blob, lru, total. ARGV: data, capacity. Returns 1 if cached.
-_PUT = _NOW + """
-local size = string.len(ARGV[1])
+# Run after SET of KEYS[1] in the same MULTI. KEYS: blob, lru, total, sizes. ARGV: size, capacity.
+_ACCOUNT = _NOW + """
+local size = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
-if size > cap then return 0 end
-local old = redis.call('STRLEN', KEYS[1])
-redis.call('SET', KEYS[1], ARGV[1])
+local old = tonumber(redis.call('HGET', KEYS[4], KEYS[1]) or '0')
+redis.call('HSET', KEYS[4], KEYS[1], size)
 redis.call('ZADD', KEYS[2], now, KEYS[1])
 local total = redis.call('INCRBY', KEYS[3], size - old)
 while total > cap do
   local victim = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if not victim then break end
-  total = redis.call('DECRBY', KEYS[3], redis.call('STRLEN', victim))
+  total = redis.call('DECRBY', KEYS[3], tonumber(redis.call('HGET', KEYS[4], victim) or '0'))
   redis.call('DEL', victim)
   redis.call('ZREM', KEYS[2], victim)
+  redis.call('HDEL', KEYS[4], victim)
 end
 return 1
 """
 
-# KEYS: blob, lru. Returns the bytes (and marks them used) or nil.
-_GET = _NOW + """
-local data = redis.call('GET', KEYS[1])
-if data then redis.call('ZADD', KEYS[2], 'XX', now, KEYS[1]) end
-return data
+# KEYS: blob, lru. Marks the blob recently used if it is cached.
+_TOUCH = _NOW + """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('ZADD', KEYS[2], 'XX', now, KEYS[1]) end
+return 1
 """
 
-# KEYS: blob, lru, total.
+# KEYS: blob, lru, total, sizes.
 _DISCARD = """
-local size = redis.call('STRLEN', KEYS[1])
-if size > 0 then
-  redis.call('DEL', KEYS[1])
-  redis.call('DECRBY', KEYS[3], size)
-end
+local size = tonumber(redis.call('HGET', KEYS[4], KEYS[1]) or '0')
+redis.call('DECRBY', KEYS[3], size)
+redis.call('HDEL', KEYS[4], KEYS[1])
 redis.call('ZREM', KEYS[2], KEYS[1])
+redis.call('DEL', KEYS[1])
 return size
 """
 
@@ -63,9 +64,10 @@ class RedisBlobCache:
         self._ns = namespace
         self._lru = f"{namespace}:lru"
         self._total = f"{namespace}:bytes"
+        self._sizes = f"{namespace}:sizes"
         self.description = describe(client)
-        self._put = client.register_script(_PUT)
-        self._get = client.register_script(_GET)
+        self._account = client.register_script(_ACCOUNT)
+        self._touch = client.register_script(_TOUCH)
         self._discard = client.register_script(_DISCARD)
 
     def _blob(self, key: str) -> str:
@@ -84,14 +86,23 @@ class RedisBlobCache:
 
     def get(self, key: str) -> bytes | None:
         with translated(self.description):
-            return self._get(keys=[self._blob(key), self._lru])
+            pipe = self._r.pipeline(transaction=False)
+            pipe.get(self._blob(key))
+            self._touch(keys=[self._blob(key), self._lru], client=pipe)
+            data, _ = pipe.execute()
+        return data
 
     def put(self, key: str, data: bytes) -> bool:
         if len(data) > self.capacity:
             return False
         with translated(self.description):
-            return bool(self._put(keys=[self._blob(key), self._lru, self._total], args=[data, self.capacity]))
+            pipe = self._r.pipeline(transaction=True)
+            pipe.set(self._blob(key), data)
+            self._account(keys=[self._blob(key), self._lru, self._total, self._sizes],
+                         args=[len(data), self.capacity], client=pipe)
+            pipe.execute()
+        return True
 
     def discard(self, key: str) -> None:
         with translated(self.description):
-            self._discard(keys=[self._blob(key), self._lru, self._total])
+            self._discard(keys=[self._blob(key), self._lru, self._total, self._sizes])
