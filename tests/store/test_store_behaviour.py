@@ -142,3 +142,31 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.02)
+
+
+def test_watcher_invalidates_held_copies_that_changed(env, adapters):
+    from adapter_store.watcher import StoreWatcher  # noqa: PLC0415
+
+    v1 = env.client.put("acme/held", adapters["r4-fp32"]).version
+    env.client.put("acme/other", adapters["r4-fp32"])
+    held = {"acme/held": v1, "acme/other": "a-version-the-store-never-had"}
+    dropped = []
+
+    def invalidate(adapter_id):
+        dropped.append(adapter_id)
+        held.pop(adapter_id, None)
+
+    watcher = StoreWatcher(env.client, lambda: dict(held), invalidate, retry_s=0.1).start()
+    try:
+        _wait_for(lambda: watcher.resyncs >= 1)
+        assert dropped == ["acme/other"]  # the first resync re-checks every held copy
+        env.client.put("acme/held", adapters["r4-fp32"])  # same bytes, same version: kept
+        env.client.put("acme/unheld", adapters["r16-bf16"])
+        v2 = env.client.put("acme/held", adapters["r16-bf16"]).version
+        _wait_for(lambda: "acme/held" in dropped)
+        held["acme/held"] = v2
+        env.client.delete("acme/held")
+        _wait_for(lambda: dropped.count("acme/held") == 2)
+        assert dropped == ["acme/other", "acme/held", "acme/held"]
+    finally:
+        watcher.stop()

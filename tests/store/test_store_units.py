@@ -166,3 +166,19 @@ def test_in_process_source_is_an_adapter_source(tmp_path, adapters, base_config)
     with pytest.raises(AdapterNotFoundError):
         source.resolve("t/a")
     assert source.list() == []
+
+
+def test_watcher_over_an_in_process_store(tmp_path, adapters):
+    from adapter_store.factory import build_store  # noqa: PLC0415
+    from adapter_store.watcher import StoreWatcher  # noqa: PLC0415
+
+    store = build_store(StoreSettings(local_dir=str(tmp_path)))
+    v1 = store.put("t/a", adapters["r4-fp32"]).version
+    held, dropped = {"t/a": v1, "t/gone": "x"}, []
+    watcher = StoreWatcher(store, lambda: dict(held), dropped.append).start()
+    assert dropped == ["t/gone"] and watcher.resyncs == 1
+    store.put("t/a", adapters["r16-bf16"])
+    assert dropped == ["t/gone", "t/a"]
+    watcher.stop()
+    store.delete("t/a")
+    assert dropped == ["t/gone", "t/a"]  # stopped: no more calls

@@ -1,0 +1,95 @@
+"""Keep an adapter cache (the inference server's adapter pool) in step with the store.
+
+``StoreWatcher`` follows the store's change events and calls ``invalidate(adapter_id)``
+for every held adapter that was replaced or deleted. On a resync (at the start, after
+Redis or the store came back) it re-checks every held adapter's version with Stat, so
+a missed event never leaves a stale copy in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+
+from inference_server.errors import AdapterNotFoundError, LoraplexError
+
+from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent
+from adapter_store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class StoreWatcher:
+    """Calls ``invalidate(id)`` when a held adapter changes. ``held()`` returns {id: version}
+    of what the caller holds; ``source`` is a StoreClient (gRPC) or an in-process Store."""
+
+    def __init__(
+        self,
+        source: object,
+        held: Callable[[], Mapping[str, str]],
+        invalidate: Callable[[str], None],
+        retry_s: float = 1.0,
+    ) -> None:
+        self._source = source
+        self._held = held
+        self._invalidate = invalidate
+        self._retry_s = retry_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._watch = None
+        self.resyncs = 0
+
+    def start(self) -> "StoreWatcher":
+        if isinstance(self._source, Store):
+            self._unsubscribe = self._source.subscribe(self.handle)
+        else:
+            self._thread = threading.Thread(target=self._follow, name="store-watcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._watch = self._source.watch()
+                for event in self._watch:
+                    self.handle(event)
+            except LoraplexError as e:
+                log.warning("store watch interrupted (%s); retrying in %.1fs", e, self._retry_s)
+            self._stop.wait(self._retry_s)
+
+    def handle(self, event: ChangeEvent) -> None:
+        """Apply one change event (public so callers with their own event loop can feed it)."""
+        held = self._held()
+        if event.kind == KIND_RESYNC:
+            self.resyncs += 1
+            self._recheck(held)
+        elif event.kind == KIND_DELETE and event.adapter_id in held:
+            self._invalidate(event.adapter_id)
+        elif event.kind == KIND_PUT and event.adapter_id in held and held[event.adapter_id] != event.version:
+            self._invalidate(event.adapter_id)
+
+    def _recheck(self, held: Mapping[str, str]) -> None:
+        for adapter_id, version in held.items():
+            try:
+                current = self._stat_version(adapter_id)
+            except AdapterNotFoundError:
+                current = None
+            except LoraplexError as e:
+                log.warning("cannot re-check %s (%s); keeping it until the next resync", adapter_id, e)
+                continue
+            if current != version:
+                self._invalidate(adapter_id)
+
+    def _stat_version(self, adapter_id: str) -> str:
+        return self._source.stat(adapter_id).version
