@@ -4,6 +4,11 @@
 get, list, put and delete go to the store; ``watch`` follows its changes. Every file is
 checked against the sha256 the store sent (end to end) and parsed before it is returned.
 Idempotent calls (Get, Stat, List) are retried on UNAVAILABLE with a short backoff.
+
+With ``cache`` (the store's Redis blob cache, e.g. ``RedisBlobCache(connect(...), ns, 0)``)
+a resolve asks the store only for the record (Stat) and reads a cached blob straight from
+Redis, skipping the copy through the sidecar; a miss, a checksum failure or an unreachable
+Redis falls back to the store's Get.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from inference_server.lora.peft_format import parse_adapter_files
 from inference_server.lora.source import AdapterFiles, AdapterInfo
 from inference_server.model.config import ModelConfig
 
+from adapter_store.backends.base import BlobCache
 from adapter_store.convert import event_from_pb, record_from_pb
-from adapter_store.errors import AdapterCorruptError
+from adapter_store.errors import AdapterCorruptError, BackendUnavailable
 from adapter_store.records import ChangeEvent, StoredRecord
 from adapter_store.server import MAX_MESSAGE_BYTES
 from adapter_store.service import FIELD_METADATA_KEY
@@ -69,6 +75,7 @@ class StoreClient:
         max_rank: int = 128,
         timeout_s: float = 60.0,
         retries: int = 3,
+        cache: BlobCache | None = None,
     ) -> None:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
@@ -78,6 +85,7 @@ class StoreClient:
         self._max_rank = max_rank
         self._timeout = timeout_s
         self._retries = retries
+        self._cache = cache
 
     def close(self) -> None:
         self._channel.close()
@@ -104,7 +112,7 @@ class StoreClient:
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
         """The current version's files, checked end to end and parsed."""
-        record, files = self._call(lambda: self._download(adapter_id), adapter_id)
+        record, files = self.fetch(adapter_id)
         spec = parse_adapter_files(files, self._base, self._max_rank)
         return AdapterFiles(record.info, spec, files)
 
@@ -173,7 +181,19 @@ class StoreClient:
 
     def fetch(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
         """The current record and its files (checked end to end), without parsing them."""
+        if self._cache is not None:
+            hit = self._from_cache(adapter_id)
+            if hit is not None:
+                return hit
         return self._call(lambda: self._download(adapter_id), adapter_id)
+
+    def _from_cache(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]] | None:
+        record = self.stat(adapter_id)
+        try:
+            blob = self._cache.get(record.blob_key)
+            return (record, record.unpack(blob)) if blob is not None else None
+        except (BackendUnavailable, AdapterCorruptError):
+            return None  # the store's Get reads the blob store (and repairs the cache)
 
     def _download(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
         stream = self._stub.Get(pb.StoreGetRequest(adapter_id=adapter_id), timeout=self._timeout)

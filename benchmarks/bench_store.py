@@ -5,7 +5,9 @@ StoreClient, as the inference server would:
 
 - local dir:  local directory blobs, in-memory index, no cache (every fetch reads disk);
 - Redis hit:  S3 blobs (moto server) + Redis index and cache (fetches come from Redis);
-- S3 miss:    S3 blobs + Redis index, cache off (every fetch reads S3).
+- S3 miss:    S3 blobs + Redis index, cache off (every fetch reads S3);
+- Redis hit, direct: as Redis hit, but the client reads the cached blob from Redis itself
+  (StoreClient(cache=...)): one Stat through the store, no blob copy through it.
 
 Every fetch checks the sha256 of each file in the store and again in the client.
 Needs redis-server on PATH and moto[server] installed. S3 here is moto (a Python HTTP
@@ -34,7 +36,10 @@ from safetensors.numpy import save
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: E402
+from adapter_store.backends.redis_conn import connect  # noqa: E402
 from adapter_store.client import StoreClient  # noqa: E402
+from adapter_store.settings import RedisSettings  # noqa: E402
 
 # Llama-2-7B projection shapes (in, out); rank 16 on all 7 in 32 layers is ~80 MB in bf16.
 SHAPES = {"q_proj": (4096, 4096), "k_proj": (4096, 4096), "v_proj": (4096, 4096), "o_proj": (4096, 4096),
@@ -108,9 +113,9 @@ def timed(fn, repeats: int) -> list[float]:  # noqa: ANN001
     return out
 
 
-def bench_case(name: str, target: str, files: dict[str, bytes], repeats: int) -> dict[str, float]:
+def bench_case(name: str, target: str, files: dict[str, bytes], repeats: int, cache=None) -> dict[str, float]:  # noqa: ANN001
     size = sum(len(v) for v in files.values())
-    with StoreClient(target, timeout_s=300) as client:
+    with StoreClient(target, timeout_s=300, cache=cache) as client:
         up = timed(lambda: client.put("bench/big", files), repeats)
         client.fetch("bench/big")  # warm (the Redis cache is filled on upload already)
         down = timed(lambda: client.fetch("bench/big"), repeats)
@@ -156,6 +161,9 @@ def main() -> int:
             proc, target = start_store(store_args, tmp / f"store-{name.replace(' ', '_')}.log")
             procs.append(proc)
             rows.append(bench_case(name, target, files, args.repeats))
+            if name == "Redis hit":
+                cache = RedisBlobCache(connect(RedisSettings(url=f"redis://127.0.0.1:{redis_port}/0")), "hit", 0)
+                rows.append(bench_case("Redis hit, direct", target, files, args.repeats, cache=cache))
             proc.terminate()
             proc.wait(30)
         print(f"adapter: {rows[0]['size_mb']:.1f} MB (bf16, rank 16, Llama-7B shapes); median of {args.repeats}")

@@ -170,3 +170,25 @@ def test_watcher_invalidates_held_copies_that_changed(env, adapters):
         assert dropped == ["acme/other", "acme/held", "acme/held"]
     finally:
         watcher.stop()
+
+
+def test_client_reads_cached_blobs_straight_from_redis(make_env, shared_redis, shared_moto, adapters):
+    from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
+    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+    from adapter_store.client import StoreClient  # noqa: PLC0415
+
+    env = make_env("s3-redis", redis_proc=shared_redis, moto_proc=shared_moto)
+    info = env.client.put("acme/direct", adapters["r16-bf16"])
+    cache = RedisBlobCache(connect(env.settings.redis), env.settings.redis.namespace, 0)
+    with StoreClient(env.server.target, cache=cache) as direct:
+        assert direct.resolve("acme/direct").files == peft_files(adapters["r16-bf16"])
+        assert env.store.metrics.value("loraplex_store_read_bytes_total") == 0  # the store sent no bytes
+        key = f"acme/direct@{info.version}"
+        blob = bytearray(cache.get(key))
+        blob[100] ^= 0xFF
+        env.store.cache.put(key, bytes(blob))
+        assert direct.resolve("acme/direct").files == peft_files(adapters["r16-bf16"])  # via the store's Get
+        assert env.store.metrics.value("loraplex_store_checksum_failures_total", where="cache") == 1
+        assert direct.resolve("acme/direct").info.version == info.version  # the store refilled the cache
+        with pytest.raises(AdapterNotFoundError):
+            direct.resolve("acme/nothing")
