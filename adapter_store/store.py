@@ -24,6 +24,7 @@ from inference_server.model.config import ModelConfig
 from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
 from adapter_store.degradation import Degradation
 from adapter_store.errors import AdapterCorruptError, BackendUnavailable, BlobMissing
+from adapter_store.index_keeper import IndexKeeper
 from adapter_store.listing import HeadScanner
 from adapter_store.metrics import StoreMetrics
 from adapter_store.records import KIND_DELETE, KIND_PUT, ChangeEvent, StoredRecord, check_upload_files
@@ -56,8 +57,8 @@ class Store:
         self.health = Degradation(self.metrics)
         self._clock = clock
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
-        self._index_dirty = threading.Event()  # an index write was lost: rebuild when it is back
         self._heads = HeadScanner(blobs)
+        self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description)
 
     # ------------------------------------------------------------------ writes
 
@@ -75,7 +76,7 @@ class Store:
         with self._write_lock(adapter_id):
             old = self._head_for_write(adapter_id, "store")
             self._commit(record, blob, old)
-            self._index_write(self.index.put, record)
+            self.keeper.write(self.index.put, record)
             self._cache_call(self.cache.put, record.blob_key, blob)
             if old is not None and old.version != record.version:
                 self._drop_blob(old.blob_key)
@@ -90,13 +91,13 @@ class Store:
         with self._write_lock(adapter_id):
             record = self._head_for_write(adapter_id, "delete")
             if record is None:
-                self._index_write(self.index.remove, adapter_id)
+                self.keeper.write(self.index.remove, adapter_id)
                 raise AdapterNotFoundError(adapter_id)
             try:
                 self.blobs.delete_head(adapter_id)  # the commit point
             except BackendUnavailable as e:
                 raise self._unavailable(f"cannot delete {adapter_id!r}", e) from e
-            self._index_write(self.index.remove, adapter_id)
+            self.keeper.write(self.index.remove, adapter_id)
             keys = {record.blob_key}
             try:
                 keys.update(self.blobs.list_blobs(adapter_id))
@@ -204,7 +205,7 @@ class Store:
             ) from e
         if record is None:
             raise AdapterNotFoundError(adapter_id)
-        self._index_write(self.index.fill, record, lost_ok=True)
+        self.keeper.write(self.index.fill, record, lost_ok=True)
         return record
 
     def _from_cache(self, record: StoredRecord) -> dict[str, bytes] | None:
@@ -234,66 +235,23 @@ class Store:
         except BackendUnavailable as e:
             raise UnavailableError(f"adapter {record.adapter_id!r}: blob store unreachable ({e.detail})") from e
         if fresh is None:
-            self._index_write(self.index.remove, record.adapter_id, lost_ok=True)
+            self.keeper.write(self.index.remove, record.adapter_id, lost_ok=True)
             raise AdapterNotFoundError(record.adapter_id)
         if fresh.version == record.version:
             self.metrics.checksum_failures.labels("missing").inc()
             raise AdapterCorruptError(
                 f"adapter {record.adapter_id!r} version {record.version}: its blob is missing from {self.blobs.description}"
             )
-        self._index_write(self.index.fill, fresh, lost_ok=True)
+        self.keeper.write(self.index.fill, fresh, lost_ok=True)
         return fresh
 
     def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[StoredRecord]:
         """Up to ``limit`` records whose id starts with ``prefix``, after ``start_after``, in id order."""
-        try:
-            complete = self.index.is_complete()
-            if not complete:
-                scanned = self.rebuild_index()
-                if scanned is not None:
-                    return self._heads.page(scanned, prefix, start_after, limit)
-            return self.index.list(prefix, start_after, limit)
-        except BackendUnavailable as e:
-            self.health.fell_back("index", e)
-        try:
-            return self._heads.list(prefix, start_after, limit)
-        except BackendUnavailable as e:
-            raise UnavailableError(
-                f"cannot list adapters: the index is unreachable and so is the blob store ({e.detail})"
-            ) from e
-
-    # ------------------------------------------------------------------ index upkeep
-
-    def rebuild_index(self) -> list[StoredRecord] | None:
-        """Reload the index from a scan of the heads. Returns the scan if the index could not
-        take it (so the caller can still answer); raises UnavailableError if the scan failed."""
-        started = self._clock()
-        try:
-            scanned = self._heads.scan()
-        except BackendUnavailable as e:
-            raise UnavailableError(f"cannot build the adapter index: the blob store is unreachable ({e.detail})") from e
-        try:
-            self.index.rebuild(scanned, started)
-        except BackendUnavailable as e:
-            self.health.fell_back("index", e)
-            return scanned
-        self._index_dirty.clear()
-        log.info("index rebuilt from %s: %d adapters", self.blobs.description, len(scanned))
-        return None
+        return self.keeper.list(prefix, start_after, limit)
 
     def maintain(self) -> None:
-        """Periodic upkeep: once the index is reachable again after lost writes (or after a Redis
-        restart emptied it), rebuild it from the blob store."""
-        try:
-            if self._index_dirty.is_set():
-                self.index.mark_incomplete()
-            if not self.index.is_complete():
-                self.rebuild_index()
-            self.health.ok("index")
-        except BackendUnavailable as e:
-            log.debug("maintain: index still unreachable (%s)", e)
-        except UnavailableError as e:
-            log.debug("maintain: %s", e)
+        """Periodic upkeep: rebuild the index from the blob store when it missed writes or was emptied."""
+        self.keeper.maintain()
 
     # ------------------------------------------------------------------ events and helpers
 
@@ -307,14 +265,6 @@ class Store:
     def _publish(self, event: ChangeEvent) -> None:
         if not self.feed.publish(event):
             self.health.fell_back("feed", RuntimeError("change published to local watchers only"))
-
-    def _index_write(self, fn: Callable[..., object], *args: object, lost_ok: bool = False) -> None:
-        try:
-            fn(*args)
-        except BackendUnavailable as e:
-            self.health.fell_back("index", e)
-            if not lost_ok:  # a write the index must not miss: rebuild it once it is back
-                self._index_dirty.set()
 
     def _cache_call(self, fn: Callable[..., object], *args: object) -> object:
         try:

@@ -1,0 +1,92 @@
+"""The index as a rebuildable copy of the heads: writes it may miss, listing with a fallback
+to the blob store, and rebuilds (at start, after lost writes, after a Redis restart)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from inference_server.errors import UnavailableError
+
+from adapter_store.backends.base import Index
+from adapter_store.degradation import Degradation
+from adapter_store.errors import BackendUnavailable
+from adapter_store.listing import HeadScanner
+from adapter_store.records import StoredRecord
+
+log = logging.getLogger(__name__)
+
+
+class IndexKeeper:
+    """Keeps ``index`` in step with the heads that ``heads`` reads from the blob store."""
+
+    def __init__(
+        self, index: Index, heads: HeadScanner, health: Degradation, clock: Callable[[], float], blobs: str
+    ) -> None:
+        self.index = index
+        self._heads = heads
+        self.health = health
+        self._clock = clock
+        self._blobs = blobs
+        self._dirty = threading.Event()  # an index write was lost: rebuild once it is back
+
+    def write(self, fn: Callable[..., object], *args: object, lost_ok: bool = False) -> None:
+        """Apply one index write; if the index is down, note it (and unless ``lost_ok``, rebuild later)."""
+        try:
+            fn(*args)
+        except BackendUnavailable as e:
+            self.health.fell_back("index", e)
+            if not lost_ok:
+                self._dirty.set()
+
+    def list(self, prefix: str, start_after: str, limit: int) -> list[StoredRecord]:
+        """Up to ``limit`` records whose id starts with ``prefix``, after ``start_after``, in id order."""
+        try:
+            complete = self.index.is_complete()
+            if not complete:
+                scanned = self.rebuild()
+                if scanned is not None:
+                    return self._heads.page(scanned, prefix, start_after, limit)
+            return self.index.list(prefix, start_after, limit)
+        except BackendUnavailable as e:
+            self.health.fell_back("index", e)
+        try:
+            return self._heads.list(prefix, start_after, limit)
+        except BackendUnavailable as e:
+            raise UnavailableError(
+                f"cannot list adapters: the index is unreachable and so is the blob store ({e.detail})"
+            ) from e
+
+    def rebuild(self) -> list[StoredRecord] | None:
+        """Reload the index from a scan of the heads. Returns the scan if the index could not
+        take it (so the caller can still answer); raises UnavailableError if the scan failed."""
+        started = self._clock()
+        lost_before = self._dirty.is_set()
+        self._dirty.clear()  # writes lost from now on are flagged again
+        try:
+            scanned = self._heads.scan()
+            self.index.rebuild(scanned, started)
+        except BackendUnavailable as e:
+            if lost_before:
+                self._dirty.set()
+            if e.backend == self._blobs:
+                raise UnavailableError(f"cannot build the adapter index: {e}") from e
+            self.health.fell_back("index", e)
+            return scanned
+        log.info("index rebuilt from %s: %d adapters", self._blobs, len(scanned))
+        return None
+
+    def maintain(self) -> None:
+        """Periodic upkeep: once the index is reachable again after lost writes (or after a Redis
+        restart emptied it), rebuild it from the blob store."""
+        try:
+            if self._dirty.is_set():
+                self.index.mark_incomplete()
+            if not self.index.is_complete():
+                self.rebuild()
+            self.health.ok("index")
+        except BackendUnavailable as e:
+            log.debug("maintain: index still unreachable (%s)", e)
+        except UnavailableError as e:
+            log.debug("maintain: %s", e)
