@@ -13,14 +13,16 @@ Every fetch checks the sha256 of each file in the store and again in the client.
 Needs redis-server on PATH and moto[server] installed. S3 here is moto (a Python HTTP
 server), so the S3 numbers are a floor, not what AWS S3 would give.
 
-Usage: python benchmarks/bench_store.py [--size-mb 80] [--repeats 5]
+Usage: python benchmarks/bench_store.py [--size-mb 80] [--repeats 5] [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
+import platform
 import shutil
 import socket
 import statistics
@@ -125,10 +127,38 @@ def bench_case(name: str, target: str, files: dict[str, bytes], repeats: int, ca
     return row
 
 
+def report(rows: list[dict[str, float]], repeats: int) -> list[str]:
+    lines = [f"adapter: {rows[0]['size_mb']:.1f} MB (bf16, rank 16, Llama-7B shapes); median of {repeats} runs",
+             "", "| case | upload s | upload MB/s | fetch s | fetch MB/s |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['upload_s']:.3f} | {r['upload_mb_s']:.0f} | {r['fetch_s']:.3f} | "
+                     f"{r['fetch_mb_s']:.0f} |")
+    return lines
+
+
+def append_section(path: Path, table: list[str]) -> None:
+    """'## Adapter store ...' with date, commit, machine and command, then the table."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    head = [
+        "## Adapter store: upload and fetch of an 80 MB adapter",
+        "",
+        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- commit: {commit.stdout.strip() or 'unknown'}",
+        f"- machine: {cpu}, {os.cpu_count()} cores (no GPU)",
+        f"- command: `python benchmarks/bench_store.py {' '.join(sys.argv[1:])}`",
+        "",
+    ]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(head + table) + "\n\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=80.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--results", type=Path, help="append a dated section to this markdown file")
     args = parser.parse_args()
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
@@ -166,12 +196,10 @@ def main() -> int:
                 rows.append(bench_case("Redis hit, direct", target, files, args.repeats, cache=cache))
             proc.terminate()
             proc.wait(30)
-        print(f"adapter: {rows[0]['size_mb']:.1f} MB (bf16, rank 16, Llama-7B shapes); median of {args.repeats}")
-        print("| case | upload s | upload MB/s | fetch s | fetch MB/s |")
-        print("|---|---|---|---|---|")
-        for r in rows:
-            print(f"| {r['case']} | {r['upload_s']:.3f} | {r['upload_mb_s']:.0f} | {r['fetch_s']:.3f} | "
-                  f"{r['fetch_mb_s']:.0f} |")
+        table = report(rows, args.repeats)
+        print("\n".join(table))
+        if args.results is not None:
+            append_section(args.results, table)
     finally:
         for p in procs:
             if p.poll() is None:
