@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: kernel tests, a timing breakdown, optionally Nsight Compute, then the
+# On the GPU machine: kernel tests, optionally Nsight Compute, then the
 # kernel benchmark; logs into $OUT (or ./.out).
 # Usage: bash benchmarks/run_kernels_gpu.sh [--ncu] [bench_kernels.py args...]
 set -o pipefail

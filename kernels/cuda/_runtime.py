@@ -18,17 +18,25 @@ from dataclasses import dataclass, field
 import torch
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
-_HEADER = "lora_common.cuh"
 _DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def _read_source(name: str) -> str:
-    """The source with lora_common.cuh pasted in (so CuPy's cache key covers the header)."""
+def _read_source(name: str, seen: set[str] | None = None) -> str:
+    """The source with its local "*.cuh" includes pasted in, recursively and once each (so
+    CuPy's cache key covers the headers and NVRTC needs no include path)."""
+    seen = set() if seen is None else seen
     with open(os.path.join(_CSRC, name), encoding="utf-8") as f:
-        text = f.read()
-    with open(os.path.join(_CSRC, _HEADER), encoding="utf-8") as f:
-        header = f.read()
-    return text.replace(f'#include "{_HEADER}"', header)
+        lines = f.read().splitlines()
+    out = []
+    for line in lines:
+        if line.startswith('#include "') and line.endswith('.cuh"'):
+            header = line[len('#include "') : -1]
+            if header not in seen:
+                seen.add(header)
+                out.append(_read_source(header, seen))
+        elif line.strip() != "#pragma once":
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 @dataclass(slots=True)
@@ -45,7 +53,7 @@ class DeviceRuntime:
         """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``."""
         import cupy  # noqa: PLC0415
 
-        source = f"lora_{kind}.cu"  # shrink, expand, expand_dec
+        source = f"lora_{kind}.cu"  # shrink, expand, decode
         if source not in self.modules:
             with cupy.cuda.Device(self.device.index):
                 module = cupy.RawModule(

@@ -215,3 +215,17 @@ def test_bad_arguments_raise_value_errors():
             kcuda.add_lora_slices(*bad)
     with pytest.raises(ValueError, match="row_slot"):
         kcuda.add_lora_slices_bgmv(*args[:7], torch.zeros(3, dtype=torch.int32, device="cuda"), *args[8:])
+
+
+def test_launches_with_nothing_to_do_leave_y_and_later_launches_correct():
+    """Launches whose segments are all empty or rank 0 change nothing, and leave no state
+    behind that spoils the next launch (which must be right)."""
+    gen = torch.Generator().manual_seed(31)
+    empty = make_batch(gen, rows=5, h_in=512, widths=(256,), ranks=[[8, 8]], table=seg_from_lengths([0, 0]))
+    zero_rank = make_batch(gen, rows=5, h_in=512, widths=(256,), ranks=[[0, 0]], table=seg_from_lengths([2, 3]))
+    for b in (empty, zero_rank, empty):
+        y0 = b.y.clone()
+        kcuda.add_lora_slices(*b.args())
+        torch.cuda.synchronize()
+        assert torch.equal(b.y, y0)
+    _run(make_batch(gen, rows=7, h_in=512, widths=(256,), ranks=[[8, 16]], table=seg_from_lengths([3, 4])), False)
