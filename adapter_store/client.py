@@ -157,7 +157,11 @@ class StoreClient:
     def put_record(
         self, adapter_id: str, files: Mapping[str, bytes], progress: Callable[[int, int], None] | None = None
     ) -> StoredRecord:
-        """Upload ``files``; ``progress(sent, total)`` is called as chunks go out."""
+        """Upload ``files``; ``progress(sent, total)`` is called as chunks go out. With a ``base``
+        the files are first checked here too, so a sidecar that does not know the base model
+        still never stores an adapter that does not fit it."""
+        if self._base is not None:
+            parse_adapter_files(files, self._base, self._max_rank)
         names = sorted(files)
         total = sum(len(files[n]) for n in names)
 

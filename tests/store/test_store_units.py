@@ -182,3 +182,24 @@ def test_watcher_over_an_in_process_store(tmp_path, adapters):
     watcher.stop()
     store.delete("t/a")
     assert dropped == ["t/gone", "t/a"]  # stopped: no more calls
+
+
+@pytest.mark.slow  # starts a gRPC server
+def test_client_with_a_base_checks_uploads_before_sending(tmp_path, foreign_adapters, base_config):
+    from store_services import ServerThread  # noqa: PLC0415
+
+    from adapter_store.client import StoreClient  # noqa: PLC0415
+    from adapter_store.factory import build_store  # noqa: PLC0415
+    from inference_server.errors import AdapterValidationError  # noqa: PLC0415
+
+    store = build_store(StoreSettings(local_dir=str(tmp_path)))  # this store does not know the base model
+    server = ServerThread(store)
+    try:
+        with StoreClient(server.target, base=base_config) as client:
+            with pytest.raises(AdapterValidationError, match="the base model's q_proj takes 64 inputs"):
+                client.put("t/foreign", foreign_adapters["r4-fp32"])
+        assert store.list() == []
+        with StoreClient(server.target) as client:  # without a base, the same upload is accepted
+            assert client.put("t/foreign", foreign_adapters["r4-fp32"]).rank == 4
+    finally:
+        server.stop()
