@@ -1,0 +1,117 @@
+"""Bad values stop `helm install` with a message that names the value: values.schema.json
+(types, ranges, enums, unknown keys, inline credentials) and the chart's cross-value checks.
+The schema's choices are the server's own (read from its settings module, not copied)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import yaml
+from helm_chart_helpers import CHART, CI_VALUE_SETS, ci_values, render_error
+
+from inference_server.settings import DTYPES, MODEL_FORMATS
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+
+
+def prop(*path: str) -> dict:
+    node = SCHEMA
+    for key in path:
+        node = node["properties"][key]
+    return node
+
+
+@pytest.mark.parametrize(("values", "where", "words"), [
+    ({"replicaCount": -1}, "/replicaCount", "minimum"),
+    ({"replicaCount": "3"}, "/replicaCount", "want integer"),
+    ({"model": {"dtype": "fp8"}}, "/model/dtype", "bfloat16"),
+    ({"model": {"source": "git"}}, "/model/source", "embedded"),
+    ({"gpu": {"count": 0}}, "/gpu/count", "minimum"),
+    ({"server": {"grpcPort": 70000}}, "/server/grpcPort", "maximum"),
+    ({"server": {"kvCacheMemoryFraction": 1.5}}, "/server/kvCacheMemoryFraction", "maximum"),
+    ({"server": {"maxMessageBytes": 1024}}, "/server/maxMessageBytes", "minimum"),
+    ({"server": {"logLevel": "verbose"}}, "/server/logLevel", "INFO"),
+    ({"adapterStore": {"s3": {"prefix": "no-slash"}}}, "/adapterStore/s3/prefix", "pattern"),
+    ({"redis": {"mode": "sentinel"}}, "/redis/mode", "bundled"),
+    ({"autoscaling": {"customMetric": {"name": "gpu_util"}}}, "/autoscaling/customMetric/name", "loraplex_queue_length"),
+    ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval", "pattern"),
+    ({"replicas": 2}, "''", "'replicas' not allowed"),
+    ({"server": {"maxNumSeq": 8}}, "/server", "'maxNumSeq' not allowed"),
+])
+def test_schema_rejects_bad_values_naming_them(values: dict, where: str, words: str) -> None:
+    message = render_error(values)
+    assert "schema" in message and f"at {where if where == chr(39) * 2 else repr(where)}" in message, message
+    assert words in message, message
+
+
+@pytest.mark.parametrize("values", [
+    {"s3": {"accessKeyId": "AKIAEXAMPLEKEY123456", "secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}},
+    {"s3": {"credentials": {"secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}},
+    {"adapterStore": {"s3": {"bucket": "b", "secretKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}},
+    {"model": {"s3": {"bucket": "b", "awsSecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}},
+])
+def test_inline_s3_credentials_are_refused_without_echoing_them(values: dict) -> None:
+    message = render_error(values)
+    assert "not allowed" in message, message
+    assert "wJalrXUtnFEMI" not in message and "AKIAEXAMPLE" not in message, "the error leaks the secret"
+
+
+@pytest.mark.parametrize(("values", "words"), [
+    ({"replicaCount": 2}, "adapterStore.blobs=s3"),
+    ({"autoscaling": {"enabled": True}}, "adapterStore.blobs=s3"),
+    ({"model": {"source": "s3"}}, "model.s3.bucket"),
+    ({"model": {"source": "volume"}}, "model.volume.claimName"),
+    ({"model": {"source": "volume", "volume": {"claimName": "a", "hostPath": "/b"}}}, "exactly one"),
+    ({"model": {"source": "volume", "path": "../../etc", "volume": {"claimName": "a"}}}, "model.path"),
+    ({"model": {"path": "x.gguf"}}, "embedded model needs neither"),
+    ({"adapterStore": {"blobs": "s3"}}, "adapterStore.s3.bucket"),
+    ({"redis": {"mode": "external"}}, "redis.external.url"),
+    ({"redis": {"mode": "external", "external": {"url": "http://redis:6379"}}}, "redis://"),
+    ({"server": {"defaultMaxNewTokens": 5000}}, "maxNewTokensLimit"),
+    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}},
+      "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas (5) is above"),
+    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}},
+      "autoscaling": {"enabled": True, "customMetric": {"enabled": False}, "cpuTargetUtilization": None}},
+     "needs a metric"),
+])
+def test_chart_refuses_inconsistent_values_with_a_message(values: dict, words: str) -> None:
+    assert words in render_error(values)
+
+
+def test_redis_url_with_a_password_is_refused_without_echoing_it() -> None:
+    message = render_error({"redis": {"mode": "external", "external": {"url": "redis://app:s3cr3tpw@redis:6379/0"}}})
+    assert "existingSecret" in message and "s3cr3tpw" not in message
+
+
+def test_schema_choices_are_the_servers() -> None:
+    assert prop("model", "dtype")["enum"] == list(DTYPES)
+    # "dummy" (random weights for benchmarks) is the server's only format the chart leaves out
+    assert set(prop("model", "format")["enum"]) == set(MODEL_FORMATS) - {"dummy"}
+
+
+@pytest.mark.parametrize("name", ["values", *CI_VALUE_SETS])
+def test_shipped_values_files_satisfy_the_schema(name: str) -> None:
+    """A second, independent validator (jsonschema) over the same schema and files."""
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    path = CHART / ("values.yaml" if name == "values" else f"ci/{name}-values.yaml")
+    errors = [f"{e.json_path}: {e.message}" for e in jsonschema.Draft7Validator(SCHEMA).iter_errors(
+        yaml.safe_load(path.read_text()))]
+    assert not errors
+
+
+def test_every_default_value_is_described_in_the_schema() -> None:
+    """README.md's values table is generated from the schema: no value may go undocumented."""
+    def walk(values: dict, schema: dict, path: str) -> list[str]:
+        missing = []
+        for key, value in values.items():
+            sub = schema.get("properties", {}).get(key)
+            if sub is None or not sub.get("description"):
+                missing.append(f"{path}{key}")
+            elif isinstance(value, dict) and sub.get("properties"):
+                missing += walk(value, sub, f"{path}{key}.")
+        return missing
+
+    assert walk(yaml.safe_load((CHART / "values.yaml").read_text()), SCHEMA, "") == []
+
