@@ -137,6 +137,11 @@ class Store:
             if what == "store":
                 self.metrics.uploads.labels("unavailable").inc()
             raise self._unavailable(f"cannot {what} {adapter_id!r}", e) from e
+        except AdapterCorruptError as e:
+            if what != "store":
+                raise
+            log.warning("%s; the new upload replaces it", e)
+            return None
 
     def _unavailable(self, what: str, e: BackendUnavailable) -> UnavailableError:
         return UnavailableError(

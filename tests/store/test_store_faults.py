@@ -174,3 +174,17 @@ def test_a_corrupt_cache_entry_is_dropped_and_read_from_the_blob_store(env, adap
     assert env.store.metrics.value("loraplex_store_reads_total", source="blobs") == 1
     assert env.client.resolve("acme/cached").info.version == info.version
     assert env.store.metrics.value("loraplex_store_reads_total", source="cache") == 1  # refilled with good bytes
+
+
+def test_an_unreadable_head_is_data_loss_until_a_reupload_replaces_it(env, adapters):
+    env.client.put("acme/hd", adapters["r4-fp32"])
+    [key] = [k for k in env.stored_objects() if k.endswith("@head.json") or "/heads/" in k]
+    if env.settings.blob_backend == "s3":
+        env.moto.s3().put_object(Bucket=env.settings.s3.bucket, Key=key, Body=b"{garbage")
+    else:
+        open(f"{env.settings.local_dir}/{key}", "wb").write(b"{garbage")
+    env.store.keeper.index.remove("acme/hd")  # as after an index rebuild: the head is read again
+    with pytest.raises(AdapterCorruptError, match="head record is unreadable"):
+        env.client.resolve("acme/hd")
+    env.client.put("acme/hd", adapters["r16-bf16"])
+    assert env.client.resolve("acme/hd").files == peft_files(adapters["r16-bf16"])
