@@ -2,25 +2,23 @@
 //   v = round(sum_j partial_j)            (the split-K shrink partials, fp32 -> x's dtype)
 //   y[rows, c_p + n] += scale * (v[rows, :r] @ B_slot(layer))[:, n]
 //
-// Grid (column tiles of 256 over all slices, items of <= 4 rows). Four threads share 8
-// consecutive output columns and split k (k = kt, kt+4, ...), then reduce with two warp
-// shuffles. Each thread issues its B loads (and y loads) before summing v, so a block
+// Grid (column tiles over all slices, items of <= 4 rows). KT threads share 8 consecutive
+// output columns and split k (k = kt, kt+KT, ...), then reduce with warp shuffles. Each thread issues its B loads (and y loads) before summing v, so a block
 // costs about one memory round trip for r <= 16.
 #include "lora_common.cuh"
 
 #define DEC_ROWS 4
-#define DEC_KT 4                                   // threads splitting k per column group
-#define DEC_COLS (LORA_THREADS / DEC_KT * 8)       // 256 columns per block
-#define DEC_KU 4                                   // k rows per thread per round (loads in flight)
+// KT: threads splitting k per group of 8 columns (a block covers LORA_THREADS / KT * 8
+// columns); KU: k rows per thread and round (16-byte B loads in flight per thread).
 
-template <int DT>
+template <int DT, int KT, int KU>
 __device__ __forceinline__ void expand_dec_body(
     const float* __restrict__ part, int ksplit, int R, const u16* __restrict__ pool,
     const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
     const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
     i64 y_stride, int nslices, const SliceTable& sl, int mode) {
   __shared__ float vsh[DEC_ROWS][LORA_MAX_RANK];
-  const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, kt = tid & (DEC_KT - 1);
+  const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, kt = tid & (KT - 1);
   int p = 0;
 #pragma unroll
   for (int q = 1; q < LORA_MAX_SLICES; ++q)
@@ -42,7 +40,7 @@ __device__ __forceinline__ void expand_dec_body(
     scale = scales[p * nslots + it.slot];
   }
   if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-  const int w = sl.width[p], n = (tile - sl.tile0[p]) * DEC_COLS + (tid / DEC_KT) * 8;
+  const int w = sl.width[p], n = (tile - sl.tile0[p]) * (LORA_THREADS / KT * 8) + (tid / KT) * 8;
   const int valid = min(8, w - n);
   const u16* B = pool + boff + (i64)layer * r * w + n;
   const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
@@ -59,11 +57,11 @@ __device__ __forceinline__ void expand_dec_body(
   for (int m = 0; m < DEC_ROWS; ++m)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[m][e] = 0.f;
-  for (int k0 = 0; k0 < r; k0 += DEC_KT * DEC_KU) {
-    uint4 bv[DEC_KU];
+  for (int k0 = 0; k0 < r; k0 += KT * KU) {
+    uint4 bv[KU];
 #pragma unroll
-    for (int u = 0; u < DEC_KU; ++u) {
-      const int k = k0 + kt + u * DEC_KT;
+    for (int u = 0; u < KU; ++u) {
+      const int k = k0 + kt + u * KT;
       bv[u] = (k < r && valid > 0) ? load8(B + (i64)k * w, b_vec, valid) : make_uint4(0, 0, 0, 0);
     }
     if (k0 == 0) {  // v while the first loads of B and y are in flight
@@ -75,8 +73,8 @@ __device__ __forceinline__ void expand_dec_body(
       __syncthreads();
     }
 #pragma unroll
-    for (int u = 0; u < DEC_KU; ++u) {
-      const int k = k0 + kt + u * DEC_KT;
+    for (int u = 0; u < KU; ++u) {
+      const int k = k0 + kt + u * KT;
       if (k < r) {
         float b[8];
 #pragma unroll
@@ -96,10 +94,9 @@ __device__ __forceinline__ void expand_dec_body(
   for (int m = 0; m < DEC_ROWS; ++m) {
     if (m < it.nrows) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {  // fixed-order sum over the 4 k-threads of the group
-        acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], 1);
-        acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], 2);
-      }
+      for (int e = 0; e < 8; ++e)  // fixed-order butterfly sum over the KT k-threads
+#pragma unroll
+        for (int o = 1; o < KT; o <<= 1) acc[m][e] += __shfl_xor_sync(0xffffffffu, acc[m][e], o);
     }
   }
   if (kt != 0 || valid <= 0) return;
@@ -126,16 +123,19 @@ __device__ __forceinline__ void expand_dec_body(
   }
 }
 
-#define LORA_EXPAND_DEC_KERNEL(NAME, DT)                                                      \
-  extern "C" __global__ void __launch_bounds__(LORA_THREADS) NAME(                            \
+#define LORA_EXPAND_DEC_KERNEL(NAME, DT, KT, KU)                                              \
+  extern "C" __global__ void __launch_bounds__(LORA_THREADS, 4) NAME(                         \
       const float* part, int ksplit, int R, const u16* pool, const i64* b_off,                \
       const int* ranks, const float* scales, const int* table, int ntable, int nslots,        \
       int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3, \
       int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode) {                     \
     const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};           \
-    expand_dec_body<DT>(part, ksplit, R, pool, b_off, ranks, scales, table, ntable, nslots,   \
+    expand_dec_body<DT, KT, KU>(part, ksplit, R, pool, b_off, ranks, scales, table, ntable, nslots,   \
                         rows, layer, y, y_stride, nslices, sl, mode);                         \
   }
 
-LORA_EXPAND_DEC_KERNEL(lora_expand_dec_bf16_m4, 0)
-LORA_EXPAND_DEC_KERNEL(lora_expand_dec_fp16_m4, 1)
+// r32: ranks <= 32, 2 k-threads, 512 columns per block; r128: 4 k-threads, 256 columns.
+LORA_EXPAND_DEC_KERNEL(lora_expand_dec_bf16_m4_r32, 0, 2, 8)
+LORA_EXPAND_DEC_KERNEL(lora_expand_dec_bf16_m4_r128, 0, 4, 8)
+LORA_EXPAND_DEC_KERNEL(lora_expand_dec_fp16_m4_r32, 1, 2, 8)
+LORA_EXPAND_DEC_KERNEL(lora_expand_dec_fp16_m4_r128, 1, 4, 8)

@@ -177,10 +177,14 @@ __device__ __forceinline__ void shrink_body(
   }
 
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m16_r32, 0, 16, 4)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m16_r64, 0, 16, 8)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m16_r128, 0, 16, 16)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r32, 0, 64, 4)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r64, 0, 64, 8)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r128, 0, 64, 16)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m16_r32, 1, 16, 4)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m16_r64, 1, 16, 8)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m16_r128, 1, 16, 16)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r32, 1, 64, 4)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r64, 1, 64, 8)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r128, 1, 64, 16)

@@ -21,7 +21,13 @@ SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
-DEC_ROWS, DEC_COLS = 4, THREADS // 4 * 8  # decode expand: rows per item, columns per block
+DEC_ROWS = 4  # decode expand: rows per item
+DEC_COLS = {"r32": 512, "r128": 256}  # decode expand: columns per block, by variant
+
+
+def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
+    """Kernel variant for ranks up to rank_cap: the smallest r<N> with N >= rank_cap."""
+    return f"r{next((n for n in choices if rank_cap <= n), choices[-1])}"
 
 
 def _ceil(a: int, b: int) -> int:
@@ -100,11 +106,10 @@ class Call:
     workspace: torch.Tensor
 
 
-def _slice_args(plan: Plan, problem: Problem) -> tuple[int, tuple]:
+def _slice_args(plan: Plan, problem: Problem, bn: int) -> tuple[int, tuple]:
     """(column tiles in all, kernel arguments nslices, w0..w3, c0..c3, t1..t3)."""
     i32 = np.int32
     nslices = len(problem.widths)
-    bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
     tiles = [_ceil(w, bn) for w in problem.widths]
     starts = [sum(tiles[:i]) for i in range(nslices + 1)]
     widths = list(problem.widths) + [0] * (4 - nslices)
@@ -121,12 +126,14 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
     ws_pstride = i64(c.workspace.shape[1] * cap)
     common = (i32(plan.ntable), i32(problem.nslots), i32(rows))
-    ntiles, slices = _slice_args(plan, problem)
+    expand_variant = rank_variant(cap, (32, 128))
+    bn = DEC_COLS[expand_variant] if plan.decode else EXPAND_BN[plan.bm]
+    ntiles, slices = _slice_args(plan, problem, bn)
     meta = (_ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), *common, i32(c.layer),
             _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode))
     with rt.stream():
         if only != "expand":
-            rt.function("shrink", c.x.dtype, f"m{plan.bm}_r{32 if cap <= 32 else 128}")(
+            rt.function("shrink", c.x.dtype, f"m{plan.bm}_{rank_variant(cap, (32, 64, 128))}")(
                 (plan.ksplit, plan.items, nslices),
                 (THREADS,),
                 (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table),
@@ -137,7 +144,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
         if only == "shrink":
             return
         if plan.decode:
-            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
+            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}_{expand_variant}")
             head = (_ptr(partials), i32(plan.ksplit), i32(cap))
         else:
             expand = rt.function("expand", c.x.dtype, f"m{plan.bm}")
