@@ -24,6 +24,7 @@ def connect(settings: RedisSettings) -> redis.Redis:
         socket_connect_timeout=min(settings.socket_timeout_s, 1.0),
         retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
         health_check_interval=10,
+        socket_read_size=1 << 20,  # cached blobs are tens of MB: fewer, larger reads
     )
 
 
