@@ -121,6 +121,7 @@ class ServerInfo:
     max_upload_bytes: int
     max_message_bytes: int
     server_version: str
+    max_lora_rank: int
 
     @classmethod
     def from_pb(cls, msg: pb.ServerInfoResponse) -> "ServerInfo":
@@ -130,4 +131,5 @@ class ServerInfo:
             default_max_new_tokens=msg.default_max_new_tokens, vocab_size=msg.vocab_size,
             eos_token_ids=tuple(msg.eos_token_ids), max_upload_bytes=msg.max_upload_bytes,
             max_message_bytes=msg.max_message_bytes, server_version=msg.server_version,
+            max_lora_rank=msg.max_lora_rank,
         )

@@ -40,6 +40,7 @@ class FakeInfo:
     max_new_tokens_limit: int = 512
     vocab_size: int = 300
     eos_token_ids: tuple[int, ...] = (2,)
+    max_lora_rank: int = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,7 +224,7 @@ def test_server_info_reports_model_and_limits(served) -> None:
     info = client.server_info()
     assert info.model_name == "fake-llama" and info.max_context_len == 256 and info.vocab_size == 300
     assert info.default_max_new_tokens == 8 and info.max_upload_bytes == 1_000_000
-    assert info.eos_token_ids == (2,)
+    assert info.eos_token_ids == (2,) and info.max_lora_rank == 64
 
 
 @pytest.mark.parametrize("served", [True], indirect=True)

@@ -121,6 +121,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             default_max_new_tokens=limits.default_max_new_tokens, vocab_size=info.vocab_size,
             eos_token_ids=list(info.eos_token_ids), max_upload_bytes=self._config.max_upload_bytes,
             max_message_bytes=self._config.max_message_bytes, server_version=self._config.server_version,
+            max_lora_rank=info.max_lora_rank,
         )
 
 
