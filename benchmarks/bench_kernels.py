@@ -92,6 +92,17 @@ def build(h_in, h_out, rank, rows_adapter, nsets, gen):
 def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
     if name == "sgmv":
         return lambda: kcuda.add_lora_slices(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, (h_out,), ws)
+    if name == "sgmv_dec":  # SGMV forced onto the decode path (split-K + CUDA-core expand)
+        def sgmv_dec():
+            from kernels.cuda import _launch  # noqa: PLC0415
+
+            old = _launch.SMALL_BATCH_ROWS
+            _launch.SMALL_BATCH_ROWS = 1 << 30
+            try:
+                kcuda.add_lora_slices(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, (h_out,), ws)
+            finally:
+                _launch.SMALL_BATCH_ROWS = old
+        return sgmv_dec
     if name == "bgmv":
         return lambda: kcuda.add_lora_slices_bgmv(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.row_slot, 0,
                                                   (h_out,), ws)
@@ -155,7 +166,7 @@ def run_case(h_in, h_out, rank, batch, workload, methods, gen):
     out = dict(h_in=h_in, h_out=h_out, rank=rank, batch=batch, workload=workload, adapters=uniq,
                roofline_us=max(nbytes / HBM_BPS, flops / TC_FLOPS) * 1e6, bytes=nbytes, flops=flops)
     for m in methods:
-        if m in ("sgmv", "bgmv"):
+        if m in ("sgmv", "bgmv", "sgmv_dec"):
             err = check(pool, ws, x, y, sets[0], h_out, m)
             if not err < 2e-2:
                 raise AssertionError(f"{m} wrong vs loop: rel err {err} at {out}")
@@ -226,14 +237,15 @@ def cases(quick: bool):
                 yield h_in, h_out, r, b, "distinct", ("sgmv", "bgmv", "gather")
     for h_in, h_out in ((4096, 4096), (4096, 11008)):
         for r in (16, 64, 128):
-            for seglen in (512, 1024, 2048, 4096):
-                yield h_in, h_out, r, 4096, f"prefill{seglen}", ("sgmv", "loop")
+            for seglen in (512, 4096) if quick else (512, 1024, 2048, 4096):
+                yield h_in, h_out, r, 4096, f"prefill{seglen}", ("sgmv", "sgmv_dec", "loop")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--prefill-only", action="store_true")
     ap.add_argument("--breakdown-only", action="store_true")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -244,6 +256,8 @@ def main() -> None:
         return
     results = []
     for h_in, h_out, r, b, w, methods in cases(args.quick):
+        if args.prefill_only and not w.startswith("prefill"):
+            continue
         res = run_case(h_in, h_out, r, b, w, methods, gen)
         results.append(res)
         cols = " ".join(f"{m}={res[m + '_us']:.1f}" for m in methods)

@@ -76,8 +76,11 @@ def test_bgmv_random(seed, dtype):
     _run(batch, bgmv=True)
 
 
+@pytest.mark.parametrize("decode_path", [False, True])
 @pytest.mark.parametrize("rank", [1, 8, 16, 33, 64, 128])
-def test_prefill_long_segments(rank):
+def test_prefill_long_segments(rank, decode_path, monkeypatch):
+    if decode_path:  # the same long segments through the split-K + CUDA-core decode kernels
+        monkeypatch.setattr("kernels.cuda._launch.SMALL_BATCH_ROWS", 1 << 30)
     gen = torch.Generator().manual_seed(3000 + rank)
     table = seg_from_lengths([1500, 0, 1030, 7, 0])
     ranks = [[rank, 16, 0, rank, 5], [rank, 128, 3, 0, 2]]
