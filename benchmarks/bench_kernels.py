@@ -189,7 +189,7 @@ def breakdown(gen) -> None:
     nop = cupy.RawKernel('extern "C" __global__ void nop(int* p) { if (p) *p = 0; }', "nop")
 
     def empty():
-        with rt.stream():
+        with rt.launching():
             nop((1,), (32,), (0,))
 
     print(f"# empty CuPy kernel in a graph: {time_graph([empty], 64):.2f} us", flush=True)

@@ -131,7 +131,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     ntiles, slices = _slice_args(plan, problem, bn)
     meta = (_ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), *common, i32(c.layer),
             _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode))
-    with rt.stream():
+    with rt.launching():
         if only != "expand":
             rt.function("shrink", c.x.dtype, f"m{plan.bm}_{rank_variant(cap, (32, 64, 128))}")(
                 (plan.ksplit, plan.items, nslices),

@@ -10,6 +10,7 @@ memory that a later call could free.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -76,6 +77,14 @@ class DeviceRuntime:
             self.partials = torch.empty(max(n_partials, old_p, 1 << 16), dtype=torch.float32, device=self.device)
             self.counters = torch.zeros(max(n_counters, old_c, 1 << 12), dtype=torch.int32, device=self.device)
         return self.partials, self.counters
+
+    @contextlib.contextmanager
+    def launching(self):
+        """Context for launches: this device current in CuPy, PyTorch's current stream."""
+        import cupy  # noqa: PLC0415
+
+        with cupy.cuda.Device(self.device.index), self.stream():
+            yield
 
     def stream(self):
         """PyTorch's current stream on this device, wrapped for CuPy launches."""
