@@ -40,7 +40,10 @@ def add_lora_slices(
     (layer l at off + l*h_in*r / off + l*r*w_p); ranks: int32 [P, S] (0 = skip, at most
     min(R, 128)); scales: float32 [P, S]; seg: int32 [S+1] (non-decreasing, trailing empty
     segments allowed); layer: int >= 0; out_widths: P <= 4 positive ints;
-    workspace: [P, T_cap >= T, R] contiguous, x's dtype (holds x @ A rounded to x's dtype).
+    workspace: [P, T_cap >= T, R] contiguous, x's dtype: scratch whose R bounds the ranks (the
+    prefill path stores x @ A rounded to x's dtype there; the decode path, T <= 256, keeps it
+    in the runtime's own fp32 scratch and rounds it the same way; contents after the call are
+    unspecified). One call at a time per device: the runtime's scratch is shared.
     Raises ValueError on a dtype, device, shape or stride mismatch.
     """
     problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
