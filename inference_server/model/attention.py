@@ -40,13 +40,22 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys (GQA aware).
 
-    q: [T, Hq, D] -> out [T, Hq, D]. Portable (CPU and CUDA); the reference for faster backends.
+    q: [T, Hq, D] -> out [T, Hq, D]. Portable (CPU and CUDA); the reference for faster
+    backends. Decode rows (one query per sequence) go through one padded, masked call;
+    prefill chunks one call per sequence.
     """
     out = torch.empty_like(q)
     heads_kv, dim = kv_cache.shape[3], kv_cache.shape[4]
     keys = kv_cache[0].view(-1, heads_kv, dim)
     values = kv_cache[1].view(-1, heads_kv, dim)
+    decodes = [s for s in meta.spans if s.q_len == 1]
+    if len(decodes) > 1:
+        _decode_batch(q, keys, values, decodes, scale, out)
+    else:
+        decodes = []
     for span in meta.spans:
+        if decodes and span.q_len == 1:
+            continue
         rows = slice(span.q_start, span.q_start + span.q_len)
         k = keys.index_select(0, span.kv_slots).transpose(0, 1)  # [Hkv, ctx, D]
         v = values.index_select(0, span.kv_slots).transpose(0, 1)
@@ -58,6 +67,25 @@ def paged_attention(
         )
         out[rows] = o[0].transpose(0, 1)
     return out
+
+
+def _decode_batch(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, spans: list[SequenceSpan], scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One SDPA call for many single-query sequences: keys padded to the longest context."""
+    longest = max(s.ctx_len for s in spans)
+    slots = torch.zeros(len(spans), longest, dtype=torch.long, device=q.device)
+    mask = torch.zeros(len(spans), 1, 1, longest, dtype=torch.bool, device=q.device)
+    for i, span in enumerate(spans):
+        slots[i, : span.ctx_len] = span.kv_slots
+        mask[i, ..., : span.ctx_len] = True
+    k = keys[slots].transpose(1, 2)  # [B, Hkv, ctx, D]
+    v = values[slots].transpose(1, 2)
+    rows = torch.tensor([s.q_start for s in spans], device=q.device)
+    qs = q[rows].unsqueeze(2)  # [B, Hq, 1, D]
+    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=qs.shape[1] != k.shape[1])
+    out[rows] = o[:, :, 0]
 
 
 def _causal_mask(span: SequenceSpan, device: torch.device) -> torch.Tensor:

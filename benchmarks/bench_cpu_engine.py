@@ -1,0 +1,97 @@
+"""CPU engine throughput: loraplex vs transformers (+ PEFT) on SmolLM2-135M, in one run.
+
+    python benchmarks/bench_cpu_engine.py [--new-tokens 64] [--rank 16] [--results benchmarks/RESULTS.md]
+
+Rows: loraplex batch 1 (base), loraplex batch 8 with 8 different adapters, transformers
+batch 8 base model alone, transformers + PEFT batch 8 with the same 8 adapters mixed
+(``adapter_names``). All generate the same number of tokens (EOS ignored), float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from lora_helpers import greedy_request, load_engine, make_peft_adapter, run_all  # noqa: E402
+from results import append_results  # noqa: E402
+
+from inference_server.model.loading import default_model_path  # noqa: E402
+
+PROMPTS = ["Tell me a story about a dragon.", "How do planes fly?", "Give me a recipe for pancakes.",
+           "What is a black hole?", "Write a poem about autumn.", "Why is the sky blue?",
+           "Explain recursion.", "Plan a weekend in Rome."]
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _hf_generate(model, prompts: list[list[int]], new_tokens: int, **kwargs) -> float:
+    """Left-padded batch generate; returns seconds."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=0, **kwargs)
+    return time.perf_counter() - start
+
+
+def _loraplex(gguf: str, adapter_dir: Path, prompts, adapters, new_tokens: int) -> float:
+    engine = load_engine(gguf, adapter_dir, max_num_seqs=len(prompts))
+    requests = [greedy_request(f"r{i}", p, a, new_tokens) for i, (p, a) in enumerate(zip(prompts, adapters))]
+    run_all(engine, requests[:1])  # warm-up (first step, adapter loads)
+    engine = load_engine(gguf, adapter_dir, max_num_seqs=len(prompts))
+    start = time.perf_counter()
+    run_all(engine, requests)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--results", default=None, help="append a section to this RESULTS.md")
+    args = parser.parse_args()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    gguf = default_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                              dtype=torch.float32).eval()
+    adapter_dir = Path(tempfile.mkdtemp())
+    names = [f"bench-{i}" for i in range(8)]
+    for i, name in enumerate(names):
+        make_peft_adapter(hf, adapter_dir / name, dict(r=args.rank, lora_alpha=16, target_modules=ALL), seed=i, std=0.01)
+    engine = load_engine(gguf, adapter_dir)
+    prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    n = args.new_tokens
+    rows = []
+    t = _loraplex(gguf, adapter_dir, prompts[:1], [None], n)
+    rows.append(("loraplex, batch 1, base model", n / t))
+    t = _loraplex(gguf, adapter_dir, prompts, names, n)
+    rows.append(("loraplex, batch 8, 8 different adapters", 8 * n / t))
+    t = _hf_generate(hf, prompts, n)
+    rows.append(("transformers, batch 8, base model alone", 8 * n / t))
+    peft_model = PeftModel.from_pretrained(hf, adapter_dir / names[0], adapter_name=names[0]).eval()
+    for name in names[1:]:
+        peft_model.load_adapter(adapter_dir / name, adapter_name=name)
+    t = _hf_generate(peft_model, prompts, n, adapter_names=names)
+    rows.append(("transformers + PEFT, batch 8, 8 adapters mixed", 8 * n / t))
+    table = ["| configuration | generated tokens/s |", "| --- | ---: |"]
+    table += [f"| {name} | {rate:.1f} |" for name, rate in rows]
+    print("\n".join(table))
+    if args.results:
+        title = f"CPU engine: SmolLM2-135M float32, {n} new tokens, rank {args.rank} on all 7 projections"
+        append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
+
+
+if __name__ == "__main__":
+    main()
