@@ -146,7 +146,8 @@ def append_section(path: Path, table: list[str]) -> None:
         "",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- commit: {commit.stdout.strip() or 'unknown'}",
-        f"- machine: {cpu}, {os.cpu_count()} cores (no GPU)",
+        f"- machine: {cpu}, {os.cpu_count()} cores (no GPU); 1-minute load average at the end: "
+        f"{os.getloadavg()[0]:.1f} (other jobs share this machine: timings vary run to run)",
         f"- command: `python benchmarks/bench_store.py {' '.join(sys.argv[1:])}`",
         "",
     ]
