@@ -1,8 +1,11 @@
 """LoRA kernels, one device-agnostic entry point.
 
-CUDA tensors go to the SGMV/BGMV CUDA kernels (compiled at run time through CuPy/NVRTC,
-see ``kernels.cuda``); CPU tensors go to the PyTorch reference (``kernels.reference``),
-which defines the semantics. Callers never choose the backend.
+16-bit CUDA tensors (bfloat16, float16) go to the SGMV/BGMV CUDA kernels (compiled at run
+time through CuPy/NVRTC, see ``kernels.cuda``). Everything else goes to the PyTorch
+reference (``kernels.reference``), which defines the semantics: CPU tensors, and float32 /
+float64 CUDA tensors, the exactness mode used to check the GPU engine against the CPU one
+(the reference syncs with the host, so that mode is not CUDA-graph capturable). Callers
+never choose the backend.
 """
 
 from __future__ import annotations
@@ -14,6 +17,13 @@ import torch
 from kernels import reference
 
 __all__ = ["add_lora_slices", "add_lora_slices_bgmv", "prefer_bgmv", "reference"]
+
+
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _use_cuda(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype in _KERNEL_DTYPES
 
 
 def _cuda_ops():
@@ -36,7 +46,7 @@ def add_lora_slices(
     workspace: torch.Tensor,
 ) -> None:
     """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices."""
-    impl = _cuda_ops().add_lora_slices if x.is_cuda else reference.add_lora_slices
+    impl = _cuda_ops().add_lora_slices if _use_cuda(x) else reference.add_lora_slices
     impl(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
 
 
@@ -54,7 +64,7 @@ def add_lora_slices_bgmv(
     workspace: torch.Tensor,
 ) -> None:
     """BGMV: y[t, slice p] += scale_ps * (x[t] @ A_ps) @ B_ps, s = row_slot[t]. See the reference."""
-    impl = _cuda_ops().add_lora_slices_bgmv if x.is_cuda else reference.add_lora_slices_bgmv
+    impl = _cuda_ops().add_lora_slices_bgmv if _use_cuda(x) else reference.add_lora_slices_bgmv
     impl(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
 
 
