@@ -259,5 +259,6 @@ def test_notes_tell_how_to_reach_the_service_and_make_a_first_request() -> None:
     notes = render().notes
     assert f"port-forward svc/{FULLNAME} 50051:50051" in notes
     assert "loraplex generate" in notes and "loraplex health" in notes
+    assert f"exec deploy/{FULLNAME} -c server -- loraplex --address 127.0.0.1:50051 generate" in notes
     assert f"{FULLNAME}.ml.svc:50051" in notes
     assert "nodePort" in render(ci_values("bundled-redis")).notes

@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 import yaml
-from helm_chart_helpers import CHART, CI_VALUE_SETS, ci_values, render_error
+from helm_chart_helpers import CHART, CI_VALUE_SETS, ci_values, render, render_error
 
 from inference_server.settings import DTYPES, MODEL_FORMATS
 
@@ -115,3 +115,24 @@ def test_every_default_value_is_described_in_the_schema() -> None:
 
     assert walk(yaml.safe_load((CHART / "values.yaml").read_text()), SCHEMA, "") == []
 
+
+
+def test_readme_values_table_is_generated_from_the_current_schema() -> None:
+    import runpy  # noqa: PLC0415
+
+    tool = runpy.run_path(str(CHART.parents[1] / "scripts" / "chart_values_table.py"))
+    readme = (CHART / "README.md").read_text()
+    assert tool["with_table"](readme) == readme, "run: python scripts/chart_values_table.py"
+    for name in ("model.dtype", "redis.mode", "server.drainSeconds", "s3.credentials.existingSecret"):
+        assert f"| `{name}` |" in readme
+
+
+def test_readme_value_examples_install() -> None:
+    """Every values file shown in the chart's README renders (schema and chart checks pass)."""
+    readme = (CHART / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]
+    examples = [yaml.safe_load(b) for b in blocks if b.startswith("# ") and "-values.yaml" in b.splitlines()[0]]
+    assert len(examples) == 2
+    for values in examples:
+        rendered = render(values)
+        assert rendered.get("Deployment")
