@@ -66,6 +66,8 @@ def test_inline_s3_credentials_are_refused_without_echoing_them(values: dict) ->
     ({"model": {"source": "volume", "volume": {"claimName": "a", "hostPath": "/b"}}}, "exactly one"),
     ({"model": {"source": "volume", "path": "../../etc", "volume": {"claimName": "a"}}}, "model.path"),
     ({"model": {"path": "x.gguf"}}, "embedded model needs neither"),
+    ({"model": {"source": "s3", "s3": {"bucket": "m", "prefix": "gguf/smol.Q8_0.gguf"}}},
+     'set model.path="smol.Q8_0.gguf"'),
     ({"adapterStore": {"blobs": "s3"}}, "adapterStore.s3.bucket"),
     ({"redis": {"mode": "external"}}, "redis.external.url"),
     ({"redis": {"mode": "external", "external": {"url": "http://redis:6379"}}}, "redis://"),

@@ -154,6 +154,8 @@ values to change.
 {{- end }}
 {{- else if and (eq $v.model.source "s3") (not $v.model.s3.bucket) }}
 {{- fail "model.source=s3 needs model.s3.bucket (and model.s3.prefix, the model's folder or .gguf key)" }}
+{{- else if and (eq $v.model.source "s3") (hasSuffix ".gguf" (lower $v.model.s3.prefix)) (ne (base $v.model.s3.prefix) $v.model.path) }}
+{{- fail (printf "model.s3.prefix names one file: it is copied as %q, so set model.path=%q" (base $v.model.s3.prefix) (base $v.model.s3.prefix)) }}
 {{- end }}
 {{- if regexMatch "(^|/)\\.\\.(/|$)" $v.model.path }}
 {{- fail "model.path must stay inside the model volume: no '..' parts" }}
