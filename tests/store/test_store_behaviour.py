@@ -7,7 +7,7 @@ import hashlib
 import threading
 
 import pytest
-from store_adapters import ADAPTERS, CONFIG, WEIGHTS, peft_files
+from store_adapters import ADAPTERS, WEIGHTS, peft_files
 
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
 from inference_server.errors import AdapterNotFoundError
