@@ -60,7 +60,8 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
         self._ops: list[Callable[[], None]] = []
         self._cv = threading.Condition()
-        self._loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="adapter-loader")
+        # loader threads mostly wait (store I/O, their turn for pool space, copy events)
+        self._loader = ThreadPoolExecutor(max_workers=64, thread_name_prefix="adapter-loader")
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -125,6 +126,9 @@ class AsyncEngine:
     async def _acquire(self, request: GenerationRequest):
         if request.adapter_id is None:
             return None
+        resident = self._manager.try_acquire_resident(request.adapter_id)
+        if resident is not None:
+            return resident
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._loader, self._manager.acquire, request.adapter_id)
 

@@ -25,6 +25,7 @@ class EngineConfig:
     max_new_tokens_limit: int = 4096
     max_waiting: int = 1024
     adapter_pool_bytes: int = 256 * 1024 * 1024
+    adapter_host_cache_bytes: int = 1024 * 1024 * 1024  # pinned host tier
     max_lora_rank: int = 128
     adapter_acquire_timeout_s: float = 60.0
     seed: int = 0
@@ -33,7 +34,7 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit",
-                     "max_waiting", "adapter_pool_bytes", "kv_cache_cpu_bytes"):
+                     "max_waiting", "adapter_pool_bytes", "kv_cache_cpu_bytes", "adapter_host_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:

@@ -38,7 +38,8 @@ def assemble(cls, config: EngineConfig, module: nn.Module, model_config: ModelCo
     dtype = config.torch_dtype
     elem = torch.tensor([], dtype=dtype).element_size()
     manager = AdapterManager(
-        source, model_config, config.adapter_pool_bytes // elem, dtype, config.device, config.adapter_acquire_timeout_s
+        source, model_config, config.adapter_pool_bytes // elem, dtype, config.device, config.adapter_acquire_timeout_s,
+        config.adapter_host_cache_bytes,
     )
     num_blocks = config.num_kv_blocks or _kv_blocks_from_memory(config, model_config, elem)
     blocks = BlockManager(num_blocks, config.block_size)

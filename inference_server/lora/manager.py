@@ -1,11 +1,16 @@
-"""Adapter manager: which adapters are resident in the pool, reference counts, LRU eviction.
+"""Adapter manager: residency of adapters in the GPU pool, over a host tier and a source.
 
-The pool is one flat tensor allocated once (``pool_elements`` of the model dtype). An
-adapter is resolved from its ``AdapterSource``, validated against the base model, packed
-(see packing.py) and copied into a free range. Adapters in use by a running request are
-never evicted; when the pool is full of in-use adapters, ``acquire`` waits (bounded by a
-timeout) instead of failing at once. ``acquire`` runs in a worker thread, never on the
-engine's step loop.
+Tiers: GPU pool (one flat tensor allocated once; LRU over adapters no running request uses;
+reference counted) <- host tier (packed, pinned, LRU by bytes) <- adapter source (store or
+local directory). ``acquire`` runs on a loader thread, never on the step loop:
+
+1. fetch + validate + pack into the host tier (this is the prefetch: it happens at once,
+   even when the pool is full);
+2. take a place in the pool. Under pressure, acquisitions are served strictly in arrival
+   order, and a request for an already resident adapter queues behind earlier waiters
+   too, so resident adapters drain and rotate out: no waiter starves (bounded wait);
+3. copy host -> pool on a side stream (``PoolCopier``); the request is scheduled only once
+   the copy has completed, while the engine keeps decoding everyone else.
 """
 
 from __future__ import annotations
@@ -13,15 +18,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import load as load_safetensors
 
 from inference_server.errors import AdapterValidationError, ResourceExhaustedError
+from inference_server.lora.copier import PoolCopier
+from inference_server.lora.host_cache import HostAdapterCache, PackedAdapter
 from inference_server.lora.packing import AdapterLayout, pack_adapter, plan_layout
 from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files
+from inference_server.lora.pool_stats import PoolMetrics, PoolStats
 from inference_server.lora.range_allocator import RangeAllocator
 from inference_server.lora.source import AdapterSource
 from inference_server.model.config import ModelConfig
@@ -38,6 +46,7 @@ class ResidentAdapter:
     start: int
     layout: AdapterLayout
     refcount: int = 0
+    ready: bool = False  # the host -> pool copy has completed
     stale: bool = False  # replaced or deleted: freed when the last user releases it
     last_used: float = field(default_factory=time.monotonic)
 
@@ -48,16 +57,6 @@ class ResidentAdapter:
     @property
     def b_offsets(self) -> list[int]:
         return [self.start + o for o in self.layout.b_offsets]
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    resident: int
-    in_use: int
-    used_elements: int
-    capacity_elements: int
-    loads: int
-    evictions: int
 
 
 class AdapterManager:
@@ -71,89 +70,43 @@ class AdapterManager:
         dtype: torch.dtype,
         device: torch.device | str,
         acquire_timeout_s: float = 60.0,
+        host_cache_bytes: int = 1 << 30,
     ) -> None:
         self.source = source
         self.config = model_config
         self.dtype = dtype
         self.pool = torch.zeros(pool_elements, dtype=dtype, device=device)
         self._alloc = RangeAllocator(pool_elements)
+        self._copier = PoolCopier(self.pool.device)
+        self.metrics = PoolMetrics()
+        self.host = HostAdapterCache(host_cache_bytes, on_evict=lambda _: self.metrics.count("host_evictions"))
         self._resident: OrderedDict[str, ResidentAdapter] = OrderedDict()  # LRU first
-        self._loading: set[str] = set()
+        self._queue: deque[object] = deque()  # tickets of acquisitions waiting for the pool
         self._cond = threading.Condition()
         self._timeout = acquire_timeout_s
-        self._loads = 0
-        self._evictions = 0
 
-    def acquire(self, adapter_id: str) -> ResidentAdapter:
-        """Make ``adapter_id`` resident and take a reference. Raises AdapterNotFoundError,
-        AdapterValidationError, or ResourceExhaustedError after the bounded wait."""
+    # -- acquire / release -----------------------------------------------------------------
+    def try_acquire_resident(self, adapter_id: str) -> ResidentAdapter | None:
+        """Non-blocking fast path (event loop): a reference if resident and nobody waits."""
         with self._cond:
-            while adapter_id in self._loading:
-                self._cond.wait()
-            hit = self._resident.get(adapter_id)
-            if hit is not None:
-                return self._take(hit)
-            self._loading.add(adapter_id)
-        try:
-            return self._load(adapter_id)
-        finally:
-            with self._cond:
-                self._loading.discard(adapter_id)
-                self._cond.notify_all()
-
-    def _take(self, ra: ResidentAdapter) -> ResidentAdapter:
-        ra.refcount += 1
-        ra.last_used = time.monotonic()
-        self._resident.move_to_end(ra.adapter_id)
-        return ra
-
-    def _load(self, adapter_id: str) -> ResidentAdapter:
-        files = self.source.resolve(adapter_id)
-        spec = parse_adapter_files(files.files, self.config)  # the base model decides what fits
-        layout = plan_layout(spec, self.config)
-        if layout.num_elements > self._alloc.capacity:
-            raise ResourceExhaustedError(
-                f"adapter {adapter_id!r} needs {layout.num_elements} pool elements; the pool holds "
-                f"{self._alloc.capacity} (raise the adapter pool size)"
-            )
-        try:
-            tensors = load_safetensors(files.files[WEIGHTS_FILE])
-        except Exception as e:  # safetensors raises its own error types for corrupt data
-            raise AdapterValidationError(f"adapter {adapter_id!r}: cannot read adapter_model.safetensors ({e})") from e
-        flat, layout = pack_adapter(spec, tensors, self.config, self.dtype)
-        start = self._reserve(adapter_id, layout.num_elements)
-        self.pool[start : start + flat.numel()].copy_(flat)
-        ra = ResidentAdapter(adapter_id, files.info.version, start, layout)
-        with self._cond:
-            self._resident[adapter_id] = ra
-            self._loads += 1
+            ra = self._resident.get(adapter_id)
+            if ra is None or not ra.ready or self._queue:
+                return None
+            self.metrics.count("gpu_hits")
             return self._take(ra)
 
-    def _reserve(self, adapter_id: str, size: int) -> int:
-        deadline = time.monotonic() + self._timeout
-        with self._cond:
-            while True:
-                start = self._alloc.alloc(size)
-                if start is not None:
-                    return start
-                if self._evict_one():
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ResourceExhaustedError(
-                        f"adapter pool full of in-use adapters; {adapter_id!r} waited {self._timeout:.0f}s"
-                    )
-                self._cond.wait(timeout=left)
+    def acquire(self, adapter_id: str) -> ResidentAdapter:
+        """Make ``adapter_id`` resident and take a reference (blocking; a loader thread).
 
-    def _evict_one(self) -> bool:
-        for adapter_id, ra in self._resident.items():
-            if ra.refcount == 0:
-                del self._resident[adapter_id]
-                self._alloc.free(ra.start)
-                self._evictions += 1
-                log.debug("evicted adapter %s", adapter_id)
-                return True
-        return False
+        Raises AdapterNotFoundError, AdapterValidationError, or ResourceExhaustedError when
+        the bounded wait for pool space runs out."""
+        started = time.monotonic()
+        packed = self._host_tier(adapter_id)
+        ra, needs_copy = self._place(packed, started + self._timeout)
+        if needs_copy:
+            self._copy_in(ra, packed)
+            self.metrics.observe_load(time.monotonic() - started)
+        return self._wait_ready(ra)
 
     def release(self, ra: ResidentAdapter) -> None:
         with self._cond:
@@ -162,12 +115,131 @@ class AdapterManager:
                 self._alloc.free(ra.start)
             self._cond.notify_all()
 
+    def _take(self, ra: ResidentAdapter) -> ResidentAdapter:
+        ra.refcount += 1
+        ra.last_used = time.monotonic()
+        if not ra.stale:
+            self._resident.move_to_end(ra.adapter_id)
+        return ra
+
+    # -- tiers -----------------------------------------------------------------------------
+    def _host_tier(self, adapter_id: str) -> PackedAdapter:
+        packed = self.host.get(adapter_id)
+        if packed is not None:
+            self.metrics.count("host_hits")
+            return packed
+        with self._cond:
+            ra = self._resident.get(adapter_id)
+        if ra is not None:  # resident but evicted from the host tier: no fetch needed
+            return PackedAdapter(adapter_id, ra.version, torch.empty(0, dtype=self.dtype), ra.layout)
+        self.metrics.count("source_fetches")
+        files = self.source.resolve(adapter_id)
+        spec = parse_adapter_files(files.files, self.config)  # the base model decides what fits
+        try:
+            tensors = load_safetensors(files.files[WEIGHTS_FILE])
+        except Exception as e:  # safetensors raises its own error types for corrupt data
+            raise AdapterValidationError(f"adapter {adapter_id!r}: cannot read {WEIGHTS_FILE} ({e})") from e
+        if plan_layout(spec, self.config).num_elements > self._alloc.capacity:
+            raise ResourceExhaustedError(
+                f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
+            )
+        flat, layout = pack_adapter(spec, tensors, self.config, self.dtype)
+        packed = PackedAdapter(adapter_id, files.info.version, self._copier.prepare(flat), layout)
+        self.host.put(packed)
+        return packed
+
+    def _place(self, packed: PackedAdapter, deadline: float) -> tuple[ResidentAdapter, bool]:
+        """FIFO under pressure: wait for our turn, then reuse a resident copy or reserve space."""
+        ticket = object()
+        with self._cond:
+            self._queue.append(ticket)
+            try:
+                while True:
+                    if self._queue[0] is ticket:
+                        placed = self._place_now(packed)
+                        if placed is not None:
+                            return placed
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ResourceExhaustedError(
+                            f"adapter pool full of in-use adapters; {packed.adapter_id!r} waited "
+                            f"{self._timeout:.0f}s (raise the pool size or lower the batch size)"
+                        )
+                    self._cond.wait(timeout=left)
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
+
+    def _place_now(self, packed: PackedAdapter) -> tuple[ResidentAdapter, bool] | None:
+        ra = self._resident.get(packed.adapter_id)
+        if ra is not None:
+            self.metrics.count("gpu_hits" if ra.ready else "gpu_joins")
+            return self._take(ra), False
+        if packed.flat.numel() == 0:  # the resident copy vanished meanwhile: refetch
+            packed = self._host_tier_locked_refetch(packed.adapter_id)
+        start = self._reserve(packed.layout.num_elements)
+        if start is None:
+            return None
+        self.metrics.count("gpu_loads")
+        ra = ResidentAdapter(packed.adapter_id, packed.version, start, packed.layout)
+        self._resident[packed.adapter_id] = ra
+        return self._take(ra), True
+
+    def _host_tier_locked_refetch(self, adapter_id: str) -> PackedAdapter:
+        self._cond.release()
+        try:
+            return self._host_tier(adapter_id)
+        finally:
+            self._cond.acquire()
+
+    def _reserve(self, size: int) -> int | None:
+        while True:
+            start = self._alloc.alloc(size)
+            if start is not None or not self._evict_one():
+                return start
+
+    def _evict_one(self) -> bool:
+        for adapter_id, ra in self._resident.items():
+            if ra.refcount == 0 and ra.ready:
+                del self._resident[adapter_id]
+                self._alloc.free(ra.start)
+                self.metrics.count("gpu_evictions")
+                log.debug("evicted adapter %s from the pool", adapter_id)
+                return True
+        return False
+
+    def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
+        try:
+            self._copier.copy(self.pool[ra.start : ra.start + packed.flat.numel()], packed.flat)
+        except BaseException:
+            with self._cond:
+                self._resident.pop(ra.adapter_id, None)
+                self._alloc.free(ra.start)
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            ra.ready = True
+            self._cond.notify_all()
+
+    def _wait_ready(self, ra: ResidentAdapter) -> ResidentAdapter:
+        with self._cond:
+            while not ra.ready:
+                if ra.adapter_id not in self._resident and not ra.stale:  # its load failed
+                    ra.refcount -= 1
+                    raise ResourceExhaustedError(f"loading adapter {ra.adapter_id!r} failed; retry")
+                self._cond.wait(timeout=1.0)
+            return ra
+
+    # -- invalidation and visibility --------------------------------------------------------
     def invalidate(self, adapter_id: str) -> None:
-        """Drop a replaced or deleted adapter; running requests finish on the old copy."""
+        """Drop a replaced or deleted adapter from every tier; running requests finish on
+        the old copy, which is freed when they release it."""
+        self.host.invalidate(adapter_id)
         with self._cond:
             ra = self._resident.pop(adapter_id, None)
             if ra is None:
                 return
+            self.metrics.count("invalidations")
             if ra.refcount == 0:
                 self._alloc.free(ra.start)
             else:
@@ -176,15 +248,18 @@ class AdapterManager:
 
     def resident_ids(self) -> list[str]:
         with self._cond:
-            return list(self._resident)
+            return [k for k, ra in self._resident.items() if ra.ready]
 
     def stats(self) -> PoolStats:
+        elem = self.pool.element_size()
         with self._cond:
             return PoolStats(
-                resident=len(self._resident),
+                resident=sum(1 for r in self._resident.values() if r.ready),
                 in_use=sum(1 for r in self._resident.values() if r.refcount),
-                used_elements=self._alloc.used,
-                capacity_elements=self._alloc.capacity,
-                loads=self._loads,
-                evictions=self._evictions,
+                waiting=len(self._queue),
+                used_bytes=self._alloc.used * elem,
+                capacity_bytes=self._alloc.capacity * elem,
+                host_entries=len(self.host),
+                host_bytes=self.host.used_bytes,
+                counters=self.metrics.snapshot(),
             )
