@@ -24,7 +24,7 @@ START, END = "<!-- values:start -->", "<!-- values:end -->"
 
 def _limits(schema: dict[str, Any]) -> str:
     if "enum" in schema:
-        return "one of " + ", ".join(f"`{v}`" for v in schema["enum"])
+        return "one of " + ", ".join(f"`{v if isinstance(v, str) else json.dumps(v)}`" for v in schema["enum"])
     parts = []
     if "minimum" in schema and "integer" in str(schema.get("type")):
         parts.append(f">= {schema['minimum']}")

@@ -52,8 +52,10 @@ def test_every_manifest_validates_against_the_kubernetes_api(name: str, kube_ver
 @pytest.mark.parametrize("name", ALL_SETS)
 def test_server_and_store_share_the_pod_and_accept_the_rendered_settings(name: str) -> None:
     r = render(values_of(name))
-    names = [c["name"] for c in r.pod["containers"]]
-    assert names == ["server", "adapter-store"]
+    assert [c["name"] for c in r.pod["containers"]] == ["server"]
+    # Kubernetes >= 1.29: a native sidecar, the last init container (after fetch-model)
+    assert r.pod["initContainers"][-1]["name"] == "adapter-store"
+    assert r.container("adapter-store")["restartPolicy"] == "Always"
     cms = configmaps(r)
     # The real settings parsers accept what the chart renders (unknown or bad values raise).
     server_env = env_of(r.container("server"), cms)
@@ -173,14 +175,24 @@ def test_scheduling_values_reach_the_pod() -> None:
     assert mounts["model"]["readOnly"] is True
 
 
-def test_termination_grace_covers_prestop_and_drain() -> None:
-    values = {"server": {"drainSeconds": 120, "preStopDelaySeconds": 7, "shutdownMarginSeconds": 20}}
-    r = render(values)
+@pytest.mark.parametrize(("mode", "kube_version", "native"), [
+    ("auto", "1.30.0", True), ("auto", "1.28.0", False), (False, "1.34.0", False), (True, "1.29.0", True),
+])
+def test_termination_grace_covers_prestop_and_drain(mode: object, kube_version: str, native: bool) -> None:
+    values = {"server": {"drainSeconds": 120, "preStopDelaySeconds": 7, "shutdownMarginSeconds": 20},
+              "adapterStore": {"nativeSidecar": mode}}
+    r = render(values, kube_version=kube_version)
     assert r.pod["terminationGracePeriodSeconds"] == 147
     assert r.config("server")["LORAPLEX_GRACE_PERIOD_S"] == "120"
     assert r.container("server")["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "7"]
-    # the sidecar stays up until the server has drained
-    assert r.container("adapter-store")["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "127"]
+    store = r.container("adapter-store")
+    if native:  # Kubernetes stops a native sidecar only after the server has exited
+        assert store["restartPolicy"] == "Always" and "lifecycle" not in store
+        assert store in r.pod["initContainers"] and store not in r.pod["containers"]
+    else:  # a plain second container stays up, by its preStop, until the server has drained
+        assert [c["name"] for c in r.pod["containers"]] == ["server", "adapter-store"]
+        assert store["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "127"]
+        assert "restartPolicy" not in store
 
 
 def test_hpa_scales_on_a_server_metric_with_cpu_fallback() -> None:
@@ -217,6 +229,8 @@ def test_service_monitor_only_where_the_crd_exists() -> None:
 def test_s3_model_is_fetched_by_an_init_container() -> None:
     r = render(ci_values("external"))
     init = r.container("fetch-model")
+    # the model is in place before the sidecar (which reads its config.json) and the server start
+    assert [c["name"] for c in r.pod["initContainers"]] == ["fetch-model", "adapter-store"]
     assert init["image"] == r.container("adapter-store")["image"]
     assert "--bucket=models" in init["args"] and "--prefix=qwen2.5-7b-instruct/" in init["args"]
     assert "--dest=/models" in init["args"] and "--region=eu-west-1" in init["args"]
