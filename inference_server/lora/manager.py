@@ -102,9 +102,9 @@ class AdapterManager:
         the bounded wait for pool space runs out."""
         started = time.monotonic()
         packed = self._host_tier(adapter_id)
-        ra, needs_copy = self._place(packed, started + self._timeout)
-        if needs_copy:
-            self._copy_in(ra, packed)
+        ra, to_copy = self._place(packed, started + self._timeout)
+        if to_copy is not None:
+            self._copy_in(ra, to_copy)
             self.metrics.observe_load(time.monotonic() - started)
         return self._wait_ready(ra)
 
@@ -148,8 +148,9 @@ class AdapterManager:
         self.host.put(packed)
         return packed
 
-    def _place(self, packed: PackedAdapter, deadline: float) -> tuple[ResidentAdapter, bool]:
-        """FIFO under pressure: wait for our turn, then reuse a resident copy or reserve space."""
+    def _place(self, packed: PackedAdapter, deadline: float) -> tuple[ResidentAdapter, PackedAdapter | None]:
+        """FIFO under pressure: wait for our turn, then reuse a resident copy or reserve space.
+        Returns the reference and, when a copy into the pool is needed, what to copy."""
         ticket = object()
         with self._cond:
             self._queue.append(ticket)
@@ -170,11 +171,11 @@ class AdapterManager:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
 
-    def _place_now(self, packed: PackedAdapter) -> tuple[ResidentAdapter, bool] | None:
+    def _place_now(self, packed: PackedAdapter) -> tuple[ResidentAdapter, PackedAdapter | None] | None:
         ra = self._resident.get(packed.adapter_id)
         if ra is not None:
             self.metrics.count("gpu_hits" if ra.ready else "gpu_joins")
-            return self._take(ra), False
+            return self._take(ra), None
         if packed.flat.numel() == 0:  # the resident copy vanished meanwhile: refetch
             packed = self._host_tier_locked_refetch(packed.adapter_id)
         start = self._reserve(packed.layout.num_elements)
@@ -183,7 +184,7 @@ class AdapterManager:
         self.metrics.count("gpu_loads")
         ra = ResidentAdapter(packed.adapter_id, packed.version, start, packed.layout)
         self._resident[packed.adapter_id] = ra
-        return self._take(ra), True
+        return self._take(ra), packed
 
     def _host_tier_locked_refetch(self, adapter_id: str) -> PackedAdapter:
         self._cond.release()
