@@ -55,5 +55,6 @@ def test_small_pool_matches_a_pool_holding_everything(tiny_llama_dir: Path, many
     expected = run_all(big, requests)
     assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
     stats = small._manager.stats()
-    assert stats.resident <= 6 and stats.counters["gpu_evictions"] > 0 and stats.in_use == 0
+    assert stats.used_bytes <= stats.capacity_bytes == six and stats.resident < NUM_ADAPTERS
+    assert stats.counters["gpu_evictions"] > 0 and stats.in_use == 0
     assert big._manager.stats().counters["gpu_evictions"] == 0
