@@ -55,11 +55,12 @@ class LoraBatch:
         first, count = group.value
         rows = slice(first, first + count)
         args = (self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows], self.scales[rows])
+        workspace = self.workspace[:count]
         if self.use_bgmv:
             index = self.row_slot[: x.shape[0]]
-            kernels.add_lora_slices_bgmv(y, x, *args, index, layer, self.widths[group], self.workspace)
+            kernels.add_lora_slices_bgmv(y, x, *args, index, layer, self.widths[group], workspace)
         else:
-            kernels.add_lora_slices(y, x, *args, self.seg, layer, self.widths[group], self.workspace)
+            kernels.add_lora_slices(y, x, *args, self.seg, layer, self.widths[group], workspace)
 
 
 class LoraBatchBuilder:

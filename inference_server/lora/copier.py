@@ -11,9 +11,14 @@ class PoolCopier:
         self.device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
+    @property
+    def wants_pinned(self) -> bool:
+        """Whether host buffers should be pinned (copies are asynchronous)."""
+        return self._stream is not None
+
     def prepare(self, flat: torch.Tensor) -> torch.Tensor:
         """Host staging form of a packed adapter: pinned when copies are asynchronous."""
-        return flat.pin_memory() if self._stream is not None else flat
+        return flat.pin_memory() if self.wants_pinned and not flat.is_pinned() else flat
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """dst (a pool slice) <- src (host). Blocks the calling loader thread until the bytes

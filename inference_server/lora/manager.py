@@ -143,7 +143,7 @@ class AdapterManager:
             raise ResourceExhaustedError(
                 f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
             )
-        flat, layout = pack_adapter(spec, tensors, self.config, self.dtype)
+        flat, layout = pack_adapter(spec, tensors, self.config, self.dtype, pin=self._copier.wants_pinned)
         packed = PackedAdapter(adapter_id, files.info.version, self._copier.prepare(flat), layout)
         self.host.put(packed)
         return packed

@@ -61,11 +61,11 @@ def plan_layout(spec: AdapterSpec, cfg: ModelConfig) -> AdapterLayout:
 
 
 def pack_adapter(
-    spec: AdapterSpec, tensors: Mapping[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype
+    spec: AdapterSpec, tensors: Mapping[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype, pin: bool = False
 ) -> tuple[torch.Tensor, AdapterLayout]:
-    """Return the adapter as one flat tensor of ``dtype`` (on the CPU) and its layout."""
+    """Return the adapter as one flat tensor of ``dtype`` (on the CPU, pinned if asked) and its layout."""
     layout = plan_layout(spec, cfg)
-    flat = torch.zeros(layout.num_elements, dtype=dtype)
+    flat = torch.zeros(layout.num_elements, dtype=dtype, pin_memory=pin)
     shapes = cfg.projection_shapes()
     for mod in spec.modules:
         p = PROJECTIONS.index(mod.module)

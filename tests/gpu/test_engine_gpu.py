@@ -81,7 +81,7 @@ def test_small_gpu_pool_reloads_adapters_correctly(tiny_llama_dir: Path, adapter
     # float32, so batch composition cannot change rounding: tokens must match exactly
     big = load_engine(tiny_llama_dir, adapter_dir, device="cuda")
     small = load_engine(tiny_llama_dir, adapter_dir, device="cuda",
-                        adapter_pool_bytes=800_000, max_num_seqs=4, max_num_batched_tokens=64)
+                        adapter_pool_bytes=500_000, max_num_seqs=4, max_num_batched_tokens=64)
     expected = run_all(big, _requests(big, 20))
     got = run_all(small, _requests(small, 20))
     assert small._manager.stats().counters["gpu_evictions"] > 0
