@@ -1,0 +1,146 @@
+"""A model-free engine with the AsyncEngine interface, to measure the serving edge alone.
+
+Like the real engine, a step thread produces one token for every running request each
+step and hands the step's events to the event loop with one ``call_soon_threadsafe``; it
+just does no model work, so it can feed the edge far more tokens per second than any model.
+Each event's text is the ``time.perf_counter()`` at which the step made it (CLOCK_MONOTONIC,
+the same clock in every process of the machine), so a client can measure the delivery
+latency of every token.
+
+    python benchmarks/synthetic_engine.py --port 50051 --step-ms 1     # a loraplex server over it
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticInfo:
+    model_name: str = "synthetic"
+    dtype: str = "none"
+    device: str = "cpu"
+    max_context_len: int = 1 << 20
+    max_batch_size: int = 1 << 16
+    max_new_tokens_limit: int = 1 << 20
+    vocab_size: int = 32000
+    eos_token_ids: tuple[int, ...] = ()
+    max_lora_rank: int = 128
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticStats:
+    num_running: int
+    num_waiting: int = 0
+    free_kv_blocks: int = 0
+    total_kv_blocks: int = 0
+    resident_adapters: int = 0
+
+
+class SyntheticTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [min(ord(c), 31999) for c in text]
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        return self.encode("".join(m["content"] for m in messages))
+
+
+class SyntheticEngine:
+    """One token per running request every ``step_s`` seconds; any adapter id is accepted."""
+
+    def __init__(self, step_s: float = 0.001) -> None:
+        self.info = SyntheticInfo()
+        self.tokenizer = SyntheticTokenizer()
+        self.adapters = None  # no adapter management: the bench never calls it
+        self._step_s = step_s
+        self._running: dict[str, list] = {}  # request id -> [request, tokens done, queue, t0]
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="synthetic-steps", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def stats(self) -> SyntheticStats:
+        return SyntheticStats(num_running=len(self._running))
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._running.pop(request_id, None)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        with self._lock:
+            self._running[request.request_id] = [request, 0, queue, time.perf_counter()]
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if event.finish_reason is not None:
+                    return
+        finally:
+            self.abort(request.request_id)
+
+    def _run(self) -> None:
+        while not self._closing.wait(self._step_s):
+            events = []
+            stamp = f"{time.perf_counter():.9f}"
+            with self._lock:
+                for rid, entry in list(self._running.items()):
+                    request, done, queue, t0 = entry
+                    entry[1] = done = done + 1
+                    token = 100 + done % 1000
+                    if done < request.stopping.max_new_tokens:
+                        events.append((queue, TokenEvent(rid, (token,), stamp)))
+                        continue
+                    del self._running[rid]
+                    elapsed = time.perf_counter() - t0
+                    events.append((queue, TokenEvent(
+                        rid, (token,), stamp, finish_reason=FinishReason.LENGTH,
+                        usage=Usage(len(request.prompt_token_ids), done), timings=Timings(0.0, elapsed, elapsed))))
+            if events and self._loop is not None:
+                self._loop.call_soon_threadsafe(_dispatch, events)
+
+
+def _dispatch(events: list) -> None:
+    for queue, event in events:
+        queue.put_nowait(event)
+
+
+def main() -> int:
+    """Serve the synthetic engine with the real loraplex server (inference_server.main.serve)."""
+    from inference_server.main import configure_logging, serve  # noqa: PLC0415
+    from inference_server.settings import ServerSettings  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--step-ms", type=float, default=1.0)
+    args = parser.parse_args()
+    settings = ServerSettings.from_sources(["--port", str(args.port), "--metrics-port", "0", "--log-level",
+                                            "WARNING", "--max-concurrent-streams", "100000"], {})
+    configure_logging(settings)
+    return asyncio.run(serve(settings, build=lambda: SyntheticEngine(args.step_ms / 1000)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
