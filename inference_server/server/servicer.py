@@ -10,7 +10,6 @@ from typing import Any
 
 import grpc
 
-from inference_server.engine.request import GenerationRequest, TokenEvent
 from inference_server.errors import InvalidRequestError, LoraplexError
 from inference_server.server import convert
 from inference_server.server.metrics import ServerMetrics
@@ -69,14 +68,25 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Stream one generation; a cancelled or expired call aborts it in the engine."""
         engine = self._state.engine_or_raise()
         edge = await self._decode(request, engine)
-        req = edge.request
+        req, client_id = edge.request, edge.client_request_id
         async with self._state.stream(req.request_id):
             track = self._metrics.stream(req.adapter_id, len(req.prompt_token_ids))
-            async for event in _engine_events(engine, req):
-                track.tokens(len(event.token_ids))
-                if event.finish_reason is not None:
-                    track.finished(event.finish_reason.value)
-                yield convert.token_event_to_pb(event, edge.client_request_id)
+            stream = engine.generate(req)
+            finished = False
+            try:
+                async for event in stream:
+                    track.tokens(len(event.token_ids))
+                    if event.finish_reason is not None:
+                        finished = True
+                        track.finished(event.finish_reason.value)
+                    yield convert.token_event_to_pb(event, client_id)
+            except LoraplexError:
+                finished = True  # the engine refused the request: there is nothing to abort
+                raise
+            finally:
+                if not finished:  # cancelled, deadline passed, or failed mid-stream
+                    engine.abort(req.request_id)
+                await stream.aclose()
 
     async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
                             context: grpc.aio.ServicerContext) -> pb.Adapter:
@@ -127,20 +137,3 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
 def _missing(field: str) -> str:
     raise InvalidRequestError("must be non-empty", field)
-
-
-async def _engine_events(engine: Any, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-    """The engine's event stream; if it ends early (cancel, deadline, error) the request is aborted."""
-    stream = engine.generate(request)
-    finished = False
-    try:
-        async for event in stream:
-            finished = event.finish_reason is not None
-            yield event
-    except LoraplexError:
-        finished = True  # the engine refused the request: there is nothing to abort
-        raise
-    finally:
-        if not finished:
-            engine.abort(request.request_id)
-        await stream.aclose()
