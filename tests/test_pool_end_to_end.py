@@ -58,3 +58,46 @@ def test_small_pool_matches_a_pool_holding_everything(tiny_llama_dir: Path, many
     assert stats.used_bytes <= stats.capacity_bytes == six and stats.resident < NUM_ADAPTERS
     assert stats.counters["gpu_evictions"] > 0 and stats.in_use == 0
     assert big._manager.stats().counters["gpu_evictions"] == 0
+
+
+@pytest.mark.slow
+def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Path, many_adapters: Path) -> None:
+    """200 Zipf requests over gRPC against a server whose pool holds six of the 50 adapters:
+    every stream equals the stream of a server whose pool holds them all."""
+    import asyncio
+
+    from clients import AsyncLoraplexClient
+    from inference_server.engine.async_engine import AsyncEngine
+    from inference_server.engine.config import EngineConfig
+    from inference_server.model.loading import ModelSource
+    from inference_server.server.app import ServerOptions
+    from server_helpers import ServerThread
+
+    probe = load_engine(tiny_llama_dir, many_adapters)
+    largest = max(
+        plan_layout(probe.adapters.resolve(info.adapter_id).spec, probe._core.runner.config).num_elements
+        for info in probe.adapters.list()
+    )
+    six = 6 * (largest + 64) * 4
+    jobs = [(r.prompt_token_ids, r.adapter_id) for r in _zipf_requests(probe, 200, seed=11)]
+
+    def serve(pool_bytes: int) -> list[list[int]]:
+        srv = ServerThread(ServerOptions(port=0, metrics_port=0, default_max_new_tokens=12))
+        config = EngineConfig(num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
+                              adapter_pool_bytes=pool_bytes, adapter_host_cache_bytes=pool_bytes)
+        engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), many_adapters, progress=False)
+        srv.attach(engine)
+        try:
+            async def run() -> list:
+                async with AsyncLoraplexClient(srv.address) as client:
+                    return await asyncio.gather(*(
+                        client.generate_text(token_ids=list(p), adapter=a, ignore_eos=True, max_new_tokens=12)
+                        for p, a in jobs))
+            results = asyncio.run(run())
+            if pool_bytes == six:
+                assert engine._manager.stats().counters["gpu_evictions"] > 0
+            return [list(r.token_ids) for r in results]
+        finally:
+            srv.close()
+
+    assert serve(six) == serve(64 * six)
