@@ -25,6 +25,8 @@ class EngineConfig:
     max_new_tokens_limit: int = 4096
     max_waiting: int = 1024
     adapter_pool_bytes: int = 256 * 1024 * 1024
+    # when set (CUDA): the pool takes this fraction of the memory left after weights and KV
+    adapter_pool_memory_fraction: float | None = None
     adapter_host_cache_bytes: int = 1024 * 1024 * 1024  # pinned host tier
     max_lora_rank: int = 128
     adapter_acquire_timeout_s: float = 60.0
@@ -46,6 +48,10 @@ class EngineConfig:
             )
         if not 0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 0.95], got {self.kv_cache_memory_fraction}")
+        if self.adapter_pool_memory_fraction is not None and not 0 < self.adapter_pool_memory_fraction <= 0.9:
+            raise ValueError(
+                f"adapter_pool_memory_fraction must be in (0, 0.9], got {self.adapter_pool_memory_fraction}"
+            )
         if not 1 <= self.max_lora_rank <= 128:
             raise ValueError(f"max_lora_rank must be in [1, 128], got {self.max_lora_rank}")
 

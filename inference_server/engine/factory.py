@@ -37,11 +37,14 @@ def assemble(cls, config: EngineConfig, module: nn.Module, model_config: ModelCo
     """Build the engine around an already loaded model (tests use this directly)."""
     dtype = config.torch_dtype
     elem = torch.tensor([], dtype=dtype).element_size()
+    num_blocks = config.num_kv_blocks or _kv_blocks_from_memory(config, model_config, elem)
+    pool_bytes = _pool_bytes(config, model_config, num_blocks, elem)
     manager = AdapterManager(
-        source, model_config, config.adapter_pool_bytes // elem, dtype, config.device, config.adapter_acquire_timeout_s,
+        source, model_config, pool_bytes // elem, dtype, config.device, config.adapter_acquire_timeout_s,
         config.adapter_host_cache_bytes,
     )
-    num_blocks = config.num_kv_blocks or _kv_blocks_from_memory(config, model_config, elem)
+    log.info("KV cache: %d blocks of %d tokens; adapter pool: %.1f MiB", num_blocks, config.block_size,
+             pool_bytes / 2**20)
     blocks = BlockManager(num_blocks, config.block_size)
     max_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings,
                   num_blocks * config.block_size)
@@ -61,8 +64,23 @@ def assemble(cls, config: EngineConfig, module: nn.Module, model_config: ModelCo
     return cls(core, manager, ManagedAdapters(source, manager, model_config, config.max_lora_rank), info, config)
 
 
+def _kv_block_bytes(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
+    return 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def _pool_bytes(config: EngineConfig, cfg: ModelConfig, num_blocks: int, elem: int) -> int:
+    """Bytes, or a fraction of the device memory left once the KV cache is allocated."""
+    if config.adapter_pool_memory_fraction is None or not str(config.device).startswith("cuda"):
+        return config.adapter_pool_bytes
+    free, _ = torch.cuda.mem_get_info(torch.device(config.device))
+    left = free - num_blocks * _kv_block_bytes(config, cfg, elem)
+    if left <= 0:
+        raise ValueError("no device memory left for the adapter pool after the KV cache; lower its fraction")
+    return int(left * config.adapter_pool_memory_fraction)
+
+
 def _kv_blocks_from_memory(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
-    per_block = 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    per_block = _kv_block_bytes(config, cfg, elem)
     if str(config.device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(config.device))
         budget = int(free * config.kv_cache_memory_fraction)
