@@ -278,3 +278,17 @@ def test_shutdown_aborts_streams_that_outlive_the_grace_period(served) -> None:
     events = list(stream)
     assert events[-1].finish_reason == "abort"
     assert engine.aborted == [engine.requests[0].request_id]
+
+
+def test_message_over_the_size_limit_is_resource_exhausted(tmp_path: Path) -> None:
+    srv = ServerThread(ServerOptions(port=0, max_message_bytes=64 * 1024))
+    engine = FakeEngine(tmp_path)
+    srv.attach(engine)
+    try:
+        with LoraplexClient(srv.address) as client:
+            with pytest.raises(ResourceExhaustedError):
+                client.generate_text("x" * 100_000)  # 100 KB on the wire
+            assert engine.requests == []
+            assert client.generate_text("small", max_new_tokens=2).finish_reason == "length"
+    finally:
+        srv.close()
