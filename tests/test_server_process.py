@@ -102,3 +102,29 @@ def test_unloadable_model_exits_1(tmp_path: Path) -> None:
         assert "cannot load the model" in (tmp_path / "server.log").read_text()
     finally:
         stop(proc)
+
+
+def test_sigterm_while_the_model_loads_exits_cleanly_with_json_logs(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    proc, address = start_server(tiny_llama_dir, tmp_path, "--log-format", "json")
+    try:
+        with LoraplexClient(address, retry_attempts=1, timeout=2) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    status = client.health()
+                    break
+                except LoraplexClientError:
+                    assert time.monotonic() < deadline and proc.poll() is None
+                    time.sleep(0.01)
+        assert status == "NOT_SERVING"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        records = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
+                   if line.startswith("{")]
+        messages = [r["message"] for r in records]
+        assert "stop requested while the model was loading" in messages
+        assert {"time", "level", "logger", "message"} <= set(records[0])
+    finally:
+        stop(proc)
