@@ -85,7 +85,7 @@ def stage_times(engine, cfg: ModelConfig) -> dict[str, float]:
     """Where a source load goes: validation, safetensors decode, packing (CPU, pinned)."""
     from safetensors.torch import load
 
-    from inference_server.lora.packing import pack_adapter
+    from inference_server.lora.packing import pack_adapter, plan_layout
 
     files = engine._manager.source.files
     out = {}
@@ -96,8 +96,9 @@ def stage_times(engine, cfg: ModelConfig) -> dict[str, float]:
     tensors = load(files["adapter_model.safetensors"])
     out["decode safetensors"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pack_adapter(spec, tensors, cfg, torch.bfloat16, pin=True)
-    out["pack (transpose into pinned)"] = time.perf_counter() - t0
+    buffer, _ = engine._manager.host.reserve(plan_layout(spec, cfg).num_elements)
+    pack_adapter(spec, tensors, cfg, torch.bfloat16, out=buffer)
+    out["pack (transpose into the pinned arena)"] = time.perf_counter() - t0
     return out
 
 
@@ -129,7 +130,9 @@ def main() -> None:
     host_s = [timed_acquire(mgr, f"cold-{i}") for i in range(5)]  # evicted from the pool by now
     assert mgr.stats().counters["host_hits"] - evicted_before == 5, "expected host-tier hits"
     resident_s = [timed_acquire(mgr, "cold-29") for _ in range(5)]
-    mb = mgr.host.get("cold-29").num_bytes / 1e6
+    entry = mgr.host.lease("cold-29")
+    mb = entry.num_bytes / 1e6
+    mgr.host.release(entry)
     stages = stage_times(engine, cfg)
     # decode step time of 32 running requests, with and without 20 adapters loading
     for i in range(32):

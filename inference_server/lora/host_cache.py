@@ -1,8 +1,11 @@
-"""Host tier of the adapter pool: packed adapters in (pinned) host memory, LRU by bytes.
+"""Host tier of the adapter pool: packed adapters in one (pinned) host arena, LRU by bytes.
 
-A GPU miss that hits this tier costs one host-to-device copy; a miss here goes to the
-adapter source (store or local directory). Entries are keyed by adapter id and carry the
-version they were packed from, so an invalidated id never serves stale bytes.
+The arena is allocated once (pinned on GPU hosts, so a host-tier hit is one asynchronous
+host-to-device copy with no allocation on the way); adapters are packed straight into
+their range of it. A GPU miss that hits this tier costs one copy; a miss here goes to the
+adapter source. Entries are keyed by adapter id and carry the version they were packed
+from, so an invalidated id never serves stale bytes. An entry is leased while a copy reads
+it and is never evicted or overwritten under a lease.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ from dataclasses import dataclass
 import torch
 
 from inference_server.lora.packing import AdapterLayout
+from inference_server.lora.range_allocator import RangeAllocator
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)
 class PackedAdapter:
     adapter_id: str
     version: str
-    flat: torch.Tensor  # 1-D, model dtype, pinned when a GPU is used
+    flat: torch.Tensor  # 1-D, model dtype: a range of the arena (or standalone when uncached)
     layout: AdapterLayout
+    start: int = -1  # arena offset, -1 = not in the arena
+    leases: int = 0
 
     @property
     def num_bytes(self) -> int:
@@ -30,50 +36,92 @@ class PackedAdapter:
 
 
 class HostAdapterCache:
-    def __init__(self, capacity_bytes: int, on_evict: Callable[[PackedAdapter], None] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        dtype: torch.dtype,
+        pin: bool = False,
+        on_evict: Callable[[PackedAdapter], None] | None = None,
+    ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"host cache capacity must be >= 0 bytes, got {capacity_bytes}")
+        elem = torch.tensor([], dtype=dtype).element_size()
         self.capacity_bytes = capacity_bytes
-        self._entries: OrderedDict[str, PackedAdapter] = OrderedDict()
-        self._bytes = 0
+        self._elem = elem
+        self._arena = torch.empty(max(capacity_bytes // elem, 1), dtype=dtype, pin_memory=pin)
+        self._alloc = RangeAllocator(self._arena.numel())
+        self._entries: OrderedDict[str, PackedAdapter] = OrderedDict()  # LRU first
         self._lock = threading.Lock()
         self._on_evict = on_evict
+        self.pinned = pin
 
     @property
     def used_bytes(self) -> int:
-        return self._bytes
+        return self._alloc.used * self._elem
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, adapter_id: str) -> PackedAdapter | None:
+    def lease(self, adapter_id: str) -> PackedAdapter | None:
+        """The cached entry with a lease taken (``release`` it after the copy), or None."""
         with self._lock:
             entry = self._entries.get(adapter_id)
             if entry is not None:
                 self._entries.move_to_end(adapter_id)
+                entry.leases += 1
             return entry
 
-    def put(self, entry: PackedAdapter) -> None:
-        """Insert (replacing any older version), then evict LRU entries over the budget.
-        An entry larger than the whole budget is not kept."""
+    def release(self, entry: PackedAdapter) -> None:
+        with self._lock:
+            entry.leases -= 1
+            if entry.leases == 0 and entry.start >= 0 and self._entries.get(entry.adapter_id) is not entry:
+                self._alloc.free(entry.start)  # invalidated while leased: free now
+
+    def reserve(self, numel: int) -> tuple[torch.Tensor, int]:
+        """A zeroed buffer of ``numel`` elements to pack into: an arena range (evicting LRU
+        unleased entries as needed), else a standalone tensor (start -1) that is not cached."""
         evicted = []
         with self._lock:
-            old = self._entries.pop(entry.adapter_id, None)
-            if old is not None:
-                self._bytes -= old.num_bytes
-            if entry.num_bytes <= self.capacity_bytes:
-                self._entries[entry.adapter_id] = entry
-                self._bytes += entry.num_bytes
-            while self._bytes > self.capacity_bytes:
-                _, victim = self._entries.popitem(last=False)
-                self._bytes -= victim.num_bytes
-                evicted.append(victim)
+            start = self._alloc.alloc(numel)
+            while start is None and self._evict_one(evicted):
+                start = self._alloc.alloc(numel)
         for victim in evicted:
             if self._on_evict is not None:
                 self._on_evict(victim)
+        if start is None:
+            return torch.zeros(numel, dtype=self._arena.dtype, pin_memory=self.pinned), -1
+        buffer = self._arena[start : start + numel]
+        buffer.zero_()
+        return buffer, start
+
+    def abandon(self, start: int) -> None:
+        """Give back a reserved range that will not be inserted (packing failed)."""
+        if start >= 0:
+            with self._lock:
+                self._alloc.free(start)
+
+    def _evict_one(self, evicted: list[PackedAdapter]) -> bool:
+        for adapter_id, entry in self._entries.items():
+            if entry.leases == 0:
+                del self._entries[adapter_id]
+                self._alloc.free(entry.start)
+                evicted.append(entry)
+                return True
+        return False
+
+    def insert(self, entry: PackedAdapter) -> PackedAdapter:
+        """Publish a packed entry (replacing an older version) and return it leased."""
+        with self._lock:
+            old = self._entries.pop(entry.adapter_id, None)
+            if old is not None and old.leases == 0:
+                self._alloc.free(old.start)
+            entry.leases += 1
+            if entry.start >= 0:
+                self._entries[entry.adapter_id] = entry
+            return entry
 
     def invalidate(self, adapter_id: str) -> None:
         with self._lock:
             old = self._entries.pop(adapter_id, None)
-            if old is not None:
-                self._bytes -= old.num_bytes
+            if old is not None and old.leases == 0:
+                self._alloc.free(old.start)

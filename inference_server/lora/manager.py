@@ -79,7 +79,8 @@ class AdapterManager:
         self._alloc = RangeAllocator(pool_elements)
         self._copier = PoolCopier(self.pool.device)
         self.metrics = PoolMetrics()
-        self.host = HostAdapterCache(host_cache_bytes, on_evict=lambda _: self.metrics.count("host_evictions"))
+        self.host = HostAdapterCache(host_cache_bytes, dtype, pin=self._copier.wants_pinned,
+                                     on_evict=lambda _: self.metrics.count("host_evictions"))
         self._resident: OrderedDict[str, ResidentAdapter] = OrderedDict()  # LRU first
         self._queue: deque[object] = deque()  # tickets of acquisitions waiting for the pool
         self._cond = threading.Condition()
@@ -101,11 +102,16 @@ class AdapterManager:
         Raises AdapterNotFoundError, AdapterValidationError, or ResourceExhaustedError when
         the bounded wait for pool space runs out."""
         started = time.monotonic()
-        packed = self._host_tier(adapter_id)
-        ra, to_copy = self._place(packed, started + self._timeout)
-        if to_copy is not None:
-            self._copy_in(ra, to_copy)
-            self.metrics.observe_load(time.monotonic() - started)
+        leased: list[PackedAdapter] = []
+        try:
+            packed = self._host_tier(adapter_id, leased)
+            ra, to_copy = self._place(packed, started + self._timeout, leased)
+            if to_copy is not None:
+                self._copy_in(ra, to_copy)
+                self.metrics.observe_load(time.monotonic() - started)
+        finally:
+            for entry in leased:
+                self.host.release(entry)
         return self._wait_ready(ra)
 
     def release(self, ra: ResidentAdapter) -> None:
@@ -123,10 +129,13 @@ class AdapterManager:
         return ra
 
     # -- tiers -----------------------------------------------------------------------------
-    def _host_tier(self, adapter_id: str) -> PackedAdapter:
-        packed = self.host.get(adapter_id)
+    def _host_tier(self, adapter_id: str, leased: list[PackedAdapter]) -> PackedAdapter:
+        """The packed adapter from the host tier (leased), fetched and packed on a miss.
+        Returns an empty placeholder when the adapter is resident and not in the host tier."""
+        packed = self.host.lease(adapter_id)
         if packed is not None:
             self.metrics.count("host_hits")
+            leased.append(packed)
             return packed
         with self._cond:
             ra = self._resident.get(adapter_id)
@@ -139,16 +148,24 @@ class AdapterManager:
             tensors = load_safetensors(files.files[WEIGHTS_FILE])
         except Exception as e:  # safetensors raises its own error types for corrupt data
             raise AdapterValidationError(f"adapter {adapter_id!r}: cannot read {WEIGHTS_FILE} ({e})") from e
-        if plan_layout(spec, self.config).num_elements > self._alloc.capacity:
+        layout = plan_layout(spec, self.config)
+        if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(
                 f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
             )
-        flat, layout = pack_adapter(spec, tensors, self.config, self.dtype, pin=self._copier.wants_pinned)
-        packed = PackedAdapter(adapter_id, files.info.version, self._copier.prepare(flat), layout)
-        self.host.put(packed)
+        buffer, start = self.host.reserve(layout.num_elements)
+        try:
+            flat, layout = pack_adapter(spec, tensors, self.config, self.dtype, out=buffer)
+        except BaseException:
+            self.host.abandon(start)
+            raise
+        packed = self.host.insert(PackedAdapter(adapter_id, files.info.version, flat, layout, start))
+        leased.append(packed)
         return packed
 
-    def _place(self, packed: PackedAdapter, deadline: float) -> tuple[ResidentAdapter, PackedAdapter | None]:
+    def _place(
+        self, packed: PackedAdapter, deadline: float, leased: list[PackedAdapter]
+    ) -> tuple[ResidentAdapter, PackedAdapter | None]:
         """FIFO under pressure: wait for our turn, then reuse a resident copy or reserve space.
         Returns the reference and, when a copy into the pool is needed, what to copy."""
         ticket = object()
@@ -157,7 +174,7 @@ class AdapterManager:
             try:
                 while True:
                     if self._queue[0] is ticket:
-                        placed = self._place_now(packed)
+                        placed = self._place_now(packed, leased)
                         if placed is not None:
                             return placed
                     left = deadline - time.monotonic()
@@ -171,13 +188,15 @@ class AdapterManager:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
 
-    def _place_now(self, packed: PackedAdapter) -> tuple[ResidentAdapter, PackedAdapter | None] | None:
+    def _place_now(
+        self, packed: PackedAdapter, leased: list[PackedAdapter]
+    ) -> tuple[ResidentAdapter, PackedAdapter | None] | None:
         ra = self._resident.get(packed.adapter_id)
         if ra is not None:
             self.metrics.count("gpu_hits" if ra.ready else "gpu_joins")
             return self._take(ra), None
         if packed.flat.numel() == 0:  # the resident copy vanished meanwhile: refetch
-            packed = self._host_tier_locked_refetch(packed.adapter_id)
+            packed = self._host_tier_locked_refetch(packed.adapter_id, leased)
         start = self._reserve(packed.layout.num_elements)
         if start is None:
             return None
@@ -186,10 +205,10 @@ class AdapterManager:
         self._resident[packed.adapter_id] = ra
         return self._take(ra), packed
 
-    def _host_tier_locked_refetch(self, adapter_id: str) -> PackedAdapter:
+    def _host_tier_locked_refetch(self, adapter_id: str, leased: list[PackedAdapter]) -> PackedAdapter:
         self._cond.release()
         try:
-            return self._host_tier(adapter_id)
+            return self._host_tier(adapter_id, leased)
         finally:
             self._cond.acquire()
 

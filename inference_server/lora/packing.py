@@ -61,11 +61,18 @@ def plan_layout(spec: AdapterSpec, cfg: ModelConfig) -> AdapterLayout:
 
 
 def pack_adapter(
-    spec: AdapterSpec, tensors: Mapping[str, torch.Tensor], cfg: ModelConfig, dtype: torch.dtype, pin: bool = False
+    spec: AdapterSpec,
+    tensors: Mapping[str, torch.Tensor],
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, AdapterLayout]:
-    """Return the adapter as one flat tensor of ``dtype`` (on the CPU, pinned if asked) and its layout."""
+    """Return the adapter as one flat tensor of ``dtype`` (on the CPU) and its layout.
+
+    ``out``: a zeroed 1-D buffer of at least ``plan_layout(...).num_elements`` to pack into
+    (a range of the host tier's arena); a new tensor otherwise."""
     layout = plan_layout(spec, cfg)
-    flat = torch.zeros(layout.num_elements, dtype=dtype, pin_memory=pin)
+    flat = torch.zeros(layout.num_elements, dtype=dtype) if out is None else out[: layout.num_elements]
     shapes = cfg.projection_shapes()
     for mod in spec.modules:
         p = PROJECTIONS.index(mod.module)
