@@ -28,7 +28,7 @@ from inference_server.errors import AdapterValidationError, ResourceExhaustedErr
 from inference_server.lora.copier import PoolCopier
 from inference_server.lora.host_cache import HostAdapterCache, PackedAdapter
 from inference_server.lora.packing import AdapterLayout, pack_adapter, plan_layout
-from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files
+from inference_server.lora.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
 from inference_server.lora.pool_stats import PoolMetrics, PoolStats
 from inference_server.lora.range_allocator import RangeAllocator
 from inference_server.lora.source import AdapterSource
@@ -148,20 +148,35 @@ class AdapterManager:
             tensors = load_safetensors(files.files[WEIGHTS_FILE])
         except Exception as e:  # safetensors raises its own error types for corrupt data
             raise AdapterValidationError(f"adapter {adapter_id!r}: cannot read {WEIGHTS_FILE} ({e})") from e
-        layout = plan_layout(spec, self.config)
+        layout = self._pool_layout(spec)
         if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(
                 f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
             )
-        buffer, start = self.host.reserve(layout.num_elements)
+        buffer, start = self.host.reserve(self._host_elements(layout))
         try:
-            flat, layout = pack_adapter(spec, tensors, self.config, self.dtype, out=buffer)
+            flat = self._pack(spec, tensors, buffer)
         except BaseException:
             self.host.abandon(start)
             raise
         packed = self.host.insert(PackedAdapter(adapter_id, files.info.version, flat, layout, start))
         leased.append(packed)
         return packed
+
+    # Packing hooks: tensor parallelism (inference_server/parallel/adapters.py) packs every
+    # rank's shard into the host tier and lays out the pool for one rank's shard.
+    def _pool_layout(self, spec: AdapterSpec) -> AdapterLayout:
+        """Where the adapter's A/B blocks go in this process's pool."""
+        return plan_layout(spec, self.config)
+
+    def _host_elements(self, layout: AdapterLayout) -> int:
+        """Host-tier elements one packed adapter takes."""
+        return layout.num_elements
+
+    def _pack(self, spec: AdapterSpec, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        """Pack into ``out`` (a zeroed host-tier buffer); the pool copies its first
+        ``layout.num_elements`` elements."""
+        return pack_adapter(spec, tensors, self.config, self.dtype, out=out)[0]
 
     def _place(
         self, packed: PackedAdapter, deadline: float, leased: list[PackedAdapter]
@@ -230,7 +245,8 @@ class AdapterManager:
 
     def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
         try:
-            self._copier.copy(self.pool[ra.start : ra.start + packed.flat.numel()], packed.flat)
+            n = packed.layout.num_elements
+            self._copier.copy(self.pool[ra.start : ra.start + n], packed.flat[:n])
         except BaseException:
             with self._cond:
                 self._resident.pop(ra.adapter_id, None)
