@@ -88,6 +88,7 @@ class AsyncEngine:
             self._cv.notify_all()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+        self._core.runner.close()  # tensor parallelism: stop the worker ranks
         self._loader.shutdown(wait=False, cancel_futures=True)
 
     # -- requests ----------------------------------------------------------------------------

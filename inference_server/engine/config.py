@@ -31,6 +31,7 @@ class EngineConfig:
     max_lora_rank: int = 128
     adapter_acquire_timeout_s: float = 60.0
     seed: int = 0
+    tensor_parallel_size: int = 1  # processes (GPUs) the model is sharded over (inference_server/parallel)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -52,6 +53,8 @@ class EngineConfig:
             raise ValueError(
                 f"adapter_pool_memory_fraction must be in (0, 0.9], got {self.adapter_pool_memory_fraction}"
             )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 1 <= self.max_lora_rank <= 128:
             raise ValueError(f"max_lora_rank must be in [1, 128], got {self.max_lora_rank}")
 

@@ -24,7 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progress: bool = True):
-    """``adapters``: an AdapterSource, or a folder path for a LocalAdapterDirectory."""
+    """``adapters``: an AdapterSource, or a folder path for a LocalAdapterDirectory.
+    ``config.tensor_parallel_size`` > 1 starts the sharded engine (inference_server/parallel)."""
+    if config.tensor_parallel_size > 1:
+        from inference_server.parallel.launch import build_parallel_engine  # noqa: PLC0415
+
+        return build_parallel_engine(cls, config, model, adapters, progress)
     ckpt = load_checkpoint(model, config.torch_dtype, progress=progress)
     log.info("loading %s (%s) on %s", ckpt.description, config.dtype, config.device)
     module = build_model(ckpt.config, ckpt.iter_tensors(), config.device, config.torch_dtype)
@@ -33,22 +38,30 @@ def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progre
     return assemble(cls, config, module, ckpt.config, ckpt.tokenizer, adapters)
 
 
-def assemble(cls, config: EngineConfig, module: nn.Module, model_config: ModelConfig, tokenizer, source: AdapterSource):
-    """Build the engine around an already loaded model (tests use this directly)."""
+def assemble(
+    cls, config: EngineConfig, module: nn.Module, model_config: ModelConfig, tokenizer, source: AdapterSource,
+    manager_factory=AdapterManager, runner_factory=None,
+):
+    """Build the engine around an already loaded model (tests use this directly).
+
+    ``manager_factory`` (AdapterManager's arguments) and ``runner_factory`` (module, model
+    config, block manager, adapter manager, max seqs, max tokens) let tensor parallelism
+    substitute its rank-0 manager and runner."""
     dtype = config.torch_dtype
     elem = torch.tensor([], dtype=dtype).element_size()
-    num_blocks = config.num_kv_blocks or _kv_blocks_from_memory(config, model_config, elem)
-    pool_bytes = _pool_bytes(config, model_config, num_blocks, elem)
-    manager = AdapterManager(
-        source, model_config, pool_bytes // elem, dtype, config.device, config.adapter_acquire_timeout_s,
+    num_blocks = config.num_kv_blocks or kv_blocks_from_memory(config, model_config, elem)
+    pool_size = pool_bytes(config, model_config, num_blocks, elem)
+    manager = manager_factory(
+        source, model_config, pool_size // elem, dtype, config.device, config.adapter_acquire_timeout_s,
         config.adapter_host_cache_bytes,
     )
     log.info("KV cache: %d blocks of %d tokens; adapter pool: %.1f MiB", num_blocks, config.block_size,
-             pool_bytes / 2**20)
+             pool_size / 2**20)
     blocks = BlockManager(num_blocks, config.block_size)
     max_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings,
                   num_blocks * config.block_size)
-    runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs, config.max_num_batched_tokens)
+    runner = (runner_factory or _runner)(
+        module, model_config, blocks, manager, config.max_num_seqs, config.max_num_batched_tokens)
     eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
     core = LLMEngine(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
@@ -64,11 +77,15 @@ def assemble(cls, config: EngineConfig, module: nn.Module, model_config: ModelCo
     return cls(core, manager, ManagedAdapters(source, manager, model_config, config.max_lora_rank), info, config)
 
 
+def _runner(module, model_config, blocks, manager, max_num_seqs, max_num_batched_tokens) -> ModelRunner:
+    return ModelRunner(module, model_config, blocks, manager.pool, max_num_seqs, max_num_batched_tokens)
+
+
 def _kv_block_bytes(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
     return 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
-def _pool_bytes(config: EngineConfig, cfg: ModelConfig, num_blocks: int, elem: int) -> int:
+def pool_bytes(config: EngineConfig, cfg: ModelConfig, num_blocks: int, elem: int) -> int:
     """Bytes, or a fraction of the device memory left once the KV cache is allocated."""
     if config.adapter_pool_memory_fraction is None or not str(config.device).startswith("cuda"):
         return config.adapter_pool_bytes
@@ -79,7 +96,7 @@ def _pool_bytes(config: EngineConfig, cfg: ModelConfig, num_blocks: int, elem: i
     return int(left * config.adapter_pool_memory_fraction)
 
 
-def _kv_blocks_from_memory(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
+def kv_blocks_from_memory(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
     per_block = _kv_block_bytes(config, cfg, elem)
     if str(config.device).startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(config.device))

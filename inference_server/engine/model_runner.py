@@ -7,6 +7,7 @@ A step's sequences are ordered by adapter so that each adapter's rows are contig
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class ModelRunner:
         adapter_pool: torch.Tensor,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        lora_attach: Callable[[nn.Module, LoraContext], None] = attach_lora,
     ) -> None:
         self.model = model
         self.config = config
@@ -54,7 +56,7 @@ class ModelRunner:
             for _ in range(config.num_layers)
         ]
         self.lora_ctx = LoraContext()
-        attach_lora(model, self.lora_ctx)
+        lora_attach(model, self.lora_ctx)  # tensor parallelism passes its own (parallel/lora.py)
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens)
 
     @torch.inference_mode()
@@ -96,3 +98,6 @@ class ModelRunner:
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
+
+    def close(self) -> None:
+        """Release what the runner started besides tensors (tensor-parallel workers); no-op here."""

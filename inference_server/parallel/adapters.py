@@ -1,0 +1,72 @@
+"""Rank 0's adapter manager: the usual residency bookkeeping, packing every rank's shard.
+
+The bookkeeping (LRU, reference counts, FIFO admission, host tier) stays on rank 0 only.
+The host tier holds every rank's packed shard one after the other; rank 0 copies its own
+into its pool as usual. Each placement is also queued as a ``ShardLoad`` (the workers'
+shards copied out of the host tier, so a later eviction there cannot overwrite them); the
+runner sends the queue with the next step and scatters each worker its shard, which the
+worker copies to the same offset of its own pool before running that step's forward.
+Placements are queued before the adapter is marked ready, and a request is scheduled only
+after that, so a worker always has an adapter before the first step that reads it. Offsets
+are the same on every rank because every rank's shard has the same layout.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from inference_server.lora.host_cache import PackedAdapter
+from inference_server.lora.manager import AdapterManager, ResidentAdapter
+from inference_server.lora.packing import AdapterLayout
+from inference_server.lora.peft_format import AdapterSpec
+from inference_server.model.config import ModelConfig
+from inference_server.parallel.lora import pack_shards, shard_layout
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLoad:
+    """Copy each worker's shard into its pool at ``start`` (rank r gets shards[r - 1])."""
+
+    start: int
+    shards: torch.Tensor  # [world_size - 1, n] on the CPU
+
+    @property
+    def numel(self) -> int:
+        return self.shards.shape[1]
+
+
+class ParallelAdapterManager(AdapterManager):
+    """AdapterManager for rank 0 of a tensor-parallel group of ``world_size`` ranks."""
+
+    def __init__(self, *args, world_size: int, **kwargs) -> None:
+        self.world_size = world_size
+        self._full_config: ModelConfig = args[1] if len(args) > 1 else kwargs["model_config"]
+        self._loads: list[ShardLoad] = []
+        self._loads_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def _pool_layout(self, spec: AdapterSpec) -> AdapterLayout:
+        return shard_layout(spec, self._full_config, self.world_size)
+
+    def _host_elements(self, layout: AdapterLayout) -> int:
+        return self.world_size * layout.num_elements
+
+    def _pack(self, spec: AdapterSpec, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        return pack_shards(spec, tensors, self._full_config, self.world_size, self.dtype, out=out)[0]
+
+    def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
+        n = packed.layout.num_elements
+        if self.world_size > 1:
+            shards = packed.flat[n : self.world_size * n].view(self.world_size - 1, n).clone()
+            with self._loads_lock:
+                self._loads.append(ShardLoad(ra.start, shards))
+        super()._copy_in(ra, packed)
+
+    def take_loads(self) -> list[ShardLoad]:
+        """The placements not yet sent to the workers, oldest first (the step loop calls it)."""
+        with self._loads_lock:
+            loads, self._loads = self._loads, []
+        return loads

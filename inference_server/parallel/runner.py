@@ -1,0 +1,69 @@
+"""Rank 0's model runner: lays out the step, sends it to the workers, runs its own shard.
+
+The scheduler, the block manager and the adapter bookkeeping above it are unchanged and
+live on rank 0 only. Each step: plan (plain Python) -> broadcast the plan and any adapter
+placements -> scatter the workers' adapter shards -> forward on every rank -> logits
+gathered on rank 0 -> sample on rank 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.model_runner import ModelRunner, StepOutput
+from inference_server.engine.sequence import Sequence
+from inference_server.parallel.adapters import ParallelAdapterManager, ShardLoad
+from inference_server.parallel.group import leave_group
+from inference_server.parallel.layers import TensorParallelLM
+from inference_server.parallel.lora import attach_tp_lora
+from inference_server.parallel.plan import plan_step, run_forward
+from inference_server.parallel.worker import StepMessage
+
+
+class ParallelModelRunner(ModelRunner):
+    """ModelRunner of rank 0 in a tensor-parallel group (``workers``: the other ranks' processes,
+    None for world size 1)."""
+
+    def __init__(
+        self, model: TensorParallelLM, blocks: BlockManager, manager: ParallelAdapterManager, max_num_seqs: int,
+        max_num_batched_tokens: int, workers=None,
+    ) -> None:
+        super().__init__(model, model.local_config, blocks, manager.pool, max_num_seqs, max_num_batched_tokens,
+                         lora_attach=attach_tp_lora)
+        self.group = model.group
+        self.manager = manager
+        self.workers = workers
+
+    @torch.inference_mode()
+    def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
+        if self.workers is not None:
+            self.workers.check_alive()
+        plan = plan_step(seqs, num_tokens, self.blocks.block_size)
+        loads = self.manager.take_loads()
+        self.group.broadcast(StepMessage(plan, [(load.start, load.numel) for load in loads]))
+        for load in loads:
+            self._send_shards(load)
+        hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device)
+        sample_seqs = [seqs[i] for i in plan.sampled]
+        result = self._sample(hidden, plan.sample_rows, sample_seqs)
+        by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids if result else [])}
+        return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
+
+    def _send_shards(self, load: ShardLoad) -> None:
+        own = torch.empty(load.numel, dtype=load.shards.dtype)
+        self.group.scatter_bytes(own, [load.shards[0], *load.shards.unbind(0)])
+
+    def close(self) -> None:
+        """Tell the workers to stop, wait for them (killing stragglers), leave the group."""
+        if self.workers is None:
+            return
+        try:
+            if self.workers.all_alive():
+                self.group.broadcast(None)
+        finally:
+            self.workers.stop()
+            leave_group()
+            self.workers = None
