@@ -78,10 +78,12 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._thread.start()
+        self.adapters.start_watching()
 
     async def shutdown(self) -> None:
         """Abort everything still running and stop the step loop."""
         self._closing = True
+        self.adapters.stop_watching()
         for rid in list(self._streams):
             self.abort(rid)
         with self._cv:

@@ -35,6 +35,8 @@ def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progre
     module = build_model(ckpt.config, ckpt.iter_tensors(), config.device, config.torch_dtype)
     if isinstance(adapters, (str, Path)):
         adapters = LocalAdapterDirectory(adapters, ckpt.config, config.max_lora_rank)
+    elif callable(adapters) and not hasattr(adapters, "resolve"):
+        adapters = adapters(ckpt.config)
     return assemble(cls, config, module, ckpt.config, ckpt.tokenizer, adapters)
 
 

@@ -18,6 +18,21 @@ class ManagedAdapters:
         self._manager = manager
         self._base = base
         self._max_rank = max_rank
+        self._watcher = None
+
+    def start_watching(self) -> None:
+        """Follow the adapter store's change feed (when the source is a store): a replaced or
+        deleted adapter is dropped from every tier here, whichever replica changed it."""
+        if not callable(getattr(self.source, "watch", None)) or self._watcher is not None:
+            return
+        from adapter_store.watcher import StoreWatcher  # noqa: PLC0415  (only with a store)
+
+        self._watcher = StoreWatcher(self.source, self._manager.held_versions, self._manager.invalidate).start()
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
         return self.source.resolve(validate_adapter_id(adapter_id))

@@ -120,6 +120,10 @@ class HostAdapterCache:
                 self._entries[entry.adapter_id] = entry
             return entry
 
+    def versions(self) -> dict[str, str]:
+        with self._lock:
+            return {k: e.version for k, e in self._entries.items()}
+
     def invalidate(self, adapter_id: str) -> None:
         with self._lock:
             old = self._entries.pop(adapter_id, None)

@@ -282,6 +282,13 @@ class AdapterManager:
                 ra.stale = True
             self._cond.notify_all()
 
+    def held_versions(self) -> dict[str, str]:
+        """{adapter id: version} of every adapter held in the pool or the host tier."""
+        held = self.host.versions()
+        with self._cond:
+            held.update((k, ra.version) for k, ra in self._resident.items())
+        return held
+
     def resident_ids(self) -> list[str]:
         with self._cond:
             return [k for k, ra in self._resident.items() if ra.ready]

@@ -1,0 +1,90 @@
+"""The engine with its adapters in the adapter store sidecar: uploads go through the store,
+and a re-upload through another replica's client reaches this engine by the store's Watch,
+which drops the stale copy from the pool and the host tier."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from adapter_store.client import StoreClient
+from inference_server.engine.async_engine import AsyncEngine
+from inference_server.engine.config import EngineConfig
+from inference_server.errors import AdapterNotFoundError
+from inference_server.model.loading import ModelSource
+from lora_helpers import collect, greedy_request, make_peft_adapter
+from store.store_services import StoreProcess
+
+pytestmark = pytest.mark.slow
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+
+
+def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    kwargs = dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"])
+    v1 = _files(make_peft_adapter(hf_model, tmp_path / "v1", kwargs, seed=1, std=0.1))
+    v2 = _files(make_peft_adapter(hf_model, tmp_path / "v2", kwargs, seed=2, std=0.1))
+    store = StoreProcess(["--local-dir", str(tmp_path / "blobs"), "--metrics-port", "0"], tmp_path / "store.log")
+    other_replica = StoreClient(store.target)
+    try:
+        config = EngineConfig(num_kv_blocks=128, max_num_seqs=8, max_num_batched_tokens=128)
+        engine = AsyncEngine.build(
+            config, ModelSource(path=str(tiny_llama_dir)), lambda base: StoreClient(store.target, base=base),
+            progress=False,
+        )
+        prompt = engine.tokenizer.encode("Tell me about the sea")
+
+        async def generate(rid: str) -> list[int]:
+            return [t for e in await collect(engine, greedy_request(rid, prompt, "acme/sea", 12)) for t in e.token_ids]
+
+        async def main() -> tuple[list[int], list[int], list[int]]:
+            await engine.start()
+            try:
+                with pytest.raises(AdapterNotFoundError):
+                    await generate("missing")
+                engine.adapters.put("acme/sea", v1)  # the public upload path, through the store
+                first = await generate("a")
+                assert [i.adapter_id for i in engine.adapters.list()] == ["acme/sea"]
+                await asyncio.to_thread(other_replica.put, "acme/sea", v2)  # another replica
+                for _ in range(100):  # the Watch event drops our copies
+                    if "acme/sea" not in engine._manager.held_versions():
+                        break
+                    await asyncio.sleep(0.05)
+                second = await generate("b")
+                await asyncio.to_thread(other_replica.delete, "acme/sea")
+                for _ in range(100):
+                    if "acme/sea" not in engine._manager.held_versions():
+                        break
+                    await asyncio.sleep(0.05)
+                with pytest.raises(AdapterNotFoundError):
+                    await generate("c")
+                return first, second
+            finally:
+                await engine.shutdown()
+
+        first, second = asyncio.run(main())
+        assert first != second, "the re-uploaded adapter must be served"
+        fresh = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)),
+                                  lambda base: StoreClient(store.target, base=base), progress=False)
+        fresh.adapters.put("acme/sea", v2)
+
+        async def again() -> list[int]:
+            await fresh.start()
+            try:
+                return [t for e in await collect(fresh, greedy_request("d", prompt, "acme/sea", 12)) for t in e.token_ids]
+            finally:
+                await fresh.shutdown()
+
+        assert asyncio.run(again()) == second
+    finally:
+        other_replica.close()
+        store.stop()
