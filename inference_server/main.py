@@ -60,6 +60,7 @@ def engine_config(settings: ServerSettings) -> Any:
         max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
         max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
         adapter_pool_bytes=settings.adapter_pool_bytes, max_lora_rank=settings.max_lora_rank, seed=settings.seed,
+        tensor_parallel_size=settings.tensor_parallel,
     )
 
 

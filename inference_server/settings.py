@@ -60,6 +60,7 @@ class ServerSettings:
     adapter_pool_bytes: int = _opt(256 * MiB, "device memory for resident adapters, bytes", int)
     max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)
     seed: int = _opt(0, "engine RNG seed (requests may set their own)", int)
+    tensor_parallel: int = _opt(1, "GPUs (processes) to shard the model over, Megatron-style; 1 = no sharding", int)
     # edge limits
     max_concurrent_streams: int = _opt(4096, "open Generate streams at once; beyond it RESOURCE_EXHAUSTED", int)
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)
@@ -87,7 +88,7 @@ class ServerSettings:
             raise ValueError(_where("model", "--model-format dummy needs a preset name, e.g. --model tiny"))
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit", "default_max_new_tokens",
                     "max_waiting", "adapter_pool_bytes", "max_lora_rank", "max_concurrent_streams",
-                    "max_upload_bytes", "max_model_len", "num_kv_blocks")
+                    "max_upload_bytes", "max_model_len", "num_kv_blocks", "tensor_parallel")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -154,3 +154,14 @@ def test_adapter_shards_follow_s_lora(tiny_llama_dir: Path, adapter_dir: Path) -
 
 def _parent(proj: str) -> str:
     return "mlp" if proj in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+
+
+def test_cli_flag_reaches_the_engine_config() -> None:
+    from inference_server.main import engine_config
+    from inference_server.settings import ServerSettings
+
+    settings = ServerSettings.from_sources(["--tensor-parallel", "2", "--device", "cpu"], env={})
+    assert engine_config(settings).tensor_parallel_size == 2
+    assert ServerSettings.from_sources([], env={"LORAPLEX_TENSOR_PARALLEL": "4"}).tensor_parallel == 4
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        ServerSettings.from_sources(["--tensor-parallel", "0"], env={})
