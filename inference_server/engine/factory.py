@@ -33,11 +33,17 @@ def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progre
     ckpt = load_checkpoint(model, config.torch_dtype, progress=progress)
     log.info("loading %s (%s) on %s", ckpt.description, config.dtype, config.device)
     module = build_model(ckpt.config, ckpt.iter_tensors(), config.device, config.torch_dtype)
+    return assemble(cls, config, module, ckpt.config, ckpt.tokenizer, adapter_source(adapters, ckpt.config, config))
+
+
+def adapter_source(adapters, model_config: ModelConfig, config: EngineConfig) -> AdapterSource:
+    """An AdapterSource from what build_engine was given: a source, a folder path, or a
+    callable that makes a source from the loaded model's config."""
     if isinstance(adapters, (str, Path)):
-        adapters = LocalAdapterDirectory(adapters, ckpt.config, config.max_lora_rank)
-    elif callable(adapters) and not hasattr(adapters, "resolve"):
-        adapters = adapters(ckpt.config)
-    return assemble(cls, config, module, ckpt.config, ckpt.tokenizer, adapters)
+        return LocalAdapterDirectory(adapters, model_config, config.max_lora_rank)
+    if callable(adapters) and not hasattr(adapters, "resolve"):
+        return adapters(model_config)
+    return adapters
 
 
 def assemble(

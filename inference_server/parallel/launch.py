@@ -16,15 +16,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from inference_server.engine.config import EngineConfig
-from inference_server.engine.factory import assemble, kv_blocks_from_memory, pool_bytes
-from inference_server.lora.source import LocalAdapterDirectory
+from inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
 from inference_server.model.loading import Checkpoint, ModelSource, load_checkpoint
 from inference_server.parallel.adapters import ParallelAdapterManager
 from inference_server.parallel.group import TPGroup, join_group, leave_group, rank_device
@@ -164,8 +162,7 @@ def build_parallel_engine(cls, config: EngineConfig, model: ModelSource, adapter
         if workers is not None:
             group = join_group(0, world, device, store, STEP_TIMEOUT_S)
         module, blocks, pool = load_rank(ckpt, config, group)
-        if isinstance(adapters, (str, Path)):
-            adapters = LocalAdapterDirectory(adapters, ckpt.config, config.max_lora_rank)
+        adapters = adapter_source(adapters, ckpt.config, config)
         rank0 = dataclasses.replace(config, device=device, num_kv_blocks=blocks, adapter_pool_bytes=pool,
                                     adapter_pool_memory_fraction=None)
 
