@@ -93,7 +93,7 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
         try:
             result = fn()
         except BaseException as exc:  # noqa: BLE001  (handed to the awaiting coroutine)
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(exc))
+            loop.call_soon_threadsafe(lambda exc=exc: future.done() or future.set_exception(exc))
         else:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
 
