@@ -71,7 +71,10 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
     from inference_server.engine.config import EngineConfig
     from inference_server.model.loading import ModelSource
     from inference_server.server.app import ServerOptions
-    from server_helpers import ServerThread
+    import re
+    import urllib.request
+
+    from server_helpers import ServerThread, free_port
 
     probe = load_engine(tiny_llama_dir, many_adapters)
     largest = max(
@@ -82,7 +85,7 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
     jobs = [(r.prompt_token_ids, r.adapter_id) for r in _zipf_requests(probe, 200, seed=11)]
 
     def serve(pool_bytes: int) -> list[list[int]]:
-        srv = ServerThread(ServerOptions(port=0, metrics_port=0, default_max_new_tokens=12))
+        srv = ServerThread(ServerOptions(port=0, metrics_port=free_port(), default_max_new_tokens=12))
         config = EngineConfig(num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
                               adapter_pool_bytes=pool_bytes, adapter_host_cache_bytes=pool_bytes)
         engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), many_adapters, progress=False)
@@ -94,8 +97,16 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
                         client.generate_text(token_ids=list(p), adapter=a, ignore_eos=True, max_new_tokens=12)
                         for p, a in jobs))
             results = asyncio.run(run())
-            if pool_bytes == six:
-                assert engine._manager.stats().counters["gpu_evictions"] > 0
+            url = f"http://127.0.0.1:{srv.server.metrics_port}/metrics"
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+
+            def metric(pattern: str) -> float:
+                return float(re.search(pattern + r" ([0-9.e+]+)", text).group(1))
+
+            evictions = metric(r'loraplex_adapter_pool_evictions_total\{tier="device"\}')
+            assert metric("loraplex_adapter_load_seconds_count") > 0
+            assert metric(r'loraplex_adapter_pool_hits_total\{tier="device"\}') > 0
+            assert (evictions > 0) == (pool_bytes == six)
             return [list(r.token_ids) for r in results]
         finally:
             srv.close()

@@ -151,6 +151,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self._core.abort(request_id))
 
+    def pool_stats(self):
+        """The adapter pool's PoolStats (tiers, counters, load latency)."""
+        return self._manager.stats()
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running=self._core.num_running,

@@ -107,6 +107,8 @@ class GrpcServer:
         """The model is loaded and the engine started: admit requests, report SERVING."""
         self.state.set_engine(engine)
         self.metrics.bind_engine_stats(lambda: engine.stats())
+        if hasattr(engine, "pool_stats"):
+            self.metrics.bind_pool_stats(engine.pool_stats)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s", engine.info.model_name)

@@ -60,6 +60,12 @@ class ServerMetrics:
         """Read engine gauges from ``stats()`` (the engine's EngineStats) at scrape time."""
         self._stats = stats
 
+    def bind_pool_stats(self, stats: Callable[[], Any | None]) -> None:
+        """Export the adapter pool (tiers, evictions, load latency) from ``stats()`` at scrape time."""
+        from inference_server.server.pool_metrics import PoolCollector  # noqa: PLC0415
+
+        self.registry.register(PoolCollector(stats))
+
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         """One finished RPC."""
         self.rpcs.labels(method, code).inc()
