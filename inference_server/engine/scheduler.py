@@ -1,8 +1,9 @@
 """Continuous batching (plain Python): which sequences run this step, and how many tokens.
 
 Each step first gives every running sequence its next chunk (one token for a decode, the
-rest of a prompt for a chunked prefill), then admits waiting sequences FCFS while the token
-budget, the batch size and the KV blocks allow. When blocks run out, the newest running
+rest of a prompt for a chunked prefill), then admits waiting sequences while the token
+budget, the batch size and the KV blocks allow: round-robin across tenants, FCFS within a
+tenant (fair_queue.py), so one tenant's flood cannot starve another. When blocks run out, the newest running
 sequence is preempted: its blocks are freed and it goes back to the front of the queue,
 to be recomputed later (never dropped).
 """
@@ -10,10 +11,10 @@ to be recomputed later (never dropped).
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.fair_queue import FairQueue
 from inference_server.engine.sequence import Sequence, SeqStatus
 
 
@@ -38,7 +39,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
         self.config = config
         self.blocks = blocks
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = FairQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # total, for metrics and tests
 
@@ -100,7 +101,7 @@ class Scheduler:
             seq = self.waiting[0]
             chunk = min(seq.num_pending, budget)
             if not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
-                break  # FCFS: the head waits for blocks, nobody overtakes it
+                break  # the head waits for blocks, nobody overtakes it
             self.waiting.popleft()
             self.blocks.grow(seq.block_table, seq.num_computed + chunk)
             seq.status = SeqStatus.RUNNING
