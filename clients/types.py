@@ -97,6 +97,8 @@ class AdapterInfo:
     dtype: str
     size_bytes: int
     created_at: float  # unix seconds
+    resident: bool = False  # in the server's device adapter pool now
+    host_cached: bool = False  # in its pinned host tier
 
     @classmethod
     def from_pb(cls, msg: pb.Adapter) -> "AdapterInfo":
@@ -104,6 +106,7 @@ class AdapterInfo:
             adapter_id=msg.adapter_id, version=msg.version, sha256=msg.sha256, rank=msg.rank,
             lora_alpha=msg.lora_alpha, target_modules=tuple(msg.target_modules), dtype=msg.dtype,
             size_bytes=msg.size_bytes, created_at=msg.created_at.ToNanoseconds() / 1e9,
+            resident=msg.resident, host_cached=msg.host_cached,
         )
 
 
@@ -122,6 +125,9 @@ class ServerInfo:
     max_message_bytes: int
     server_version: str
     max_lora_rank: int
+    resident_adapters: int = 0
+    adapter_pool_bytes: int = 0
+    adapter_pool_used_bytes: int = 0
 
     @classmethod
     def from_pb(cls, msg: pb.ServerInfoResponse) -> "ServerInfo":
@@ -131,5 +137,6 @@ class ServerInfo:
             default_max_new_tokens=msg.default_max_new_tokens, vocab_size=msg.vocab_size,
             eos_token_ids=tuple(msg.eos_token_ids), max_upload_bytes=msg.max_upload_bytes,
             max_message_bytes=msg.max_message_bytes, server_version=msg.server_version,
-            max_lora_rank=msg.max_lora_rank,
+            max_lora_rank=msg.max_lora_rank, resident_adapters=msg.resident_adapters,
+            adapter_pool_bytes=msg.adapter_pool_bytes, adapter_pool_used_bytes=msg.adapter_pool_used_bytes,
         )

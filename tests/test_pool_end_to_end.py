@@ -66,7 +66,7 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
     every stream equals the stream of a server whose pool holds them all."""
     import asyncio
 
-    from clients import AsyncLoraplexClient
+    from clients import AsyncLoraplexClient, LoraplexClient
     from inference_server.engine.async_engine import AsyncEngine
     from inference_server.engine.config import EngineConfig
     from inference_server.model.loading import ModelSource
@@ -107,6 +107,16 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
             assert metric("loraplex_adapter_load_seconds_count") > 0
             assert metric(r'loraplex_adapter_pool_hits_total\{tier="device"\}') > 0
             assert (evictions > 0) == (pool_bytes == six)
+            with LoraplexClient(srv.address) as client:
+                listed = {a.adapter_id: a for a in client.list_adapters()}
+                info = client.server_info()
+                assert len(listed) == NUM_ADAPTERS
+                resident = {i for i, a in listed.items() if a.resident}
+                assert resident == set(engine.adapters.resident_ids()) and resident
+                assert info.resident_adapters == len(resident)
+                assert 0 < info.adapter_pool_used_bytes <= info.adapter_pool_bytes == pool_bytes
+                some = next(iter(resident))
+                assert client.get_adapter(some).resident
             return [list(r.token_ids) for r in results]
         finally:
             srv.close()

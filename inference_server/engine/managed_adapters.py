@@ -57,3 +57,9 @@ class ManagedAdapters:
 
     def resident_ids(self) -> list[str]:
         return self._manager.resident_ids()
+
+    def residency(self) -> dict[str, tuple[bool, bool]]:
+        """{adapter id: (in the device pool, in the host tier)} for every held adapter."""
+        device = set(self._manager.resident_ids())
+        host = set(self._manager.host.versions())
+        return {i: (i in device, i in host) for i in device | host}

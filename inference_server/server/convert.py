@@ -213,8 +213,9 @@ def token_event_to_pb(event: TokenEvent, client_request_id: str) -> pb.GenerateR
     return out
 
 
-def adapter_to_pb(info: Any) -> pb.Adapter:
-    """An AdapterInfo (inference_server.lora.source) as the public Adapter message."""
+def adapter_to_pb(info: Any, residency: tuple[bool, bool] = (False, False)) -> pb.Adapter:
+    """An AdapterInfo (inference_server.lora.source) as the public Adapter message;
+    ``residency``: (in the device pool, in the host tier)."""
     created = Timestamp()
     created.FromNanoseconds(int(info.created_at * 1e9))
     return pb.Adapter(
@@ -227,6 +228,8 @@ def adapter_to_pb(info: Any) -> pb.Adapter:
         dtype=info.dtype,
         size_bytes=info.size_bytes,
         created_at=created,
+        resident=residency[0],
+        host_cached=residency[1],
     )
 
 

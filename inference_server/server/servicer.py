@@ -4,7 +4,7 @@ status codes in interceptor.py, admission and draining in state.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,13 +105,15 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         infos = {i.adapter_id: i for i in await asyncio.to_thread(engine.adapters.list)}
         ids, next_token = convert.list_page(sorted(infos), request.prefix, request.page_size,
                                             request.page_token, self._config.list_page_size)
-        return pb.ListAdaptersResponse(adapters=[convert.adapter_to_pb(infos[i]) for i in ids],
+        held = _residency(engine)
+        return pb.ListAdaptersResponse(adapters=[convert.adapter_to_pb(infos[i], held(i)) for i in ids],
                                        next_page_token=next_token)
 
     async def GetAdapter(self, request: pb.GetAdapterRequest, context: grpc.aio.ServicerContext) -> pb.Adapter:
         engine = self._state.engine_or_raise()
         adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
-        return convert.adapter_to_pb(await asyncio.to_thread(engine.adapters.get, adapter_id))
+        info = await asyncio.to_thread(engine.adapters.get, adapter_id)
+        return convert.adapter_to_pb(info, _residency(engine)(adapter_id))
 
     async def DeleteAdapter(self, request: pb.DeleteAdapterRequest, context: grpc.aio.ServicerContext
                             ) -> pb.DeleteAdapterResponse:
@@ -131,9 +133,23 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             default_max_new_tokens=limits.default_max_new_tokens, vocab_size=info.vocab_size,
             eos_token_ids=list(info.eos_token_ids), max_upload_bytes=self._config.max_upload_bytes,
             max_message_bytes=self._config.max_message_bytes, server_version=self._config.server_version,
-            max_lora_rank=info.max_lora_rank,
+            max_lora_rank=info.max_lora_rank, **_pool_info(engine),
         )
 
 
 def _missing(field: str) -> str:
     raise InvalidRequestError("must be non-empty", field)
+
+
+def _residency(engine: Any) -> Callable[[str], tuple[bool, bool]]:
+    """adapter id -> (in the device pool, in the host tier); (False, False) without a pool."""
+    held = engine.adapters.residency() if hasattr(engine.adapters, "residency") else {}
+    return lambda adapter_id: held.get(adapter_id, (False, False))
+
+
+def _pool_info(engine: Any) -> dict[str, int]:
+    if not hasattr(engine, "pool_stats"):
+        return {}
+    stats = engine.pool_stats()
+    return {"resident_adapters": stats.resident, "adapter_pool_bytes": stats.capacity_bytes,
+            "adapter_pool_used_bytes": stats.used_bytes}
