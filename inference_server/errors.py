@@ -33,3 +33,11 @@ class ResourceExhaustedError(LoraplexError):
 
 class UnavailableError(LoraplexError):
     """A dependency is down or the server is shutting down (UNAVAILABLE)."""
+
+
+class UnauthenticatedError(LoraplexError):
+    """No credentials, or credentials that name nobody (UNAUTHENTICATED)."""
+
+
+class PermissionDeniedError(LoraplexError):
+    """The caller is known but may not do this (PERMISSION_DENIED)."""

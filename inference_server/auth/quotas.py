@@ -1,0 +1,135 @@
+"""Per-tenant quotas (plain Python): open requests, queued requests, tokens per minute,
+stored adapter bytes and count. A hit raises ResourceExhaustedError naming the limit.
+
+"Concurrent" counts a tenant's open Generate streams; "queued" counts those of them that
+have not produced their first token yet; tokens per minute counts prompt and generated
+tokens over a sliding 60-second window. 0 means unlimited.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from inference_server.errors import ResourceExhaustedError
+
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """Limits applied to every tenant separately (0 = unlimited)."""
+
+    max_concurrent_requests: int = 0
+    max_queued_requests: int = 0
+    tokens_per_minute: int = 0
+    max_adapter_bytes: int = 0
+    max_adapters: int = 0
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            if getattr(self, name) < 0:
+                raise ValueError(f"tenant limit {name} must be >= 0 (0 = unlimited), got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class _Usage:
+    open: int = 0
+    queued: int = 0
+    tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    token_sum: int = 0
+
+
+def _exhausted(tenant: str, limit: str, value: int, unit: str = "") -> ResourceExhaustedError:
+    return ResourceExhaustedError(f"tenant {tenant!r}: quota {limit} reached (limit {value}{unit}); retry later")
+
+
+class QuotaTracker:
+    """Counts each tenant's usage against one TenantLimits."""
+
+    def __init__(self, limits: TenantLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._usage: dict[str, _Usage] = {}
+
+    def _get(self, tenant: str) -> _Usage:
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._usage[tenant] = _Usage()
+        return usage
+
+    def tokens_last_minute(self, tenant: str) -> int:
+        """Prompt + generated tokens of ``tenant`` in the last 60 seconds."""
+        usage = self._get(tenant)
+        horizon = self._clock() - WINDOW_S
+        while usage.tokens and usage.tokens[0][0] <= horizon:
+            usage.token_sum -= usage.tokens.popleft()[1]
+        return usage.token_sum
+
+    def start_request(self, tenant: str, prompt_tokens: int) -> "RequestTicket":
+        """Admit one Generate request of ``tenant`` or raise ResourceExhaustedError naming the limit."""
+        lim, usage = self.limits, self._get(tenant)
+        if lim.max_concurrent_requests and usage.open >= lim.max_concurrent_requests:
+            raise _exhausted(tenant, "max_concurrent_requests", lim.max_concurrent_requests)
+        if lim.max_queued_requests and usage.queued >= lim.max_queued_requests:
+            raise _exhausted(tenant, "max_queued_requests", lim.max_queued_requests)
+        if lim.tokens_per_minute and self.tokens_last_minute(tenant) + prompt_tokens > lim.tokens_per_minute:
+            raise _exhausted(tenant, "tokens_per_minute", lim.tokens_per_minute, " tokens/min")
+        usage.open += 1
+        usage.queued += 1
+        ticket = RequestTicket(self, tenant)
+        ticket.add_tokens(prompt_tokens)
+        return ticket
+
+    def _add_tokens(self, tenant: str, n: int) -> None:
+        usage = self._get(tenant)
+        usage.tokens.append((self._clock(), n))
+        usage.token_sum += n
+
+    def usage(self, tenant: str) -> tuple[int, int]:
+        """(open, queued) requests of ``tenant`` now."""
+        usage = self._get(tenant)
+        return usage.open, usage.queued
+
+    def check_upload(self, tenant: str, adapter_id: str, new_bytes: int,
+                     stored: Iterable[tuple[str, int]]) -> None:
+        """Raise if storing ``adapter_id`` (``new_bytes``) would take ``tenant`` over its adapter
+        quotas; ``stored`` is (id, bytes) of the tenant's adapters now (a re-upload replaces one)."""
+        others = [(a, b) for a, b in stored if a != adapter_id]
+        lim = self.limits
+        if lim.max_adapters and len(others) + 1 > lim.max_adapters:
+            raise _exhausted(tenant, "max_adapters", lim.max_adapters, " adapters")
+        total = sum(b for _, b in others) + new_bytes
+        if lim.max_adapter_bytes and total > lim.max_adapter_bytes:
+            raise _exhausted(tenant, "max_adapter_bytes", lim.max_adapter_bytes, " bytes")
+
+
+class RequestTicket:
+    """One admitted request's hold on its tenant's counters; ``close`` exactly once."""
+
+    __slots__ = ("_tracker", "tenant", "_queued", "_open")
+
+    def __init__(self, tracker: QuotaTracker, tenant: str) -> None:
+        self._tracker = tracker
+        self.tenant = tenant
+        self._queued = True
+        self._open = True
+
+    def add_tokens(self, n: int) -> None:
+        """``n`` more tokens count against the tenant's tokens per minute."""
+        if n > 0:
+            self._tracker._add_tokens(self.tenant, n)
+
+    def started(self) -> None:
+        """The request produced its first token: it no longer counts as queued."""
+        if self._queued:
+            self._queued = False
+            self._tracker._get(self.tenant).queued -= 1
+
+    def close(self) -> None:
+        self.started()
+        if self._open:
+            self._open = False
+            self._tracker._get(self.tenant).open -= 1

@@ -1,0 +1,129 @@
+"""Tokens (hashed, reloaded), the authorization policy and per-tenant quotas, as plain Python."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from inference_server.auth import policy
+from inference_server.auth.quotas import QuotaTracker, TenantLimits
+from inference_server.auth.tokens import AuthError, Principal, Role, TokenFile, hash_token, parse_tokens_file
+from inference_server.errors import AdapterNotFoundError, PermissionDeniedError, ResourceExhaustedError
+
+TOKEN_A = "tok-a-0123456789abcdef"
+TOKEN_ADMIN = "tok-admin-0123456789abcdef"
+
+
+def write_tokens(path, entries: list[tuple[str, str, str]]) -> None:
+    body = {"tokens": [{"sha256": hash_token(t), "tenant": ten, "role": role} for t, ten, role in entries]}
+    path.write_text(json.dumps(body))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_file_holds_hashes_only_and_tokens_map_to_principals(tmp_path) -> None:
+    path = tmp_path / "tokens.json"
+    write_tokens(path, [(TOKEN_A, "a", "tenant"), (TOKEN_ADMIN, "ops", "admin")])
+    assert TOKEN_A not in path.read_text()
+    tokens = TokenFile(str(path))
+    assert tokens.authenticate(f"Bearer {TOKEN_A}") == Principal("a", Role.TENANT)
+    assert tokens.authenticate(f"bearer {TOKEN_ADMIN}").is_admin
+
+
+@pytest.mark.parametrize("value", [
+    None, "", "Bearer", "Bearer ", "Basic " + TOKEN_A, TOKEN_A, f"Bearer {TOKEN_A} ", f"Bearer  {TOKEN_A}",
+    f"Bearer {TOKEN_A}\n", f"Bearer {TOKEN_A[:-1]}é", "Bearer " + "x" * 100_000, "Bearer short",
+    f"Bearer {TOKEN_A}x", f"Bearer {hash_token(TOKEN_A)}",
+])
+def test_bad_credentials_of_every_shape_are_refused_without_echoing_them(tmp_path, value) -> None:
+    path = tmp_path / "tokens.json"
+    write_tokens(path, [(TOKEN_A, "a", "tenant")])
+    with pytest.raises(AuthError) as info:
+        TokenFile(str(path)).authenticate(value)
+    assert TOKEN_A not in str(info.value) and "x" * 50 not in str(info.value)
+
+
+def test_reload_on_change_without_restart_and_bad_file_keeps_old_tokens(tmp_path) -> None:
+    path, clock = tmp_path / "tokens.json", Clock()
+    write_tokens(path, [(TOKEN_A, "a", "tenant")])
+    tokens = TokenFile(str(path), check_interval_s=1.0, clock=clock)
+    new = "tok-new-0123456789abcdef"
+    write_tokens(path, [(new, "b", "tenant")])
+    os.utime(path, ns=(1, 1))  # a change the stat signature sees even within one mtime tick
+    clock.t += 2
+    assert tokens.authenticate(f"Bearer {new}").tenant == "b"
+    with pytest.raises(AuthError):
+        tokens.authenticate(f"Bearer {TOKEN_A}")  # revoked
+    path.write_text("{not json")
+    clock.t += 2
+    assert tokens.authenticate(f"Bearer {new}").tenant == "b" and tokens.reloads == 1
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[]", "expected an object"),
+    ('{"tokens": [{"sha256": "abc", "tenant": "a"}]}', "64 hex"),
+    ('{"tokens": [{"sha256": "' + "0" * 64 + '", "tenant": "a", "role": "root"}]}', "role"),
+    ('{"tokens": [{"sha256": "' + "0" * 64 + '", "tenant": "a/b"}]}', "tenant"),
+])
+def test_bad_tokens_file_names_the_problem(text, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_tokens_file(text)
+
+
+def test_policy_namespaces() -> None:
+    a, b, admin = Principal("a", Role.TENANT), Principal("b", Role.TENANT), Principal("ops", Role.ADMIN)
+    policy.check_read(a, "a/x")
+    policy.check_read(a, "shared")  # the shared namespace is public
+    with pytest.raises(AdapterNotFoundError, match="'b/x' not found"):
+        policy.check_read(a, "b/x")
+    policy.check_write(a, "a/x", "upload")
+    for target in ("b/x", "shared"):
+        with pytest.raises(PermissionDeniedError, match="may not delete"):
+            policy.check_write(a, target, "delete")
+    policy.check_read(admin, "b/x")
+    policy.check_write(admin, "b/x", "delete")
+    policy.check_write(None, "b/x", "delete")  # auth off
+    assert policy.visible(a, ["a/x", "b/x", "shared"]) == ["a/x", "shared"]
+    assert policy.visible(admin, ["a/x", "b/x"]) == ["a/x", "b/x"]
+    assert policy.quota_tenant(admin, "b/x") == "b" and policy.quota_tenant(b, None) == "b"
+
+
+def test_request_quotas_name_the_limit() -> None:
+    clock = Clock()
+    q = QuotaTracker(TenantLimits(max_concurrent_requests=2, max_queued_requests=1, tokens_per_minute=100), clock)
+    t1 = q.start_request("a", 10)
+    with pytest.raises(ResourceExhaustedError, match="max_queued_requests"):
+        q.start_request("a", 10)
+    t1.started()
+    t2 = q.start_request("a", 10)
+    t2.started()
+    with pytest.raises(ResourceExhaustedError, match="max_concurrent_requests"):
+        q.start_request("a", 10)
+    q.start_request("b", 10).close()  # other tenants are not affected
+    t1.add_tokens(75)
+    t1.close(), t2.close()
+    with pytest.raises(ResourceExhaustedError, match="tokens_per_minute"):
+        q.start_request("a", 10)
+    clock.t += 61
+    q.start_request("a", 10).close()
+    assert q.usage("a") == (0, 0)
+
+
+def test_adapter_quotas_count_bytes_and_adapters_and_reupload_replaces() -> None:
+    q = QuotaTracker(TenantLimits(max_adapter_bytes=1000, max_adapters=2))
+    q.check_upload("a", "a/x", 500, [("a/y", 400)])
+    q.check_upload("a", "a/y", 900, [("a/y", 400)])  # re-upload replaces its old bytes
+    with pytest.raises(ResourceExhaustedError, match="max_adapter_bytes"):
+        q.check_upload("a", "a/x", 700, [("a/y", 400)])
+    with pytest.raises(ResourceExhaustedError, match="max_adapters"):
+        q.check_upload("a", "a/z", 1, [("a/x", 1), ("a/y", 1)])
+    with pytest.raises(ValueError, match="tokens_per_minute"):
+        TenantLimits(tokens_per_minute=-1)
