@@ -81,7 +81,19 @@ def build_engine(settings: ServerSettings) -> Any:
     source = model_source(settings)
     log.info("loading the model (%s) on %s as %s", settings.model or "SmolLM2-135M-Instruct", config.device,
              config.dtype)
-    return AsyncEngine.build(config, source, settings.adapter_path, progress=True)
+    return AsyncEngine.build(config, source, adapter_source(settings), progress=True)
+
+
+def adapter_source(settings: ServerSettings) -> Any:
+    """The local adapter directory, or (``--adapter-store``) a client of the store sidecar,
+    made once the model is loaded so uploads are validated against the base model."""
+    if settings.adapter_store is None:
+        return settings.adapter_path
+    from adapter_store.client import StoreClient  # noqa: PLC0415
+
+    address, max_rank = settings.adapter_store, settings.max_lora_rank
+    log.info("adapters from the store sidecar at %s", address)
+    return lambda base: StoreClient(address, base=base, max_rank=max_rank)
 
 
 async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:

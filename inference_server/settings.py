@@ -48,6 +48,8 @@ class ServerSettings:
     device: str = _opt("auto", "cpu, cuda, cuda:N, or auto (the GPU if there is one)")
     dtype: str = _opt("auto", "weights and KV dtype (auto: bfloat16 on GPU, float32 on CPU)", str, DTYPES)
     adapter_dir: str = _opt("~/.cache/loraplex/adapters", "local adapter directory (PEFT folders)")
+    adapter_store: str | None = _opt(None, "host:port of the loraplex-store sidecar; adapters then live in the "
+                                           "store (S3/Redis) instead of --adapter-dir", _optional_str)
     # engine limits
     max_num_seqs: int = _opt(32, "most requests decoded in one step (batch size)", int)
     max_num_batched_tokens: int = _opt(2048, "token budget of one step (prefill + decode)", int)

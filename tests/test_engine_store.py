@@ -88,3 +88,38 @@ def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_d
     finally:
         other_replica.close()
         store.stop()
+
+
+def test_server_with_store_sidecar_serves_uploads_through_the_store(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """loraplex-server --adapter-store: the public upload/list/get/delete RPCs go through the
+    sidecar, and a generation with an uploaded adapter uses it."""
+    from clients import LoraplexClient
+    from clients.errors import NotFoundError
+    from test_server_process import start_server, stop
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    folder = make_peft_adapter(hf_model, tmp_path / "peft", dict(r=8, target_modules=["q_proj", "v_proj"]),
+                               seed=5, std=0.1)
+    store = StoreProcess(["--local-dir", str(tmp_path / "blobs"), "--metrics-port", "0"], tmp_path / "store.log")
+    proc, address = start_server(tiny_llama_dir, tmp_path, "--adapter-store", store.target)
+    try:
+        with LoraplexClient(address, timeout=10) as client, StoreClient(store.target) as direct:
+            client.wait_until_serving(120)
+            client.upload_adapter("acme/sea", folder)
+            assert [a.adapter_id for a in direct.list()] == ["acme/sea"], "the upload landed in the store"
+            assert not (tmp_path / "adapters" / "acme").exists(), "nothing in the local adapter directory"
+            base = client.generate_text("Tell me about the sea", max_new_tokens=8, ignore_eos=True)
+            tuned = client.generate_text("Tell me about the sea", adapter="acme/sea", max_new_tokens=8,
+                                         ignore_eos=True)
+            assert tuned.token_ids != base.token_ids
+            assert client.get_adapter("acme/sea").version == direct.get("acme/sea").version
+            client.delete_adapter("acme/sea")
+            with pytest.raises(AdapterNotFoundError):
+                direct.get("acme/sea")
+            with pytest.raises(NotFoundError):
+                client.generate_text("Hi", adapter="acme/sea", max_new_tokens=4)
+    finally:
+        stop(proc)
+        store.stop()
+
