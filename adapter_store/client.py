@@ -31,6 +31,7 @@ from inference_server.lora.peft_format import parse_adapter_files
 from inference_server.lora.source import AdapterFiles, AdapterInfo
 from inference_server.model.config import ModelConfig
 
+from adapter_store.auth import with_secret
 from adapter_store.backends.base import BlobCache
 from adapter_store.convert import event_from_pb, record_from_pb
 from adapter_store.errors import AdapterCorruptError, BackendUnavailable
@@ -65,7 +66,8 @@ def error_from_rpc(e: grpc.RpcError, adapter_id: str = "") -> LoraplexError:
 
 
 class StoreClient:
-    """AdapterSource over a running store (``target`` like "127.0.0.1:50061")."""
+    """AdapterSource over a running store (``target`` like "127.0.0.1:50061"); ``secret`` is the
+    store's shared secret, sent with every call (adapter_store/auth.py)."""
 
     def __init__(
         self,
@@ -76,11 +78,12 @@ class StoreClient:
         timeout_s: float = 60.0,
         retries: int = 3,
         cache: BlobCache | None = None,
+        secret: str | None = None,
     ) -> None:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self._channel = grpc.insecure_channel(target, options=options)
-        self._stub = store_pb2_grpc.AdapterStoreStub(self._channel)
+        self._stub = store_pb2_grpc.AdapterStoreStub(with_secret(self._channel, secret))
         self._base = base
         self._max_rank = max_rank
         self._timeout = timeout_s

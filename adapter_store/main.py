@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
+from adapter_store.auth import read_secret
 from adapter_store.factory import build_store
 from adapter_store.metrics import StoreMetrics
 from adapter_store.server import StoreServer
@@ -51,6 +52,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("max-rank", "largest accepted LoRA rank", default="128", type=int)
     flag("base-config", "base model's HF config.json (or folder): uploads must fit its shapes")
     flag("metrics-port", "Prometheus metrics HTTP port (0 = off)", default="0", type=int)
+    flag("secret-file", "file holding the shared secret the inference server sends; without it, calls "
+         "are not authenticated (keep --listen on localhost then)")
     flag("log-level", "logging level", default="INFO")
     return p
 
@@ -74,16 +77,17 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         blob_backend=blob_backend, local_dir=a.local_dir, s3=s3, index_backend=index_backend, redis=redis,
         cache_max_bytes=int(a.cache_mib) * MIB, max_adapter_bytes=int(a.max_adapter_mib) * MIB,
         max_rank=int(a.max_rank), base_config=a.base_config, listen=a.listen, metrics_port=int(a.metrics_port),
+        secret_file=a.secret_file or None,
     )
     return settings, a.log_level.upper()
 
 
-async def _serve(settings: StoreSettings, store: Store, metrics: StoreMetrics) -> None:
+async def _serve(settings: StoreSettings, store: Store, metrics: StoreMetrics, secret: str | None) -> None:
     if settings.metrics_port:
         from prometheus_client import start_http_server  # noqa: PLC0415
 
         start_http_server(settings.metrics_port, registry=metrics.registry)
-    server = StoreServer(store, settings.listen, settings.chunk_bytes, settings.maintain_interval_s)
+    server = StoreServer(store, settings.listen, settings.chunk_bytes, settings.maintain_interval_s, secret=secret)
     port = await server.start()
     print(f"loraplex-store listening on port {port}", flush=True)  # the line scripts wait for
     stop = asyncio.Event()
@@ -101,11 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, log_level = parse_args(argv)
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         metrics = StoreMetrics()
+        secret = read_secret(settings.secret_file) if settings.secret_file else None
         store = build_store(settings, metrics=metrics)
     except ValueError as e:
         print(f"loraplex-store: {e}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(settings, store, metrics))
+    asyncio.run(_serve(settings, store, metrics, secret))
     return 0
 
 

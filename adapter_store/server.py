@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from adapter_store.auth import SecretInterceptor, is_loopback
 from adapter_store.service import SERVICE_NAME, AdapterStoreService, handler
 from adapter_store.store import Store
 
@@ -18,10 +19,13 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # chunks are <= 4 MiB
 
 
 class StoreServer:
-    """Serves one Store on ``listen`` (host:port; port 0 picks a free one)."""
+    """Serves one Store on ``listen`` (host:port; port 0 picks a free one). With ``secret``, every
+    AdapterStore call must carry it (adapter_store/auth.py); health and reflection stay open."""
 
-    def __init__(self, store: Store, listen: str, chunk_bytes: int = 1 << 20, maintain_interval_s: float = 2.0) -> None:
+    def __init__(self, store: Store, listen: str, chunk_bytes: int = 1 << 20, maintain_interval_s: float = 2.0,
+                 secret: str | None = None) -> None:
         self.store = store
+        self._secret = secret
         self._listen = listen
         self._chunk = chunk_bytes
         self._interval = maintain_interval_s
@@ -34,7 +38,11 @@ class StoreServer:
         """Bind, start serving, and return the bound port."""
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        server = grpc.aio.server(options=options)
+        interceptors = [SecretInterceptor(self._secret)] if self._secret is not None else []
+        if self._secret is None and not is_loopback(self._listen):
+            log.warning("the adapter store listens on %s without a shared secret: anyone who can reach it "
+                        "can read, write and delete every tenant's adapters (set --secret-file)", self._listen)
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         server.add_generic_rpc_handlers((handler(AdapterStoreService(self.store, self._chunk)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -69,6 +69,7 @@ class StoreSettings:
     metrics_port: int = 0  # Prometheus HTTP port; 0 = off
     chunk_bytes: int = 1 * MIB  # Get stream chunk size
     maintain_interval_s: float = 2.0  # how often a degraded index is re-synced
+    secret_file: str | None = None  # shared secret every AdapterStore call must carry (adapter_store/auth.py)
 
     def __post_init__(self) -> None:
         if self.blob_backend not in BLOB_BACKENDS:

@@ -1,0 +1,136 @@
+"""The store trusts only the inference server: a shared secret in every call's metadata.
+
+The server sends ``x-loraplex-store-secret: <secret>``; the store compares it in constant
+time and answers UNAUTHENTICATED otherwise, so nobody can reach the store's API around the
+server's tenant rules. Health checks and reflection stay open (probes need them). The
+secret is read from a file (a Kubernetes Secret) and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+SECRET_METADATA_KEY = "x-loraplex-store-secret"
+_OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+MIN_SECRET_LEN = 16
+
+
+def read_secret(path: str) -> str:
+    """The secret in ``path`` (surrounding whitespace stripped); ValueError if unusable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"store secret file {path}: cannot read ({exc.strerror})") from None
+    check_secret(secret, f"store secret file {path}")
+    return secret
+
+
+def check_secret(secret: str, where: str = "store secret") -> None:
+    """ValueError unless ``secret`` is 16+ printable ASCII characters without spaces."""
+    if len(secret) < MIN_SECRET_LEN or not all("\x21" <= c <= "\x7e" for c in secret):
+        raise ValueError(f"{where}: must be at least {MIN_SECRET_LEN} printable ASCII characters, no spaces")
+
+
+def is_loopback(listen: str) -> bool:
+    """Is ``host:port`` a loopback address (localhost, 127.0.0.0/8, ::1)?"""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SecretInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call to the store's own services without the shared secret."""
+
+    def __init__(self, secret: str) -> None:
+        check_secret(secret)
+        self._secret = secret.encode("ascii")
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        if details.method.startswith(_OPEN_PREFIXES):
+            return await continuation(details)
+        given = dict(details.invocation_metadata or ()).get(SECRET_METADATA_KEY, "")
+        given_bytes = given.encode("utf-8", "replace") if isinstance(given, str) else bytes(given)
+        if not hmac.compare_digest(given_bytes, self._secret):
+            log.warning("audit: store call refused: method=%s outcome=unauthenticated (%s)",
+                        details.method, "no secret" if not given else "wrong secret")
+            handler = await continuation(details)
+            if handler is None:
+                return None
+            return _deny_like(handler, "the adapter store accepts calls from the inference server only")
+        return await continuation(details)
+
+
+def _deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that answers UNAUTHENTICATED."""
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, message)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext):  # noqa: ANN202
+        await context.abort(code, message)
+        yield  # pragma: no cover  (makes this an async generator)
+
+    kw = {"request_deserializer": handler.request_deserializer,
+          "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, **kw)
+    return grpc.stream_stream_rpc_method_handler(streaming, **kw)
+
+
+class _SecretClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                               grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds the shared secret to every call of a sync channel."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = list(details.metadata or ()) + [(SECRET_METADATA_KEY, self._secret)]
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):  # noqa: ANN001, ANN201
+        return continuation(self._details(details), request_iterator)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):  # noqa: ANN001
+        self.method, self.timeout, self.metadata = method, timeout, metadata
+        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
+
+
+def with_secret(channel: grpc.Channel, secret: str | None) -> grpc.Channel:
+    """``channel`` sending the shared secret on every call (unchanged when ``secret`` is None)."""
+    if secret is None:
+        return channel
+    check_secret(secret)
+    return grpc.intercept_channel(channel, _SecretClientInterceptor(secret))
