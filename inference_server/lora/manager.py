@@ -22,9 +22,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import torch
-from safetensors.torch import load as load_safetensors
 
-from inference_server.errors import AdapterValidationError, ResourceExhaustedError
+from inference_server.errors import ResourceExhaustedError
 from inference_server.lora.copier import PoolCopier
 from inference_server.lora.host_cache import HostAdapterCache, PackedAdapter
 from inference_server.lora.packing import AdapterLayout, pack_adapter, plan_layout
@@ -32,6 +31,7 @@ from inference_server.lora.peft_format import WEIGHTS_FILE, AdapterSpec, parse_a
 from inference_server.lora.pool_stats import PoolMetrics, PoolStats
 from inference_server.lora.range_allocator import RangeAllocator
 from inference_server.lora.source import AdapterSource
+from inference_server.lora.tensor_views import tensor_views
 from inference_server.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,7 @@ class AdapterManager:
         self.metrics.count("source_fetches")
         files = self.source.resolve(adapter_id)
         spec = parse_adapter_files(files.files, self.config)  # the base model decides what fits
-        try:
-            tensors = load_safetensors(files.files[WEIGHTS_FILE])
-        except Exception as e:  # safetensors raises its own error types for corrupt data
-            raise AdapterValidationError(f"adapter {adapter_id!r}: cannot read {WEIGHTS_FILE} ({e})") from e
+        tensors = tensor_views(files.files[WEIGHTS_FILE])  # header checked: views cannot overrun
         layout = self._pool_layout(spec)
         if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(
