@@ -74,10 +74,47 @@ def pack_adapter(
     layout = plan_layout(spec, cfg)
     flat = torch.zeros(layout.num_elements, dtype=dtype) if out is None else out[: layout.num_elements]
     shapes = cfg.projection_shapes()
-    for mod in spec.modules:
-        p = PROJECTIONS.index(mod.module)
-        _write_module(flat, layout, p, mod, tensors, shapes[mod.module], cfg.num_layers)
+    for p, proj in enumerate(PROJECTIONS):
+        mods = [m for m in spec.modules if m.module == proj]
+        if mods and _uniform(mods, layout, p, cfg.num_layers):
+            _write_projection(flat, layout, p, mods, tensors, shapes[proj], cfg.num_layers)
+            continue
+        for mod in mods:
+            _write_module(flat, layout, p, mod, tensors, shapes[proj], cfg.num_layers)
     return flat, layout
+
+
+def _uniform(mods: list[LoraModuleSpec], layout: AdapterLayout, p: int, num_layers: int) -> bool:
+    """Every layer adapted, with the projection's rank and scale: one copy for all layers."""
+    return len(mods) == num_layers and all(m.rank == layout.ranks[p] and m.scale == layout.scales[p] for m in mods)
+
+
+def _write_projection(
+    flat: torch.Tensor,
+    layout: AdapterLayout,
+    p: int,
+    mods: list[LoraModuleSpec],
+    tensors: Mapping[str, torch.Tensor],
+    shape: tuple[int, int],
+    num_layers: int,
+) -> None:
+    """All layers of one projection in two copies: A [L, r, in] -> [L, in, r], B [L, out, r] -> [L, r, out]."""
+    fan_in, fan_out = shape
+    rank = layout.ranks[p]
+    mods = sorted(mods, key=lambda m: m.layer)
+    a = torch.stack([_tensor(tensors, m.a_name) for m in mods])
+    b = torch.stack([_tensor(tensors, m.b_name) for m in mods])
+    a_all = flat[layout.a_offsets[p] : layout.a_offsets[p] + num_layers * fan_in * rank].view(num_layers, fan_in, rank)
+    b_all = flat[layout.b_offsets[p] : layout.b_offsets[p] + num_layers * rank * fan_out].view(num_layers, rank, fan_out)
+    a_all.copy_(a.transpose(1, 2))
+    b_all.copy_(b.transpose(1, 2))
+
+
+def _tensor(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    t = tensors.get(name)
+    if t is None:
+        raise AdapterValidationError(f"tensor {name!r} missing from the weights")
+    return t
 
 
 def _write_module(
