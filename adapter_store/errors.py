@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from inference_server.errors import LoraplexError
+from inference_server.errors import DataLossError
 
 
-class AdapterCorruptError(LoraplexError):
+class AdapterCorruptError(DataLossError):
     """Stored bytes failed their checksum (or went missing); they are never served (DATA_LOSS)."""
 
 

@@ -31,6 +31,10 @@ class ResourceExhaustedError(LoraplexError):
     """A limit was hit (queue full, quota); the message says which (RESOURCE_EXHAUSTED)."""
 
 
+class DataLossError(LoraplexError):
+    """Stored bytes failed their checksum and are never served (DATA_LOSS)."""
+
+
 class UnavailableError(LoraplexError):
     """A dependency is down or the server is shutting down (UNAVAILABLE)."""
 
