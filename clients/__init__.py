@@ -21,14 +21,17 @@ from clients.errors import (
     InvalidArgumentError,
     LoraplexClientError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
+    UnauthenticatedError,
     UnavailableError,
 )
+from clients.security import TlsConfig
 from clients.sync_client import LoraplexClient
 from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo, Timings, Usage
 
 __all__ = [
     "AdapterInfo", "AsyncLoraplexClient", "DeadlineExceededError", "GenerationEvent", "GenerationResult",
-    "InvalidArgumentError", "LoraplexClient", "LoraplexClientError", "NotFoundError", "ResourceExhaustedError",
-    "ServerInfo", "Timings", "UnavailableError", "Usage",
+    "InvalidArgumentError", "LoraplexClient", "LoraplexClientError", "NotFoundError", "PermissionDeniedError",
+    "ResourceExhaustedError", "ServerInfo", "Timings", "TlsConfig", "UnauthenticatedError", "UnavailableError", "Usage",
 ]

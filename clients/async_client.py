@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
 from clients.requests import DEFAULT_ADDRESS, Progress, UploadPlan, channel_options, generate_request
+from clients.security import TlsConfig, auth_metadata, make_channel
 from clients.sync_client import HEALTH_STATUS
 from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
@@ -26,10 +27,13 @@ class AsyncLoraplexClient:
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0, retry_attempts: int = 5,
-                 channel: grpc.aio.Channel | None = None) -> None:
+                 channel: grpc.aio.Channel | None = None, token: str | None = None,
+                 tls: TlsConfig | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = channel or grpc.aio.insecure_channel(address, options=channel_options(retry_attempts=retry_attempts))
+        self._metadata = auth_metadata(token)  # sent with every call
+        self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
+                                                   aio=True)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -44,7 +48,7 @@ class AsyncLoraplexClient:
 
     async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return await method(request, timeout=self.timeout if timeout is None else timeout)
+            return await method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
 
@@ -56,7 +60,7 @@ class AsyncLoraplexClient:
         return self._stream(generate_request(prompt, **kwargs), timeout)
 
     async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[GenerationEvent]:
-        call = self._stub.Generate(request, timeout=timeout)
+        call = self._stub.Generate(request, timeout=timeout, metadata=self._metadata)
         try:
             async for message in call:
                 yield GenerationEvent.from_pb(message)
@@ -74,7 +78,8 @@ class AsyncLoraplexClient:
         """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out."""
         plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder)
         try:
-            return AdapterInfo.from_pb(await self._stub.UploadAdapter(plan.messages(progress), timeout=timeout))
+            return AdapterInfo.from_pb(await self._stub.UploadAdapter(plan.messages(progress), timeout=timeout,
+                                                                metadata=self._metadata))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
 

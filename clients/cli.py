@@ -7,8 +7,10 @@
     loraplex adapters list | show ID | delete ID
     loraplex health [--wait 60]                   exit 0 when SERVING
     loraplex info                                 the served model and limits
+    loraplex hash-token < token.txt               the sha256 to put in a server's tokens file
 
-The server address comes from --address or LORAPLEX_ADDRESS (default 127.0.0.1:50051).
+The server address comes from --address or LORAPLEX_ADDRESS (default 127.0.0.1:50051); the
+token from --token or LORAPLEX_TOKEN; TLS from --tls / --tls-root-cert (LORAPLEX_TLS_ROOT_CERT).
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=os.environ.get("LORAPLEX_ADDRESS", DEFAULT_ADDRESS),
                    help="server host:port (env LORAPLEX_ADDRESS)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (generate: the whole stream)")
+    p.add_argument("--token", default=os.environ.get("LORAPLEX_TOKEN") or None,
+                   help="bearer token for a server started with --auth tokens (env LORAPLEX_TOKEN)")
+    p.add_argument("--tls", action="store_true", help="connect with TLS using the system's CAs")
+    p.add_argument("--tls-root-cert", default=os.environ.get("LORAPLEX_TLS_ROOT_CERT") or None, metavar="PEM",
+                   help="CA certificate the server's certificate chains to; implies --tls (env LORAPLEX_TLS_ROOT_CERT)")
+    p.add_argument("--tls-client-cert", default=os.environ.get("LORAPLEX_TLS_CLIENT_CERT") or None, metavar="PEM",
+                   help="client certificate for mutual TLS (env LORAPLEX_TLS_CLIENT_CERT)")
+    p.add_argument("--tls-client-key", default=os.environ.get("LORAPLEX_TLS_CLIENT_KEY") or None, metavar="PEM",
+                   help="key of --tls-client-cert (env LORAPLEX_TLS_CLIENT_KEY)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a server (see `loraplex serve --help`)", add_help=False)
     _generate_parser(sub.add_parser("generate", help="stream a generation"))
@@ -51,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="exit 0 if the server is SERVING")
     health.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="poll until SERVING, up to this long")
     sub.add_parser("info", help="the served model and the server's limits (JSON)")
+    sub.add_parser("hash-token", help="read a token on stdin, print its entry for a tokens file's sha256")
     return p
 
 
@@ -155,6 +167,26 @@ def _dispatch(client: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _tls(args: argparse.Namespace) -> Any:
+    from clients.security import TlsConfig  # noqa: PLC0415
+
+    if not (args.tls or args.tls_root_cert or args.tls_client_cert or args.tls_client_key):
+        return None
+    return TlsConfig(args.tls_root_cert, args.tls_client_cert, args.tls_client_key)
+
+
+def _hash_token() -> int:
+    """The sha256 of the token on stdin (one line), to put in a tokens file; the token is not echoed."""
+    import hashlib  # noqa: PLC0415
+
+    token = sys.stdin.readline().rstrip("\r\n")
+    if not token:
+        print("loraplex: hash-token reads the token from stdin", file=sys.stderr)
+        return EXIT_USAGE
+    print(hashlib.sha256(token.encode("utf-8")).hexdigest())
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loraplex`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -169,8 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clients.errors import LoraplexClientError  # noqa: PLC0415
     from clients.sync_client import LoraplexClient  # noqa: PLC0415
 
+    if args.command == "hash-token":
+        return _hash_token()
     try:
-        with LoraplexClient(args.address, timeout=args.timeout) as client:
+        tls = _tls(args)
+        with LoraplexClient(args.address, timeout=args.timeout, token=args.token, tls=tls) as client:
             return _dispatch(client, args)
     except LoraplexClientError as exc:
         field = f" (field {exc.field})" if exc.field else ""

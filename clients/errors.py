@@ -41,6 +41,14 @@ class CancelledError(LoraplexClientError):
     """The call was cancelled."""
 
 
+class UnauthenticatedError(LoraplexClientError):
+    """No token, or a token the server does not know (give --token / LORAPLEX_TOKEN)."""
+
+
+class PermissionDeniedError(LoraplexClientError):
+    """The token is valid but may not do this (e.g. write outside its tenant's namespace)."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[LoraplexClientError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -48,6 +56,8 @@ _BY_CODE: dict[grpc.StatusCode, type[LoraplexClientError]] = {
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.CANCELLED: CancelledError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
 from clients.requests import DEFAULT_ADDRESS, Progress, UploadPlan, channel_options, generate_request
+from clients.security import TlsConfig, auth_metadata, make_channel
 from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
@@ -28,10 +29,13 @@ class LoraplexClient:
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0, retry_attempts: int = 5,
-                 channel: grpc.Channel | None = None) -> None:
+                 channel: grpc.Channel | None = None, token: str | None = None,
+                 tls: TlsConfig | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(address, options=channel_options(retry_attempts=retry_attempts))
+        self._metadata = auth_metadata(token)  # sent with every call
+        self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
+                                                   aio=False)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -46,7 +50,7 @@ class LoraplexClient:
 
     def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
@@ -62,7 +66,7 @@ class LoraplexClient:
         return self._stream(generate_request(prompt, **kwargs), timeout)
 
     def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> Iterator[GenerationEvent]:
-        call = self._stub.Generate(request, timeout=timeout)
+        call = self._stub.Generate(request, timeout=timeout, metadata=self._metadata)
         try:
             for message in call:
                 yield GenerationEvent.from_pb(message)
@@ -81,7 +85,8 @@ class LoraplexClient:
         """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` is called as chunks go out."""
         plan = UploadPlan.from_folder(adapter_id, folder)
         try:
-            return AdapterInfo.from_pb(self._stub.UploadAdapter(plan.messages(progress), timeout=timeout))
+            return AdapterInfo.from_pb(self._stub.UploadAdapter(plan.messages(progress), timeout=timeout,
+                                                                metadata=self._metadata))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 

@@ -91,9 +91,12 @@ def adapter_source(settings: ServerSettings) -> Any:
         return settings.adapter_path
     from adapter_store.client import StoreClient  # noqa: PLC0415
 
+    from adapter_store.auth import read_secret  # noqa: PLC0415
+
     address, max_rank = settings.adapter_store, settings.max_lora_rank
+    secret = read_secret(settings.adapter_store_secret_file) if settings.adapter_store_secret_file else None
     log.info("adapters from the store sidecar at %s", address)
-    return lambda base: StoreClient(address, base=base, max_rank=max_rank)
+    return lambda base: StoreClient(address, base=base, max_rank=max_rank, secret=secret)
 
 
 async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
@@ -115,9 +118,16 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
 async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; return the process exit code."""
+    from inference_server.auth.security import Security  # noqa: PLC0415
     from inference_server.server.app import GrpcServer, ServerOptions  # noqa: PLC0415
 
-    server = GrpcServer(ServerOptions.from_settings(settings))
+    try:
+        security = Security.from_settings(settings)
+    except (ValueError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    security.log_startup()
+    server = GrpcServer(ServerOptions.from_settings(settings), security=security)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -18,6 +18,7 @@ ENV_PREFIX = "LORAPLEX_"
 MODEL_FORMATS = ("auto", "hf", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_FORMATS = ("text", "json")
+AUTH_MODES = ("none", "tokens")
 MiB = 1024 * 1024
 
 
@@ -68,6 +69,25 @@ class ServerSettings:
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)
     max_upload_bytes: int = _opt(512 * MiB, "largest adapter upload (all files), bytes", int)
     grace_period_s: float = _opt(30.0, "on SIGTERM, how long running streams may finish", float)
+    # tenants: authentication, TLS, quotas (inference_server/auth/)
+    auth: str = _opt("none", "tokens: every RPC needs 'authorization: Bearer <token>' listed in --tokens-file; "
+                             "none: no authentication (the embedded single-user default, warned about at start)",
+                     str, AUTH_MODES)
+    tokens_file: str | None = _opt(None, "JSON file of token sha256 hashes -> tenant and role, reloaded when it "
+                                         "changes (`loraplex hash-token` prints a hash)", _optional_str)
+    tls_cert_file: str | None = _opt(None, "PEM server certificate (chain); with --tls-key-file the gRPC port "
+                                           "speaks TLS only", _optional_str)
+    tls_key_file: str | None = _opt(None, "PEM private key of --tls-cert-file", _optional_str)
+    tls_client_ca_file: str | None = _opt(None, "PEM CA bundle: clients must present a certificate it signed "
+                                                "(mutual TLS)", _optional_str)
+    adapter_store_secret_file: str | None = _opt(None, "file with the store sidecar's shared secret (its "
+                                                       "--secret-file)", _optional_str)
+    tenant_max_concurrent_requests: int = _opt(0, "open Generate streams per tenant (0 = unlimited)", int)
+    tenant_max_queued_requests: int = _opt(0, "streams per tenant waiting for their first token (0 = unlimited)",
+                                           int)
+    tenant_tokens_per_minute: int = _opt(0, "prompt + generated tokens per tenant per minute (0 = unlimited)", int)
+    tenant_max_adapter_bytes: int = _opt(0, "stored adapter bytes per tenant (0 = unlimited)", int)
+    tenant_max_adapters: int = _opt(0, "stored adapters per tenant (0 = unlimited)", int)
     # logging
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR", str.upper,
                           ("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -103,9 +123,25 @@ class ServerSettings:
             raise ValueError(_where("max_message_bytes", f"must be >= 65536, got {self.max_message_bytes}"))
         if self.grace_period_s < 0:
             raise ValueError(_where("grace_period_s", f"must be >= 0, got {self.grace_period_s}"))
+        self._check_security()
         if not 0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError(_where("kv_cache_memory_fraction", f"must be in (0, 0.95], got "
                                                                 f"{self.kv_cache_memory_fraction}"))
+
+    def _check_security(self) -> None:
+        if self.auth == "tokens" and not self.tokens_file:
+            raise ValueError(_where("tokens_file", "--auth tokens needs a tokens file"))
+        if self.auth == "none" and self.tokens_file:
+            raise ValueError(_where("auth", "a tokens file is given but --auth is none; say --auth tokens"))
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError(_where("tls_key_file", "TLS needs both --tls-cert-file and --tls-key-file"))
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError(_where("tls_client_ca_file", "client certificates need server TLS "
+                                                          "(--tls-cert-file and --tls-key-file)"))
+        for name in ("tenant_max_concurrent_requests", "tenant_max_queued_requests", "tenant_tokens_per_minute",
+                     "tenant_max_adapter_bytes", "tenant_max_adapters"):
+            if getattr(self, name) < 0:
+                raise ValueError(_where(name, f"must be >= 0 (0 = unlimited), got {getattr(self, name)}"))
 
     @property
     def adapter_path(self) -> str:

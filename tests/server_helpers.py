@@ -136,11 +136,11 @@ def fake_tokens(prompt: tuple[int, ...], adapter_id: str | None, n: int) -> list
 class ServerThread:
     """A GrpcServer on its own event loop in a daemon thread; ``call(coro)`` runs on that loop."""
 
-    def __init__(self, options: ServerOptions) -> None:
+    def __init__(self, options: ServerOptions, security: Any = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = GrpcServer(options)
+        self.server = GrpcServer(options, security=security)
         self.port = self.call(self.server.start())
         self.address = f"127.0.0.1:{self.port}"
 

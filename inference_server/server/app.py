@@ -17,10 +17,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from inference_server.auth.security import Security
+from inference_server.server.auth_interceptor import AuthInterceptor
 from inference_server.server.interceptor import ErrorInterceptor
 from inference_server.server.metrics import MetricsHttpServer, ServerMetrics
 from inference_server.server.servicer import EdgeConfig, InferenceServicer
 from inference_server.server.state import ServingState
+from inference_server.server.tenancy import Tenancy
+from inference_server.server.tenant_metrics import TenantMetrics
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
 
@@ -61,9 +65,12 @@ def _address(host: str, port: int) -> str:
 class GrpcServer:
     """One grpc.aio server with the loraplex services, and the metrics endpoint."""
 
-    def __init__(self, options: ServerOptions, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, options: ServerOptions, metrics: ServerMetrics | None = None,
+                 security: Security | None = None) -> None:
         self.options = options
         self.metrics = metrics or ServerMetrics()
+        self.security = security or Security()  # default: no authentication, plaintext
+        self.tenant_metrics = TenantMetrics(self.metrics.registry)
         self.state = ServingState(options.max_concurrent_streams)
         self.health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -77,10 +84,13 @@ class GrpcServer:
         msg_opts = [("grpc.max_receive_message_length", o.max_message_bytes),
                     ("grpc.max_send_message_length", o.max_message_bytes),
                     ("grpc.so_reuseport", 0)]
-        server = grpc.aio.server(interceptors=[ErrorInterceptor(self.metrics)], options=msg_opts)
+        auth = AuthInterceptor(self.security.tokens, self.tenant_metrics.auth_failure)
+        server = grpc.aio.server(interceptors=[ErrorInterceptor(self.metrics), auth], options=msg_opts)
         config = EdgeConfig(default_max_new_tokens=o.default_max_new_tokens, max_upload_bytes=o.max_upload_bytes,
                             max_message_bytes=o.max_message_bytes, server_version=server_version())
-        pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(self.state, self.metrics, config), server)
+        tenancy = Tenancy(self.security, self.tenant_metrics)
+        pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(self.state, self.metrics, config, tenancy),
+                                                       server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -89,7 +99,11 @@ class GrpcServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
-            self.port = server.add_insecure_port(_address(o.host, o.port))
+            if self.security.tls is not None:
+                credentials = self.security.tls.server_credentials()
+                self.port = server.add_secure_port(_address(o.host, o.port), credentials)
+            else:
+                self.port = server.add_insecure_port(_address(o.host, o.port))
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {_address(o.host, o.port)}: {exc}") from None
         if self.port == 0:

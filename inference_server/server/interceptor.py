@@ -19,8 +19,11 @@ import grpc
 
 from inference_server.errors import (
     AdapterNotFoundError,
+    DataLossError,
     InvalidRequestError,
+    PermissionDeniedError,
     ResourceExhaustedError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from inference_server.server.metrics import ServerMetrics
@@ -33,6 +36,9 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (DataLossError, grpc.StatusCode.DATA_LOSS),
+    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 

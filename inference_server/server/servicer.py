@@ -10,10 +10,13 @@ from typing import Any
 
 import grpc
 
+from inference_server.auth.security import Security
 from inference_server.errors import InvalidRequestError, LoraplexError
 from inference_server.server import convert
 from inference_server.server.metrics import ServerMetrics
 from inference_server.server.state import ServingState
+from inference_server.server.tenancy import Tenancy
+from inference_server.server.tenant_metrics import TenantMetrics
 from inference_server.server.upload import UploadAssembler, UploadLimits
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
@@ -41,10 +44,12 @@ class EdgeConfig:
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
     """loraplex.v1.InferenceService over an AsyncEngine."""
 
-    def __init__(self, state: ServingState, metrics: ServerMetrics, config: EdgeConfig) -> None:
+    def __init__(self, state: ServingState, metrics: ServerMetrics, config: EdgeConfig,
+                 tenancy: Tenancy | None = None) -> None:
         self._state = state
         self._metrics = metrics
         self._config = config
+        self._tenancy = tenancy or Tenancy(Security(), TenantMetrics(metrics.registry))
         self._upload_limits = UploadLimits(max_upload_bytes=config.max_upload_bytes)
 
     def _limits(self, engine: Any) -> convert.RequestLimits:
@@ -68,14 +73,16 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Stream one generation; a cancelled or expired call aborts it in the engine."""
         engine = self._state.engine_or_raise()
         edge = await self._decode(request, engine)
-        req, client_id = edge.request, edge.client_request_id
-        async with self._state.stream(req.request_id):
+        client_id = edge.client_request_id
+        async with self._tenancy.generation(context, edge.request) as (req, ticket), \
+                self._state.stream(req.request_id):
             track = self._metrics.stream(req.adapter_id, len(req.prompt_token_ids))
             stream = engine.generate(req)
             finished = False
             try:
                 async for event in stream:
                     track.tokens(len(event.token_ids))
+                    self._tenancy.generated(ticket, len(event.token_ids))
                     if event.finish_reason is not None:
                         finished = True
                         track.finished(event.finish_reason.value)
@@ -93,17 +100,25 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Receive metadata + chunks, then validate and store the adapter atomically."""
         async with self._state.work() as engine:
             assembler = UploadAssembler(self._upload_limits)
-            async for message in request_iterator:
-                assembler.add(message)
-            adapter_id, files = assembler.finish()
-            info = await asyncio.to_thread(engine.adapters.put, adapter_id, files)
+            try:
+                async for message in request_iterator:
+                    assembler.add(message)
+                    if assembler.adapter_id is not None and assembler.received_bytes == 0:
+                        self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
+                adapter_id, files = assembler.finish()
+                await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
+                info = await asyncio.to_thread(engine.adapters.put, adapter_id, files)
+            except Exception as exc:
+                self._tenancy.audit(context, "upload", assembler.adapter_id, exc)
+                raise
+            self._tenancy.audit(context, "upload", adapter_id, None)
             return convert.adapter_to_pb(info)
 
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: grpc.aio.ServicerContext
                            ) -> pb.ListAdaptersResponse:
         engine = self._state.engine_or_raise()
         infos = {i.adapter_id: i for i in await asyncio.to_thread(engine.adapters.list)}
-        ids, next_token = convert.list_page(sorted(infos), request.prefix, request.page_size,
+        ids, next_token = convert.list_page(sorted(self._tenancy.visible(context, infos)), request.prefix, request.page_size,
                                             request.page_token, self._config.list_page_size)
         held = _residency(engine)
         return pb.ListAdaptersResponse(adapters=[convert.adapter_to_pb(infos[i], held(i)) for i in ids],
@@ -112,6 +127,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GetAdapter(self, request: pb.GetAdapterRequest, context: grpc.aio.ServicerContext) -> pb.Adapter:
         engine = self._state.engine_or_raise()
         adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
+        self._tenancy.check_read(context, adapter_id)
         info = await asyncio.to_thread(engine.adapters.get, adapter_id)
         return convert.adapter_to_pb(info, _residency(engine)(adapter_id))
 
@@ -119,7 +135,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                             ) -> pb.DeleteAdapterResponse:
         async with self._state.work() as engine:
             adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
-            await asyncio.to_thread(engine.adapters.delete, adapter_id)
+            try:
+                self._tenancy.check_write(context, adapter_id, "delete")
+                await asyncio.to_thread(engine.adapters.delete, adapter_id)
+            except Exception as exc:
+                self._tenancy.audit(context, "delete", adapter_id, exc)
+                raise
+            self._tenancy.audit(context, "delete", adapter_id, None)
             return pb.DeleteAdapterResponse()
 
     async def ServerInfo(self, request: pb.ServerInfoRequest, context: grpc.aio.ServicerContext

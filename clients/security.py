@@ -1,0 +1,66 @@
+"""How a client proves who it is (bearer token) and reaches a TLS port (root CA, client cert)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+TOKEN_ENV = "LORAPLEX_TOKEN"
+TLS_ENV = {"root_cert_file": "LORAPLEX_TLS_ROOT_CERT", "client_cert_file": "LORAPLEX_TLS_CLIENT_CERT",
+           "client_key_file": "LORAPLEX_TLS_CLIENT_KEY"}
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to the server. ``root_cert_file`` None = the system's CAs; the client certificate and
+    key (PEM files) are for servers that require client certificates (mTLS)."""
+
+    root_cert_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.client_cert_file) != bool(self.client_key_file):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "TlsConfig | None":
+        """TLS from LORAPLEX_TLS_ROOT_CERT / _CLIENT_CERT / _CLIENT_KEY, or None when none is set."""
+        values = {name: env.get(var) or None for name, var in TLS_ENV.items()}
+        return cls(**values) if any(values.values()) else None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.root_cert_file, "TLS root certificate"),
+            private_key=_read(self.client_key_file, "TLS client key"),
+            certificate_chain=_read(self.client_cert_file, "TLS client certificate"),
+        )
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: cannot read ({exc.strerror})") from None
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The call metadata carrying ``token`` (None: no token)."""
+    if token is None:
+        return None
+    if not token or token != token.strip() or not token.isascii():
+        raise ValueError("token must be non-empty ASCII without surrounding whitespace")
+    return (("authorization", f"Bearer {token}"),)
+
+
+def make_channel(address: str, options: list[tuple[str, Any]], tls: TlsConfig | None, aio: bool) -> Any:
+    """A sync or asyncio channel to ``address``, over TLS when ``tls`` is given."""
+    if tls is None:
+        return (grpc.aio.insecure_channel if aio else grpc.insecure_channel)(address, options=options)
+    return (grpc.aio.secure_channel if aio else grpc.secure_channel)(address, tls.credentials(), options=options)

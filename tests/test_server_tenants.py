@@ -1,0 +1,209 @@
+"""Tenants over gRPC: two tenants and an admin against the real edge (fake engine).
+
+Every cross-tenant attempt is refused with the specified code and leaves the other's
+adapters untouched; bad tokens of every shape are UNAUTHENTICATED; the tokens file is
+reloaded without a restart; each quota answers RESOURCE_EXHAUSTED naming its limit; audit
+lines name tenant, adapter and outcome and never a token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from server_helpers import FakeEngine, ServerThread, write_fake_adapter
+
+from clients import (
+    LoraplexClient,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+)
+from clients.requests import generate_request
+from inference_server.auth.quotas import TenantLimits
+from inference_server.auth.security import Security
+from inference_server.auth.tokens import TokenFile, hash_token
+from inference_server.server.app import ServerOptions
+from loraplex.v1 import inference_pb2 as pb
+from loraplex.v1 import inference_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.slow  # starts servers
+
+TOKENS = {"a": "token-tenant-a-0123456789", "b": "token-tenant-b-0123456789", "admin": "token-admin-0123456789xx"}
+
+
+def write_tokens(path: Path, tokens: dict[str, str]) -> None:
+    entries = [{"sha256": hash_token(tok), "tenant": "ops" if who == "admin" else who,
+                "role": "admin" if who == "admin" else "tenant"} for who, tok in tokens.items()]
+    path.write_text(json.dumps({"tokens": entries}))
+
+
+@pytest.fixture
+def tenants(tmp_path: Path):
+    """(server, tokens file path, adapter folder, engine) with a/private, b/private and shared uploaded by admin."""
+    tokens_path = tmp_path / "tokens.json"
+    write_tokens(tokens_path, TOKENS)
+    security = Security(tokens=TokenFile(str(tokens_path), check_interval_s=0.0))
+    srv = ServerThread(ServerOptions(port=0), security=security)
+    engine = FakeEngine(tmp_path / "adapters")
+    srv.attach(engine)
+    folder = write_fake_adapter(tmp_path / "peft")
+    with client(srv, "admin") as admin:
+        for adapter_id in ("a/private", "b/private", "shared"):
+            admin.upload_adapter(adapter_id, folder)
+    yield srv, tokens_path, folder, engine
+    srv.close()
+
+
+def client(srv: ServerThread, who: str | None, **kw) -> LoraplexClient:
+    return LoraplexClient(srv.address, timeout=10, retry_attempts=1, token=TOKENS.get(who), **kw)
+
+
+def test_cross_tenant_attempts_are_refused_and_change_nothing(tenants, caplog) -> None:
+    srv, _, folder, _ = tenants
+    caplog.set_level(logging.INFO)
+    with client(srv, "admin") as admin:
+        before = {i.adapter_id: i.version for i in admin.list_adapters()}
+    with client(srv, "a") as a:
+        assert [i.adapter_id for i in a.list_adapters()] == ["a/private", "shared"]
+        assert [i.adapter_id for i in a.list_adapters(prefix="b/")] == []
+        for missing in ("b/private", "b/never-existed"):  # the same answer: no existence leak
+            with pytest.raises(NotFoundError, match=f"adapter '{missing}' not found"):
+                a.get_adapter(missing)
+            with pytest.raises(NotFoundError, match=f"adapter '{missing}' not found"):
+                a.generate_text("hi", adapter=missing, max_new_tokens=2)
+        for target in ("b/private", "b/never-existed", "shared"):
+            with pytest.raises(PermissionDeniedError, match="may not delete"):
+                a.delete_adapter(target)
+            with pytest.raises(PermissionDeniedError, match="may not upload"):
+                a.upload_adapter(target, folder)
+        assert a.generate_text("hi", adapter="shared", max_new_tokens=3).usage.completion_tokens == 3
+        assert a.generate_text("hi", adapter="a/private", max_new_tokens=3).usage.completion_tokens == 3
+        a.upload_adapter("a/second", folder)
+        a.delete_adapter("a/second")
+    with client(srv, "admin") as admin:
+        assert {i.adapter_id: i.version for i in admin.list_adapters()} == before
+        assert admin.get_adapter("b/private").adapter_id == "b/private"
+        admin.generate_text("hi", adapter="b/private", max_new_tokens=2)
+        admin.delete_adapter("b/private")
+        admin.upload_adapter("b/private", folder)
+    audit = [r.getMessage() for r in caplog.records if r.name == "loraplex.audit"]
+    assert any("audit: delete tenant=a role=tenant adapter=b/private outcome=PermissionDeniedError" in m
+               for m in audit)
+    assert any("audit: upload tenant=a role=tenant adapter=a/second outcome=ok" in m for m in audit)
+    assert any("audit: delete tenant=ops role=admin adapter=b/private outcome=ok" in m for m in audit)
+    everything = "\n".join(r.getMessage() for r in caplog.records)
+    assert not any(tok in everything or hash_token(tok) in everything for tok in TOKENS.values())
+
+
+@pytest.mark.parametrize("value", [
+    None, "", "Bearer", "Bearer ", f"Basic {TOKENS['a']}", TOKENS["a"], f"Bearer {TOKENS['a']} ",
+    f"Bearer  {TOKENS['a']}", f"Bearer {TOKENS['a']}x", "Bearer " + "y" * 6000, f"Bearer {hash_token(TOKENS['a'])}",
+])
+def test_bad_credentials_are_unauthenticated_and_audited(tenants, caplog, value) -> None:
+    srv = tenants[0]
+    caplog.set_level(logging.INFO)
+    metadata = None if value is None else (("authorization", value),)
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = pb_grpc.InferenceServiceStub(channel)
+        for call in (lambda: stub.ListAdapters(pb.ListAdaptersRequest(), metadata=metadata, timeout=5),
+                     lambda: next(iter(stub.Generate(pb.GenerateRequest(text="hi"), metadata=metadata, timeout=5))),
+                     lambda: stub.DeleteAdapter(pb.DeleteAdapterRequest(adapter_id="a/private"),
+                                                metadata=metadata, timeout=5)):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert TOKENS["a"] not in info.value.details()
+    failures = [r.getMessage() for r in caplog.records if "auth_failure" in r.getMessage()]
+    assert len(failures) == 3 and all(TOKENS["a"] not in m and "yyyy" not in m for m in failures)
+    with client(tenants[0], "admin") as admin:
+        assert admin.get_adapter("a/private").adapter_id == "a/private"  # the delete did not happen
+        assert admin.health() == "SERVING"
+
+
+def test_non_ascii_token_is_refused_by_the_client_before_sending(tenants) -> None:
+    with pytest.raises(ValueError, match="ASCII"):
+        LoraplexClient(tenants[0].address, token="tökén-0123456789abcdef")
+    with pytest.raises(ValueError, match="whitespace"):
+        LoraplexClient(tenants[0].address, token=f"{TOKENS['a']} ")
+
+
+def test_tokens_file_reload_without_restart(tenants) -> None:
+    srv, tokens_path, _, _ = tenants
+    rotated = {**TOKENS, "a": "token-tenant-a-rotated-0123"}
+    write_tokens(tokens_path, rotated)
+    os.utime(tokens_path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    with LoraplexClient(srv.address, timeout=10, retry_attempts=1, token=rotated["a"]) as a:
+        assert [i.adapter_id for i in a.list_adapters()] == ["a/private", "shared"]
+    with client(srv, "a") as old, pytest.raises(UnauthenticatedError):
+        old.list_adapters()
+
+
+def test_health_needs_no_token(tenants) -> None:
+    with client(tenants[0], None) as anonymous:
+        assert anonymous.health() == "SERVING"
+        with pytest.raises(UnauthenticatedError, match="missing credentials"):
+            anonymous.server_info()
+
+
+def _quota_server(tmp_path: Path, limits: TenantLimits, step_s: float = 0.005):
+    tokens_path = tmp_path / "tokens.json"
+    write_tokens(tokens_path, TOKENS)
+    srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens_path)), limits=limits))
+    engine = FakeEngine(tmp_path / "adapters", step_s=step_s)
+    srv.attach(engine)
+    return srv, engine
+
+
+def test_request_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> None:
+    srv, _ = _quota_server(tmp_path, TenantLimits(max_concurrent_requests=2, max_queued_requests=1,
+                                                  tokens_per_minute=60), step_s=0.3)
+    metadata = (("authorization", f"Bearer {TOKENS['a']}"),)
+    try:
+        with client(srv, "a") as a, client(srv, "b") as b, grpc.insecure_channel(srv.address) as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            held = [stub.Generate(generate_request("hi", max_new_tokens=4), metadata=metadata, timeout=10)]
+            time.sleep(0.1)  # open, and waiting for its first token (one token per 0.3 s)
+            with pytest.raises(ResourceExhaustedError, match="quota max_queued_requests reached"):
+                a.generate_text("hi", max_new_tokens=1)
+            next(held[0])  # its first token: no longer queued, still open
+            held.append(stub.Generate(generate_request("hi", max_new_tokens=4), metadata=metadata, timeout=10))
+            next(held[1])
+            with pytest.raises(ResourceExhaustedError, match="quota max_concurrent_requests reached"):
+                a.generate_text("hi", max_new_tokens=1)
+            assert b.generate_text("hi", max_new_tokens=1).usage.completion_tokens == 1  # B is unaffected
+            for call in held:
+                list(call)
+            # a used 2 x (2 prompt + 4 generated) = 12 tokens this minute; 50 more go over 60
+            with pytest.raises(ResourceExhaustedError, match="quota tokens_per_minute reached"):
+                a.generate_text("x" * 50, max_new_tokens=1)
+            assert a.generate_text("x" * 10, max_new_tokens=1).usage.completion_tokens == 1
+    finally:
+        srv.close()
+
+
+def test_adapter_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> None:
+    folder = write_fake_adapter(tmp_path / "peft")
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    srv, _ = _quota_server(tmp_path, TenantLimits(max_adapters=2, max_adapter_bytes=int(size * 2.5)))
+    try:
+        with client(srv, "a") as a, client(srv, "admin") as admin:
+            a.upload_adapter("a/one", folder)
+            a.upload_adapter("a/two", folder)
+            a.upload_adapter("a/two", folder)  # a re-upload replaces: still two
+            with pytest.raises(ResourceExhaustedError, match="max_adapters"):
+                a.upload_adapter("a/three", folder)
+            with pytest.raises(ResourceExhaustedError, match="max_adapters"):
+                admin.upload_adapter("a/three", folder)  # the quota is the namespace's, whoever uploads
+            big = write_fake_adapter(tmp_path / "big", rank=8)
+            with pytest.raises(ResourceExhaustedError, match="max_adapter_bytes"):
+                a.upload_adapter("a/two", big)
+            assert [i.adapter_id for i in a.list_adapters()] == ["a/one", "a/two"]
+    finally:
+        srv.close()
