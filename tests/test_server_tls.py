@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from server_helpers import FakeEngine, ServerThread
+from server_helpers import FakeEngine, ServerThread, free_port
 from tls_helpers import make_tls_files
 
-from clients import LoraplexClient, TlsConfig, UnavailableError
+from clients import LoraplexClient, LoraplexClientError, TlsConfig, UnavailableError
 from clients.cli import main as cli_main
 from inference_server.auth.security import Security, TlsFiles
 from inference_server.auth.tokens import TokenFile, hash_token
@@ -24,8 +24,8 @@ def pki(tmp_path_factory):
     return make_tls_files(tmp_path_factory.mktemp("pki"))
 
 
-def _serve(tmp_path, security: Security) -> ServerThread:
-    srv = ServerThread(ServerOptions(port=0), security=security)
+def _serve(tmp_path, security: Security, **options) -> ServerThread:
+    srv = ServerThread(ServerOptions(port=0, **options), security=security)
     srv.attach(FakeEngine(tmp_path / "adapters"))
     return srv
 
@@ -34,7 +34,7 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path, pki, capsys) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"tokens": [{"sha256": hash_token(TOKEN), "tenant": "a", "role": "tenant"}]}))
     security = Security(tokens=TokenFile(str(tokens)), tls=TlsFiles(str(pki.server_cert), str(pki.server_key)))
-    srv = _serve(tmp_path, security)
+    srv = _serve(tmp_path, security, health_port=free_port())
     try:
         with LoraplexClient(srv.address, timeout=10, retry_attempts=1, token=TOKEN,
                             tls=TlsConfig(root_cert_file=str(pki.ca))) as secure:
@@ -46,6 +46,11 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path, pki, capsys) -> None:
         assert rc == 0 and json.loads(capsys.readouterr().out)["model_name"] == "fake-llama"
         rc = cli_main(["--address", srv.address, "--tls-root-cert", str(pki.ca), "info"])
         assert rc == 1 and "UNAUTHENTICATED" in capsys.readouterr().err
+        # the kubelet's plaintext gRPC probe reaches health (only health) on the health port
+        with LoraplexClient(f"127.0.0.1:{srv.server.health_port}", timeout=5, retry_attempts=1) as probe:
+            assert probe.health() == "SERVING"
+            with pytest.raises(LoraplexClientError, match="UNIMPLEMENTED"):
+                probe.list_adapters()
     finally:
         srv.close()
 

@@ -52,6 +52,7 @@ class ServerOptions:
     max_concurrent_streams: int = 4096
     max_message_bytes: int = 8 * 1024 * 1024
     max_upload_bytes: int = 512 * 1024 * 1024
+    health_port: int = 0  # a plaintext port with only grpc.health.v1 (kubelet probes of a TLS port); 0 = none
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ServerOptions":
@@ -75,6 +76,8 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._metrics_http: MetricsHttpServer | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self.port = 0
         self.metrics_port = 0
 
@@ -110,12 +113,26 @@ class GrpcServer:
             raise OSError(f"cannot listen on {_address(o.host, o.port)} (address in use?)")
         await server.start()
         self._server = server
+        if o.health_port:
+            await self._start_health_port()
         if o.metrics_port:
             self._metrics_http = MetricsHttpServer(self.metrics, o.host, o.metrics_port)
             self.metrics_port = self._metrics_http.port
         log.info("gRPC listening on %s (metrics: %s)", _address(o.host, self.port),
                  f"http://{_address(o.host, self.metrics_port)}/metrics" if self._metrics_http else "off")
         return self.port
+
+    async def _start_health_port(self) -> None:
+        """Serve only health (the same statuses) in plaintext on ``health_port``: the kubelet's
+        gRPC probes cannot speak TLS, and health carries no tenant data."""
+        o = self.options
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self.health_port = server.add_insecure_port(_address(o.host, o.health_port))
+        if self.health_port == 0:
+            raise OSError(f"cannot listen on {_address(o.host, o.health_port)} (health port in use?)")
+        await server.start()
+        self._health_server = server
 
     async def attach_engine(self, engine: Any) -> None:
         """The model is loaded and the engine started: admit requests, report SERVING."""
@@ -143,6 +160,8 @@ class GrpcServer:
             await self.state.wait_idle(_ABORT_WAIT_S)
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self._health_server is not None:
+            await self._health_server.stop(grace=0.5)
         if self._metrics_http is not None:
             self._metrics_http.close()
         log.info("gRPC server stopped")
