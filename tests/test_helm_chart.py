@@ -74,14 +74,17 @@ def test_server_and_store_share_the_pod_and_accept_the_rendered_settings(name: s
     svc_ports = {p["targetPort"] for p in r.get("Service")["spec"]["ports"]}
     assert "store-grpc" not in svc_ports and {"grpc", "metrics"} <= svc_ports
     server_ports = {p["name"]: p["containerPort"] for p in r.container("server")["ports"]}
-    assert server_ports == {"grpc": settings.port, "metrics": settings.metrics_port}
+    health = {"health": settings.health_port} if settings.health_port else {}  # TLS: plaintext probe port
+    assert server_ports == {"grpc": settings.port, "metrics": settings.metrics_port} | health
 
 
 @pytest.mark.parametrize("name", ALL_SETS)
 def test_probes_use_grpc_health_on_the_serving_ports(name: str) -> None:
     values = values_of(name)
     r = render(values)
-    grpc_port = int(r.config("server")["LORAPLEX_PORT"])
+    server_cfg = r.config("server")
+    # with TLS the kubelet (no TLS) probes the plaintext health-only port
+    grpc_port = int(server_cfg.get("LORAPLEX_HEALTH_PORT", server_cfg["LORAPLEX_PORT"]))
     store_port = int(r.config("store")["LORAPLEX_STORE_LISTEN"].rsplit(":", 1)[1])
     for container, port in (("server", grpc_port), ("adapter-store", store_port)):
         c = r.container(container)
@@ -113,7 +116,9 @@ def test_containers_are_locked_down(name: str) -> None:
 @pytest.mark.parametrize("name", ALL_SETS)
 def test_no_credentials_are_inlined(name: str) -> None:
     r = render(values_of(name))
-    assert not r.all("Secret"), "the chart must not create Secrets from values"
+    # the one Secret the chart makes is the store's shared secret, generated (never from values)
+    made = [d for d in r.all("Secret") if d["metadata"]["name"] != f"{FULLNAME}-store-secret"]
+    assert not made, "the chart must not create Secrets from values"
     for c in r.pod["containers"] + r.pod.get("initContainers", []):
         for entry in c.get("env", []):
             if entry["name"].startswith("AWS_") or entry["name"].endswith("REDIS_URL"):

@@ -10,6 +10,7 @@ Only what a machine without Kubernetes cannot have is changed: the pod's paths (
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import signal
@@ -23,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helm_chart_helpers import ci_values, env_of, render
+from helm_chart_helpers import FULLNAME, ci_values, env_of, render
 from server_helpers import free_port
 
 from clients import LoraplexClient
@@ -70,6 +71,11 @@ def pod(tmp_path: Path) -> Iterator[dict]:
     cms = {c["metadata"]["name"]: c["data"] for c in rendered.all("ConfigMap")}
     for prefix in POD_PATHS:
         (tmp_path / prefix.strip("/")).mkdir(parents=True, exist_ok=True)
+    # the store's shared secret, where the pod mounts it (the chart makes the Secret)
+    secret = rendered.get("Secret", f"{FULLNAME}-store-secret")["data"]["secret"]
+    secret_file = tmp_path / "var/lib/loraplex/secrets/store/secret"
+    secret_file.parent.mkdir(parents=True)
+    secret_file.write_bytes(base64.b64decode(secret))
     procs = {}
     for name, module in (("adapter-store", "adapter_store.main"), ("server", "inference_server.main")):
         env = local_env(env_of(rendered.container(name), cms), tmp_path)

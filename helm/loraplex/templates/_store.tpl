@@ -84,6 +84,11 @@ renders it as a Kubernetes native sidecar (an init container with restartPolicy 
       mountPath: {{ $modelMount }}
       readOnly: true
     {{- end }}
+    {{- if $a.requireSecret }}
+    - name: store-secret
+      mountPath: {{ include "loraplex.secretsMount" $root }}/store
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* "true" when the sidecar runs as a native sidecar (see adapterStore.nativeSidecar). */}}
