@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -127,3 +128,23 @@ def test_adapter_quotas_count_bytes_and_adapters_and_reupload_replaces() -> None
         q.check_upload("a", "a/z", 1, [("a/x", 1), ("a/y", 1)])
     with pytest.raises(ValueError, match="tokens_per_minute"):
         TenantLimits(tokens_per_minute=-1)
+
+
+def test_startup_says_when_authentication_is_off(tmp_path, caplog) -> None:
+    from inference_server.auth.security import Security  # noqa: PLC0415
+    from inference_server.settings import ServerSettings  # noqa: PLC0415
+
+    caplog.set_level(logging.INFO, logger="inference_server.auth.security")
+    Security.from_settings(ServerSettings.from_sources([], {})).log_startup()
+    assert any(r.levelno == logging.WARNING and "AUTHENTICATION IS OFF (--auth none)" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    path = tmp_path / "tokens.json"
+    write_tokens(path, [(TOKEN_A, "a", "tenant")])
+    settings = ServerSettings.from_sources(["--auth", "tokens", "--tokens-file", str(path),
+                                            "--tenant-max-adapters", "3"], {})
+    security = Security.from_settings(settings)
+    security.log_startup()
+    assert security.limits.max_adapters == 3 and security.tokens.authenticate(f"Bearer {TOKEN_A}").tenant == "a"
+    assert not any("AUTHENTICATION IS OFF" in r.getMessage() for r in caplog.records)
+    assert any("bearer tokens cross the network in plaintext" in r.getMessage() for r in caplog.records)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 from server_helpers import FakeEngine, ServerThread, write_fake_adapter
 
 from clients import (
@@ -93,6 +94,9 @@ def test_cross_tenant_attempts_are_refused_and_change_nothing(tenants, caplog) -
         admin.generate_text("hi", adapter="b/private", max_new_tokens=2)
         admin.delete_adapter("b/private")
         admin.upload_adapter("b/private", folder)
+    scrape = generate_latest(srv.server.metrics.registry).decode()
+    assert 'loraplex_tenant_generate_requests_total{tenant="a"} 2.0' in scrape
+    assert 'loraplex_tenant_adapter_writes_total{action="delete",outcome="refused",tenant="a"} 3.0' in scrape
     audit = [r.getMessage() for r in caplog.records if r.name == "loraplex.audit"]
     assert any("audit: delete tenant=a role=tenant adapter=b/private outcome=PermissionDeniedError" in m
                for m in audit)
