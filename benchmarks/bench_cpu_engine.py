@@ -78,11 +78,13 @@ def main() -> None:
     rows.append(("loraplex, batch 1, base model", n / t))
     t = _loraplex(gguf, adapter_dir, prompts, names, n)
     rows.append(("loraplex, batch 8, 8 different adapters", 8 * n / t))
+    _hf_generate(hf, prompts, 2)  # warm-up: the first generate pays one-time set-up
     t = _hf_generate(hf, prompts, n)
     rows.append(("transformers, batch 8, base model alone", 8 * n / t))
     peft_model = PeftModel.from_pretrained(hf, adapter_dir / names[0], adapter_name=names[0]).eval()
     for name in names[1:]:
         peft_model.load_adapter(adapter_dir / name, adapter_name=name)
+    _hf_generate(peft_model, prompts, 2, adapter_names=names)
     t = _hf_generate(peft_model, prompts, n, adapter_names=names)
     rows.append(("transformers + PEFT, batch 8, 8 adapters mixed", 8 * n / t))
     table = ["| configuration | generated tokens/s |", "| --- | ---: |"]

@@ -1,11 +1,12 @@
 """LoRA kernels, one device-agnostic entry point.
 
 16-bit CUDA tensors (bfloat16, float16) go to the SGMV/BGMV CUDA kernels (compiled at run
-time through CuPy/NVRTC, see ``kernels.cuda``). Everything else goes to the PyTorch
-reference (``kernels.reference``), which defines the semantics: CPU tensors, and float32 /
-float64 CUDA tensors, the exactness mode used to check the GPU engine against the CPU one
-(the reference syncs with the host, so that mode is not CUDA-graph capturable). Callers
-never choose the backend.
+time through CuPy/NVRTC, see ``kernels.cuda``); float32/float64 CPU tensors to the CPU
+backend (``kernels.cpu``, bitwise the reference with less overhead). Everything else goes
+to the PyTorch reference (``kernels.reference``), which defines the semantics: 16-bit CPU
+tensors, and float32 / float64 CUDA tensors, the exactness mode used to check the GPU engine
+against the CPU one (the reference syncs with the host, so that mode is not CUDA-graph
+capturable). Callers never choose the backend.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels import reference
+from kernels import cpu, reference
 
 __all__ = ["add_lora_slices", "add_lora_slices_bgmv", "prefer_bgmv", "reference"]
 
@@ -46,7 +47,12 @@ def add_lora_slices(
     workspace: torch.Tensor,
 ) -> None:
     """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices."""
-    impl = _cuda_ops().add_lora_slices if _use_cuda(x) else reference.add_lora_slices
+    if _use_cuda(x):
+        impl = _cuda_ops().add_lora_slices
+    elif not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
+        impl = cpu.add_lora_slices
+    else:
+        impl = reference.add_lora_slices
     impl(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
 
 
