@@ -21,7 +21,7 @@ from inference_server.server.app import ServerOptions
 
 pytestmark = pytest.mark.slow
 TOKENS = {"a": "token-tenant-a-0123456789", "b": "token-tenant-b-0123456789"}
-FLOOD, NEW_TOKENS, BATCH = 200, 8, 4
+FLOOD, A_TOKENS, B_TOKENS, BATCH = 200, 32, 8, 4  # A's requests outlast B's trip through the edge
 
 
 @pytest.fixture
@@ -41,8 +41,8 @@ async def _flood(address: str, engine: AsyncEngine) -> tuple[int, float, float]:
     """(A's requests that got their first token before B's, B's time to first token, one request alone)."""
     firsts: dict[str, float] = {}
 
-    async def run(client: AsyncLoraplexClient, who: str) -> None:
-        async for event in client.generate(f"request {who} says hello", max_new_tokens=NEW_TOKENS,
+    async def run(client: AsyncLoraplexClient, who: str, new_tokens: int) -> None:
+        async for event in client.generate(f"request {who} says hello", max_new_tokens=new_tokens,
                                            ignore_eos=True, timeout=120):
             if event.token_ids and who not in firsts:
                 firsts[who] = time.monotonic()
@@ -50,15 +50,15 @@ async def _flood(address: str, engine: AsyncEngine) -> tuple[int, float, float]:
     async with AsyncLoraplexClient(address, token=TOKENS["a"], timeout=120) as a, \
             AsyncLoraplexClient(address, token=TOKENS["b"], timeout=120) as b:
         start = time.monotonic()
-        await run(b, "warm-up")
+        await run(b, "warm-up", A_TOKENS)
         alone = time.monotonic() - start
-        flood = [asyncio.create_task(run(a, f"a{i}")) for i in range(FLOOD)]
+        flood = [asyncio.create_task(run(a, f"a{i}", A_TOKENS)) for i in range(FLOOD)]
         deadline = time.monotonic() + 60
         while engine.stats().num_waiting < FLOOD - 2 * BATCH - 8:  # A's flood is queued in the engine
             assert time.monotonic() < deadline, f"flood not queued: {engine.stats()}"
             await asyncio.sleep(0.01)
         sent = time.monotonic()
-        await run(b, "b")
+        await run(b, "b", B_TOKENS)
         b_ttft = firsts["b"] - sent
         before_b = sum(1 for who, t in firsts.items() if who.startswith("a") and t < firsts["b"])
         for task in flood:
@@ -73,5 +73,5 @@ def test_flood_from_one_tenant_does_not_starve_another(fair_server) -> None:
     # FCFS would give B its first token after all 200 of A's; round-robin admits it at the next free
     # slot, so only the batch running when B arrived and one admission round of A's go first.
     assert before_b <= 3 * BATCH, f"{before_b} of A's requests got a first token before B's"
-    # In time: about one request's length (a slot frees), not the flood's 200 / 4 requests' lengths.
+    # In time: about one of A's requests (a slot frees), not the flood's 200 / 4 requests' lengths.
     assert b_ttft < 10 * alone + 1.0, f"B waited {b_ttft:.2f}s; one request alone takes {alone:.2f}s"
