@@ -47,6 +47,16 @@ def make_peft_adapter(hf_model, out: Path, lora_kwargs: dict, seed: int, std: fl
     return out
 
 
+def make_test_adapters(model_dir: Path, root: Path, std: float = 0.1) -> Path:
+    """The four ADAPTER_CONFIGS adapters for the HF model in ``model_dir``, under ``root``."""
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for seed, (name, kwargs) in enumerate(ADAPTER_CONFIGS.items()):
+        make_peft_adapter(hf_model, root / name, kwargs, seed=seed, std=std)
+    return root
+
+
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """transformers' greedy tokens, one at a time with its KV cache; EOS neither stops nor is
     masked (the engine's ``ignore_eos``). Works across the transformers 4/5 cache renames."""

@@ -13,20 +13,14 @@ import torch
 
 from inference_server.lora.batch import LoraBatchBuilder, ProjGroup
 from inference_server.lora.copier import PoolCopier
-from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
+from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all, tokens_of
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]
 
 
 @pytest.fixture(scope="module")
 def adapter_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    root = tmp_path_factory.mktemp("gpu-adapters")
-    for seed, (name, kwargs) in enumerate(ADAPTER_CONFIGS.items()):
-        make_peft_adapter(hf_model, root / name, kwargs, seed=seed, std=0.1)
-    return root
+    return make_test_adapters(tiny_llama_dir, tmp_path_factory.mktemp("gpu-adapters"))
 
 
 def _requests(engine, n: int) -> list:
