@@ -5,7 +5,6 @@ which drops the stale copy from the pool and the host tier."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
