@@ -17,11 +17,10 @@ from torch import nn
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.sampler import SampleResult, SampleRow, sample
 from inference_server.engine.sequence import Sequence
+from inference_server.engine.step_plan import plan_step, run_forward
 from inference_server.lora.batch import LoraBatchBuilder
 from inference_server.lora.layers import LoraContext, attach_lora
-from inference_server.model.attention import AttentionMetadata, SequenceSpan
 from inference_server.model.config import ModelConfig
-from inference_server.model.llama import ForwardBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,32 +60,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].adapter_key)
-        ids, positions, slots, spans, sample_rows, sample_seqs = [], [], [], [], [], []
-        row = 0
-        for i in order:
-            seq, n = seqs[i], num_tokens[i]
-            start = seq.num_computed
-            ids += seq.token_ids[start : start + n]
-            positions += range(start, start + n)
-            slots += [self.blocks.slot(seq.block_table, p) for p in range(start, start + n)]
-            ctx_slots = torch.tensor([self.blocks.slot(seq.block_table, p) for p in range(start + n)])
-            spans.append(SequenceSpan(row, n, start + n, ctx_slots.to(self.device)))
-            row += n
-            if start + n == len(seq.token_ids):
-                sample_rows.append(row - 1)
-                sample_seqs.append(seq)
-        batch = ForwardBatch(
-            positions=torch.tensor(positions, device=self.device),
-            kv_caches=self.kv_caches,
-            attn=AttentionMetadata(torch.tensor(slots, device=self.device), spans),
-        )
-        self.lora_ctx.batch = self.lora_builder.build([(num_tokens[i], seqs[i].adapter) for i in order])
-        try:
-            hidden = self.model(torch.tensor(ids, device=self.device), batch)
-        finally:
-            self.lora_ctx.batch = None
-        result = self._sample(hidden, sample_rows, sample_seqs)
+        plan = plan_step(seqs, num_tokens, self.blocks.block_size)
+        hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device)
+        sample_seqs = [seqs[i] for i in plan.sampled]
+        result = self._sample(hidden, plan.sample_rows, sample_seqs)
         by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids if result else [])}
         return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
 

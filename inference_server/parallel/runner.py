@@ -19,7 +19,7 @@ from inference_server.parallel.adapters import ParallelAdapterManager, ShardLoad
 from inference_server.parallel.group import leave_group
 from inference_server.parallel.layers import TensorParallelLM
 from inference_server.parallel.lora import attach_tp_lora
-from inference_server.parallel.plan import plan_step, run_forward
+from inference_server.engine.step_plan import plan_step, run_forward
 from inference_server.parallel.worker import StepMessage
 
 

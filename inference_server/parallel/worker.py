@@ -18,7 +18,7 @@ from inference_server.model.config import ModelConfig
 from inference_server.parallel.group import TPGroup
 from inference_server.parallel.layers import TensorParallelLM
 from inference_server.parallel.lora import attach_tp_lora
-from inference_server.parallel.plan import StepPlan, run_forward
+from inference_server.engine.step_plan import StepPlan, run_forward
 
 log = logging.getLogger(__name__)
 

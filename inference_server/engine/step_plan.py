@@ -1,8 +1,8 @@
-"""One step's batch as plain data (what rank 0 broadcasts), and the forward every rank runs.
+"""One step's batch as plain data, and the forward that runs it.
 
-Rows are laid out exactly as ``ModelRunner.execute`` lays them out (sequences ordered by
-adapter id, each sequence's new tokens contiguous), so world size 1 computes the same
-thing as the unsharded engine.
+Sequences are ordered by adapter id (each adapter's rows contiguous: one SGMV segment),
+each sequence's new tokens contiguous. ``ModelRunner`` runs plans on one device; with
+tensor parallelism rank 0 broadcasts the same plan and every rank runs it.
 """
 
 from __future__ import annotations
