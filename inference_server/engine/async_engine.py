@@ -12,9 +12,9 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from inference_server.engine.config import EngineConfig
+from inference_server.engine.info import EngineInfo, EngineStats
 from inference_server.engine.llm_engine import LLMEngine
 from inference_server.engine.managed_adapters import ManagedAdapters
 from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
@@ -22,29 +22,6 @@ from inference_server.errors import InvalidRequestError, ResourceExhaustedError,
 from inference_server.lora.manager import AdapterManager
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    model_name: str
-    dtype: str
-    device: str
-    max_context_len: int
-    max_batch_size: int
-    max_new_tokens_limit: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    max_lora_rank: int
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    free_kv_blocks: int
-    total_kv_blocks: int
-    resident_adapters: int
-    preemptions: int
 
 
 class AsyncEngine:

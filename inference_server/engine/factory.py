@@ -10,6 +10,7 @@ from torch import nn
 
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.config import EngineConfig
+from inference_server.engine.info import EngineInfo
 from inference_server.engine.llm_engine import LLMEngine
 from inference_server.engine.managed_adapters import ManagedAdapters
 from inference_server.engine.model_runner import ModelRunner
@@ -75,8 +76,6 @@ def assemble(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
         manager.release, config.seed,
     )
-    from inference_server.engine.async_engine import EngineInfo  # noqa: PLC0415
-
     info = EngineInfo(
         model_name=model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,
         max_batch_size=config.max_num_seqs, max_new_tokens_limit=config.max_new_tokens_limit,

@@ -1,0 +1,28 @@
+"""What the engine tells the edge about itself: fixed facts and live counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_name: str
+    dtype: str
+    device: str
+    max_context_len: int
+    max_batch_size: int
+    max_new_tokens_limit: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_lora_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    free_kv_blocks: int
+    total_kv_blocks: int
+    resident_adapters: int
+    preemptions: int
