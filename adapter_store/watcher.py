@@ -72,8 +72,8 @@ class StoreWatcher:
         """Apply one change event (public so callers with their own event loop can feed it)."""
         held = self._held()
         if event.kind == KIND_RESYNC:
-            self.resyncs += 1
             self._recheck(held)
+            self.resyncs += 1  # counted once done, so a caller waiting for it sees the re-check's effects
         elif event.kind == KIND_DELETE and event.adapter_id in held:
             self._invalidate(event.adapter_id)
         elif event.kind == KIND_PUT and event.adapter_id in held and held[event.adapter_id] != event.version:
