@@ -4,6 +4,13 @@ The server sends ``x-loraplex-store-secret: <secret>``; the store compares it in
 time and answers UNAUTHENTICATED otherwise, so nobody can reach the store's API around the
 server's tenant rules. Health checks and reflection stay open (probes need them). The
 secret is read from a file (a Kubernetes Secret) and never logged.
+
+A trusted call may also say which tenant it is made for (``x-loraplex-tenant``, and
+``x-loraplex-role: tenant|admin``, default tenant): the store then holds it to the server's
+tenant rules (inference_server/auth/policy.py, applied in service.py): another tenant's
+private adapter is NOT_FOUND, public ones are readable, writes outside the caller's
+namespace are PERMISSION_DENIED. A call without a caller is the server's own (loading a
+Generate's adapter, following changes) and may do anything.
 """
 
 from __future__ import annotations
@@ -11,13 +18,17 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+from inference_server.auth.tokens import Principal, Role
+from inference_server.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
 SECRET_METADATA_KEY = "x-loraplex-store-secret"
+TENANT_METADATA_KEY = "x-loraplex-tenant"
+ROLE_METADATA_KEY = "x-loraplex-role"
 _OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 MIN_SECRET_LEN = 16
 
@@ -48,6 +59,32 @@ def is_loopback(listen: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def caller_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal | None:
+    """The tenant a call is made for, from its metadata (None: the server's own call).
+    InvalidRequestError names a malformed value."""
+    values = dict(metadata or ())
+    tenant, role = values.get(TENANT_METADATA_KEY), values.get(ROLE_METADATA_KEY)
+    if tenant is None:
+        if role is not None:
+            raise InvalidRequestError(f"metadata {ROLE_METADATA_KEY} needs {TENANT_METADATA_KEY} (the caller's tenant)")
+        return None
+    try:
+        parsed = Role(role if role is not None else Role.TENANT.value)
+    except ValueError:
+        raise InvalidRequestError(f"metadata {ROLE_METADATA_KEY} must be 'tenant' or 'admin', got {role!r}") from None
+    try:
+        return Principal(str(tenant), parsed)
+    except ValueError as e:
+        raise InvalidRequestError(f"metadata {TENANT_METADATA_KEY}: {e}") from None
+
+
+def caller_metadata(caller: Principal | None) -> list[tuple[str, str]]:
+    """The metadata naming ``caller`` (empty for None: the server's own calls)."""
+    if caller is None:
+        return []
+    return [(TENANT_METADATA_KEY, caller.tenant), (ROLE_METADATA_KEY, caller.role.value)]
 
 
 class SecretInterceptor(grpc.aio.ServerInterceptor):
@@ -97,15 +134,15 @@ def _deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHa
     return grpc.stream_stream_rpc_method_handler(streaming, **kw)
 
 
-class _SecretClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                               grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds the shared secret to every call of a sync channel."""
+class _MetadataClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds fixed metadata (the shared secret, the caller) to every call of a sync channel."""
 
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self._pairs = pairs
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = list(details.metadata or ()) + [(SECRET_METADATA_KEY, self._secret)]
+        metadata = list(details.metadata or ()) + self._pairs
         return _CallDetails(details.method, details.timeout, metadata, details.credentials,
                             details.wait_for_ready, details.compression)
 
@@ -128,9 +165,11 @@ class _CallDetails(grpc.ClientCallDetails):
         self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
 
 
-def with_secret(channel: grpc.Channel, secret: str | None) -> grpc.Channel:
-    """``channel`` sending the shared secret on every call (unchanged when ``secret`` is None)."""
-    if secret is None:
-        return channel
-    check_secret(secret)
-    return grpc.intercept_channel(channel, _SecretClientInterceptor(secret))
+def with_secret(channel: grpc.Channel, secret: str | None, caller: Principal | None = None) -> grpc.Channel:
+    """``channel`` sending the shared secret (when not None) and the ``caller`` (when not None,
+    see caller_of) on every call."""
+    pairs = caller_metadata(caller)
+    if secret is not None:
+        check_secret(secret)
+        pairs.append((SECRET_METADATA_KEY, secret))
+    return grpc.intercept_channel(channel, _MetadataClientInterceptor(pairs)) if pairs else channel

@@ -9,6 +9,9 @@ With ``cache`` (the store's Redis blob cache, e.g. ``RedisBlobCache(connect(...)
 a resolve asks the store only for the record (Stat) and reads a cached blob straight from
 Redis, skipping the copy through the sidecar; a miss, a checksum failure or an unreachable
 Redis falls back to the store's Get.
+
+With ``caller`` (a Principal) every call is made for that tenant and the store holds it to the
+tenant rules (adapter_store/auth.py); without it the calls are the inference server's own.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 import grpc
+from inference_server.auth.tokens import Principal
 from inference_server.errors import (
     AdapterNotFoundError,
     AdapterValidationError,
     InvalidRequestError,
     LoraplexError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     UnavailableError,
 )
@@ -60,6 +65,8 @@ def error_from_rpc(e: grpc.RpcError, adapter_id: str = "") -> LoraplexError:
         return AdapterCorruptError(details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return ResourceExhaustedError(details)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDeniedError(details)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return UnavailableError(f"adapter store: {details}")
     return LoraplexError(f"adapter store call failed ({code.name}): {details}")
@@ -67,7 +74,8 @@ def error_from_rpc(e: grpc.RpcError, adapter_id: str = "") -> LoraplexError:
 
 class StoreClient:
     """AdapterSource over a running store (``target`` like "127.0.0.1:50061"); ``secret`` is the
-    store's shared secret, sent with every call (adapter_store/auth.py)."""
+    store's shared secret, sent with every call, and ``caller`` the tenant the calls are made
+    for, if any (adapter_store/auth.py)."""
 
     def __init__(
         self,
@@ -79,11 +87,12 @@ class StoreClient:
         retries: int = 3,
         cache: BlobCache | None = None,
         secret: str | None = None,
+        caller: Principal | None = None,
     ) -> None:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self._channel = grpc.insecure_channel(target, options=options)
-        self._stub = store_pb2_grpc.AdapterStoreStub(with_secret(self._channel, secret))
+        self._stub = store_pb2_grpc.AdapterStoreStub(with_secret(self._channel, secret, caller))
         self._base = base
         self._max_rank = max_rank
         self._timeout = timeout_s
@@ -125,8 +134,8 @@ class StoreClient:
     def list(self) -> list[AdapterInfo]:
         return [r.info for r in self.iter_records()]
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
-        return self.put_record(adapter_id, files).info
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
+        return self.put_record(adapter_id, files, public=public).info
 
     def delete(self, adapter_id: str) -> None:
         self._call(
@@ -158,9 +167,11 @@ class StoreClient:
                 return
 
     def put_record(
-        self, adapter_id: str, files: Mapping[str, bytes], progress: Callable[[int, int], None] | None = None
+        self, adapter_id: str, files: Mapping[str, bytes], progress: Callable[[int, int], None] | None = None,
+        public: bool = False,
     ) -> StoredRecord:
-        """Upload ``files``; ``progress(sent, total)`` is called as chunks go out. With a ``base``
+        """Upload ``files`` (readable by every tenant when ``public``); ``progress(sent, total)``
+        is called as chunks go out. With a ``base``
         the files are first checked here too, so a sidecar that does not know the base model
         still never stores an adapter that does not fit it."""
         if self._base is not None:
@@ -169,7 +180,7 @@ class StoreClient:
         total = sum(len(files[n]) for n in names)
 
         def requests() -> Iterator[pb.StorePutRequest]:
-            meta = pb.StorePutMetadata(adapter_id=adapter_id, files=[
+            meta = pb.StorePutMetadata(adapter_id=adapter_id, public=public, files=[
                 pb.StoredFile(name=n, size=len(files[n]), sha256=hashlib.sha256(files[n]).hexdigest()) for n in names
             ])
             yield pb.StorePutRequest(metadata=meta)

@@ -35,6 +35,7 @@ def record_to_pb(record: StoredRecord) -> pb.StoredAdapter:
         size_bytes=info.size_bytes,
         created_at=_timestamp(info.created_at),
         files=[pb.StoredFile(name=f.name, size=f.size, sha256=f.sha256) for f in record.files],
+        public=info.public,
     )
 
 
@@ -49,6 +50,7 @@ def record_from_pb(msg: pb.StoredAdapter) -> StoredRecord:
         dtype=msg.dtype,
         size_bytes=msg.size_bytes,
         created_at=msg.created_at.ToNanoseconds() / 1e9,
+        public=msg.public,
     )
     return StoredRecord(info, tuple(FileEntry(f.name, f.size, f.sha256) for f in msg.files))
 

@@ -36,8 +36,8 @@ class InProcessStoreSource:
                 return out
             after = page[-1].adapter_id
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
-        return self.store.put(adapter_id, files).info
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
+        return self.store.put(adapter_id, files, public).info
 
     def delete(self, adapter_id: str) -> None:
         self.store.delete(adapter_id)

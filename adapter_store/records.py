@@ -2,7 +2,9 @@
 
 A version's files are stored as one blob: the files' bytes back to back, in the order of
 ``StoredRecord.files``. The record (JSON) carries each file's size and sha256, so every
-read can split the blob and check it before anything is served.
+read can split the blob and check it before anything is served. It also carries the
+adapter's ``public`` flag (docs/TENANTS.md): a visibility change is a new record, published
+by the same head write as the bytes; records written before the flag existed read as private.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class StoredRecord:
         return self.info.version
 
     @property
+    def public(self) -> bool:
+        return self.info.public
+
+    @property
     def blob_key(self) -> str:
         return blob_key(self.info.adapter_id, self.info.version)
 
@@ -55,13 +61,13 @@ class StoredRecord:
 
     @classmethod
     def build(
-        cls, adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float
+        cls, adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False
     ) -> "StoredRecord":
         """The record of a validated upload; only the PEFT files are kept, in a fixed order."""
         entries = tuple(
             FileEntry(name, len(files[name]), hashlib.sha256(files[name]).hexdigest()) for name in ADAPTER_FILES
         )
-        return cls(make_info(adapter_id, files, spec, created_at), entries)
+        return cls(make_info(adapter_id, files, spec, created_at, public), entries)
 
     def pack(self, files: Mapping[str, bytes]) -> bytes:
         """The blob: the manifest's files back to back."""
@@ -97,6 +103,9 @@ class StoredRecord:
         body: dict[str, Any] = json.loads(raw)
         files = tuple(FileEntry(**f) for f in body.pop("files"))
         body["target_modules"] = tuple(body["target_modules"])
+        public = body.setdefault("public", False)  # written before the flag existed: private
+        if not isinstance(public, bool):
+            raise TypeError(f"'public' must be true or false, got {public!r}")
         return cls(AdapterInfo(**body), files)
 
 

@@ -2,7 +2,11 @@
 
 Errors become precise status codes here (the only place): INVALID_ARGUMENT (the message
 starts with the field when there is one, also sent as trailing metadata ``loraplex-field``),
-NOT_FOUND, UNAVAILABLE, DATA_LOSS; anything else is logged and returned as INTERNAL.
+NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, DATA_LOSS; anything else is logged and returned
+as INTERNAL.
+
+A call naming a caller (adapter_store/auth.py ``caller_of``) is held to the tenant rules of
+inference_server/auth/policy.py, with each record's ``public`` flag read at call time.
 """
 
 from __future__ import annotations
@@ -17,16 +21,20 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from inference_server.auth import policy
+from inference_server.auth.tokens import Principal
 from inference_server.errors import (
     AdapterNotFoundError,
     InvalidRequestError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     UnavailableError,
 )
 
+from adapter_store.auth import caller_of
 from adapter_store.convert import event_to_pb, record_to_pb
 from adapter_store.errors import AdapterCorruptError
-from adapter_store.records import KIND_RESYNC, ChangeEvent
+from adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
 from adapter_store.store import Store
 from adapter_store.upload import Undecodable, receive_upload
 from loraplex.v1 import store_pb2 as pb
@@ -44,6 +52,7 @@ _CODES = (
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (AdapterCorruptError, grpc.StatusCode.DATA_LOSS),
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
 )
 
 
@@ -113,15 +122,32 @@ class AdapterStoreService:
 
     @_unary
     async def put(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
-        adapter_id, files = await receive_upload(requests, self._store.max_adapter_bytes)
-        record = await asyncio.to_thread(self._store.put, adapter_id, files)
+        caller = _caller(context)
+        upload = await receive_upload(requests, self._store.max_adapter_bytes,
+                                      lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
+        record = await asyncio.to_thread(self._store.put, upload.adapter_id, upload.files, upload.public)
         return record_to_pb(record)
+
+    async def _readable(self, caller: Principal | None, adapter_id: str) -> StoredRecord | None:
+        """The record, when ``caller`` may read ``adapter_id`` only if it is public; else None.
+        AdapterNotFoundError for a private one, as for a missing one (no existence leak)."""
+        if not policy.reads_record(caller, adapter_id):
+            return None
+        try:
+            record = await asyncio.to_thread(self._store.stat, adapter_id)
+        except AdapterCorruptError:
+            raise AdapterNotFoundError(adapter_id) from None  # whether it exists is not the caller's to know
+        policy.check_read(caller, adapter_id, record.public)
+        return record
 
     @_streaming
     async def get(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StoreGetResponse]:
+        caller = _caller(context)
         if isinstance(request, Undecodable):
             raise request.error()
+        await self._readable(caller, request.adapter_id)  # before reading any bytes
         record, files = await asyncio.to_thread(self._store.fetch, request.adapter_id)
+        policy.check_read(caller, record.adapter_id, record.public)  # it may have changed meanwhile
         yield pb.StoreGetResponse(record=record_to_pb(record))
         for entry in record.files:
             data = memoryview(files[entry.name])
@@ -130,32 +156,56 @@ class AdapterStoreService:
 
     @_unary
     async def stat(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
+        caller = _caller(context)
         if isinstance(request, Undecodable):
             raise request.error()
-        return record_to_pb(await asyncio.to_thread(self._store.stat, request.adapter_id))
+        record = await self._readable(caller, request.adapter_id)
+        if record is None:
+            record = await asyncio.to_thread(self._store.stat, request.adapter_id)
+        return record_to_pb(record)
 
     @_unary
     async def list(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoreListResponse:
+        caller = _caller(context)
         if isinstance(request, Undecodable):
             raise request.error()
         prefix = _check_filter(request.tenant, request.prefix)
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = _page_token(request.page_token)
-        records = await asyncio.to_thread(self._store.list, prefix, after, size + 1)
+        records = await asyncio.to_thread(self._visible_records, caller, prefix, after, size + 1)
         page = records[:size]
         more = len(records) > size
         token = base64.urlsafe_b64encode(page[-1].adapter_id.encode()).decode() if more else ""
         return pb.StoreListResponse(adapters=[record_to_pb(r) for r in page], next_page_token=token)
 
+    def _visible_records(self, caller: Principal | None, prefix: str, after: str, limit: int) -> list[StoredRecord]:
+        """Up to ``limit`` records after ``after`` that ``caller`` may list (the Store's pages, filtered)."""
+        out: list[StoredRecord] = []
+        while len(out) < limit:
+            batch = self._store.list(prefix, after, limit)
+            out.extend(r for r in batch if policy.can_read(caller, r.adapter_id, r.public))
+            if len(batch) < limit:
+                break
+            after = batch[-1].adapter_id
+        return out[:limit]
+
     @_unary
     async def delete(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoreDeleteResponse:
+        caller = _caller(context)
         if isinstance(request, Undecodable):
             raise request.error()
+        policy.check_write(caller, request.adapter_id, "delete")
         record = await asyncio.to_thread(self._store.delete, request.adapter_id)
         return pb.StoreDeleteResponse(version=record.version)
 
     @_streaming
     async def watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.StoreWatchEvent]:
+        caller = _caller(context)
+        if caller is not None and not caller.is_admin:
+            raise PermissionDeniedError(
+                f"tenant {caller.tenant!r} may not Watch: the change feed names every tenant's adapters "
+                "(it is for the inference server and admins)"
+            )
         if isinstance(request, Undecodable):
             raise request.error()
         prefix = _check_filter(request.tenant, request.prefix)
@@ -169,6 +219,11 @@ class AdapterStoreService:
                     yield event_to_pb(event)
         finally:
             unsubscribe()
+
+
+def _caller(context: grpc.aio.ServicerContext) -> Principal | None:
+    """The tenant the call is made for (adapter_store/auth.py), or None for the server's own."""
+    return caller_of(context.invocation_metadata())
 
 
 def _offer(queue: asyncio.Queue[ChangeEvent], event: ChangeEvent) -> None:

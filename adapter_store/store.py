@@ -62,8 +62,9 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> StoredRecord:
-        """Validate ``files`` (a PEFT folder) and make them the adapter's new version."""
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> StoredRecord:
+        """Validate ``files`` (a PEFT folder) and make them the adapter's new version, readable by
+        every tenant when ``public`` (the flag is part of the record: each put sets it anew)."""
         try:
             validate_adapter_id(adapter_id)
             check_upload_files(files, self.max_adapter_bytes)
@@ -71,7 +72,7 @@ class Store:
         except InvalidRequestError:
             self.metrics.uploads.labels("invalid").inc()
             raise
-        record = StoredRecord.build(adapter_id, files, spec, self._clock())
+        record = StoredRecord.build(adapter_id, files, spec, self._clock(), public)
         blob = record.pack(files)
         with self._write_lock(adapter_id):
             old = self._head_for_write(adapter_id, "store")
@@ -82,7 +83,8 @@ class Store:
                 self._drop_blob(old.blob_key)
             self._publish(ChangeEvent(KIND_PUT, adapter_id, record.version, record.info.sha256, self._clock()))
         self.metrics.uploads.labels("stored").inc()
-        log.info("stored %s version %s (%d bytes)", adapter_id, record.version, len(blob))
+        log.info("stored %s version %s (%d bytes, %s)", adapter_id, record.version, len(blob),
+                 "public" if public else "private")
         return record
 
     def delete(self, adapter_id: str) -> StoredRecord:

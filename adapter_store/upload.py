@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from inference_server.errors import AdapterValidationError, InvalidRequestError
@@ -37,12 +37,26 @@ class Undecodable:
         )
 
 
-async def receive_upload(requests: AsyncIterator[object], max_bytes: int) -> tuple[str, dict[str, bytes]]:
-    """(adapter_id, files) from a Put stream; InvalidRequestError names what is wrong."""
+@dataclass(frozen=True, slots=True)
+class ReceivedUpload:
+    """A complete Put stream: the adapter id, its files, and whether it is to be public."""
+
+    adapter_id: str
+    files: dict[str, bytes]
+    public: bool
+
+
+async def receive_upload(
+    requests: AsyncIterator[object], max_bytes: int, check_id: Callable[[str], None] | None = None
+) -> ReceivedUpload:
+    """The upload in a Put stream; InvalidRequestError names what is wrong. ``check_id(adapter_id)``
+    runs once the metadata is read, before any file bytes are taken (an authorization check)."""
     stream = aiter(requests)
     first = await anext(stream, None)
     meta = _metadata(first)
     adapter_id = validate_adapter_id(meta.adapter_id)
+    if check_id is not None:
+        check_id(adapter_id)
     declared = _declared_files(meta, max_bytes)
     total = sum(size for _, size, _ in declared)
     buf = bytearray(total)
@@ -58,7 +72,7 @@ async def receive_upload(requests: AsyncIterator[object], max_bytes: int) -> tup
         raise AdapterValidationError(
             f"truncated upload: the stream ended after {received} of the {total} declared bytes"
         )
-    return adapter_id, _split(view, declared)
+    return ReceivedUpload(adapter_id, _split(view, declared), meta.public)
 
 
 def _metadata(msg: object) -> pb.StorePutMetadata:

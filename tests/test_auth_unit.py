@@ -92,9 +92,27 @@ def test_policy_namespaces() -> None:
     policy.check_read(admin, "b/x")
     policy.check_write(admin, "b/x", "delete")
     policy.check_write(None, "b/x", "delete")  # auth off
-    assert policy.visible(a, ["a/x", "b/x", "shared"]) == ["a/x", "shared"]
-    assert policy.visible(admin, ["a/x", "b/x"]) == ["a/x", "b/x"]
+    assert policy.visible(a, [("a/x", False), ("b/x", False), ("shared", False)]) == ["a/x", "shared"]
+    assert policy.visible(admin, [("a/x", False), ("b/x", False)]) == ["a/x", "b/x"]
     assert policy.quota_tenant(admin, "b/x") == "b" and policy.quota_tenant(b, None) == "b"
+
+
+def test_policy_public_adapters_are_readable_by_every_tenant_and_written_by_their_owner() -> None:
+    a, b, admin = Principal("a", Role.TENANT), Principal("b", Role.TENANT), Principal("ops", Role.ADMIN)
+    policy.check_read(b, "a/x", public=True)
+    with pytest.raises(AdapterNotFoundError, match="'a/x' not found"):
+        policy.check_read(b, "a/x", public=False)
+    for action in ("upload", "delete"):  # public is read-only for everyone but the owner and admins
+        with pytest.raises(PermissionDeniedError, match=f"may not {action} adapter 'a/x'.*read-only"):
+            policy.check_write(b, "a/x", action)
+        policy.check_write(a, "a/x", action)
+        policy.check_write(admin, "a/x", action)
+    # the record is looked up only where its flag decides: another tenant's adapter, read by a tenant
+    assert policy.reads_record(b, "a/x")
+    assert not any(policy.reads_record(p, i) for p, i in ((a, "a/x"), (b, "shared"), (admin, "a/x"), (None, "a/x")))
+    listed = [("a/pub", True), ("a/priv", False), ("b/own", False), ("shared", False)]
+    assert policy.visible(b, listed) == ["a/pub", "b/own", "shared"]
+    assert policy.visible(a, listed) == ["a/pub", "a/priv", "shared"]
 
 
 def test_request_quotas_name_the_limit() -> None:

@@ -50,7 +50,8 @@ def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_d
             try:
                 with pytest.raises(AdapterNotFoundError):
                     await generate("missing")
-                engine.adapters.put("acme/sea", v1)  # the public upload path, through the store
+                stored = engine.adapters.put("acme/sea", v1, public=True)  # the upload path, through the store
+                assert stored.public and engine.adapters.get("acme/sea").public  # kept in the store's record
                 first = await generate("a")
                 assert [i.adapter_id for i in engine.adapters.list()] == ["acme/sea"]
                 await asyncio.to_thread(other_replica.put, "acme/sea", v2)  # another replica
@@ -74,7 +75,7 @@ def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_d
         assert first != second, "the re-uploaded adapter must be served"
         fresh = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)),
                                   lambda base: StoreClient(store.target, base=base), progress=False)
-        fresh.adapters.put("acme/sea", v2)
+        assert not fresh.adapters.put("acme/sea", v2).public and not fresh.adapters.get("acme/sea").public
 
         async def again() -> list[int]:
             await fresh.start()

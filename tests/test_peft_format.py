@@ -112,3 +112,21 @@ def test_local_directory_reads_hand_made_peft_folders(tmp_path: Path) -> None:
         (folder / name).write_bytes(data)
     store = LocalAdapterDirectory(tmp_path, CFG)
     assert store.get("team/manual").rank == 4
+
+
+def test_local_directory_keeps_the_public_flag_with_the_version(tmp_path: Path) -> None:
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    files = _files()
+    assert store.put("acme/open", files, public=True).public
+    assert store.get("acme/open").public and LocalAdapterDirectory(tmp_path, CFG).get("acme/open").public
+    assert set(store.resolve("acme/open").files) == set(files)  # the flag is not one of the adapter's files
+    assert not store.put("acme/open", files).public  # each put sets it anew
+    assert not store.get("acme/open").public and [i.public for i in store.list()] == [False]
+    folder = tmp_path / "team" / "manual"  # hand-made, without the flag file: private
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    assert store.get("team/manual").public is False
+    (folder / "loraplex_visibility.json").write_text('{"public": "yes"}')
+    with pytest.raises(AdapterValidationError, match="'team/manual': loraplex_visibility.json must be"):
+        store.get("team/manual")

@@ -43,11 +43,12 @@ class ManagedAdapters:
     def list(self) -> list[AdapterInfo]:
         return self.source.list()
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
-        """Validate against the base model, store atomically, drop any resident old version."""
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
+        """Validate against the base model, store atomically (with its ``public`` flag), drop any
+        resident old version."""
         validate_adapter_id(adapter_id)
         parse_adapter_files(files, self._base, self._max_rank)
-        info = self.source.put(adapter_id, files)
+        info = self.source.put(adapter_id, files, public)
         self._manager.invalidate(adapter_id)
         return info
 

@@ -8,6 +8,7 @@ interface (adapter_store/client.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -24,6 +25,8 @@ from inference_server.lora.peft_format import CONFIG_FILE, WEIGHTS_FILE, Adapter
 from inference_server.model.config import ModelConfig
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+# Written next to the PEFT files of a LocalAdapterDirectory version: {"public": true|false}.
+VISIBILITY_FILE = "loraplex_visibility.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,8 @@ class AdapterInfo:
     dtype: str
     size_bytes: int
     created_at: float
+    # Other tenants may read it (docs/TENANTS.md); stored with the version, False when absent.
+    public: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +60,7 @@ class AdapterSource(Protocol):
 
     def list(self) -> list[AdapterInfo]: ...
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo: ...
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
 
     def delete(self, adapter_id: str) -> None: ...
 
@@ -67,7 +72,9 @@ def content_version(files: Mapping[str, bytes]) -> tuple[str, str]:
     return version, weights_sha
 
 
-def make_info(adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float) -> AdapterInfo:
+def make_info(
+    adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False
+) -> AdapterInfo:
     version, sha = content_version(files)
     return AdapterInfo(
         adapter_id=adapter_id,
@@ -79,6 +86,7 @@ def make_info(adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, cr
         dtype=spec.dtype,
         size_bytes=spec.num_bytes,
         created_at=created_at,
+        public=public,
     )
 
 
@@ -88,7 +96,9 @@ class LocalAdapterDirectory:
     ``root/<id>`` is either a plain folder (put there by hand) or a symlink to an
     immutable version folder under ``root/.versions``; ``put`` writes and validates a new
     version there, then swaps the symlink with one atomic rename, so a reader sees the old
-    version or the new, never a mix, and a failed upload leaves nothing behind.
+    version or the new, never a mix, and a failed upload leaves nothing behind. A version
+    folder also holds ``loraplex_visibility.json`` (``{"public": true}``), published by the
+    same rename; a folder without it (made by hand) is private.
     """
 
     def __init__(self, root: str | os.PathLike[str], base: ModelConfig | None = None, max_rank: int = 128) -> None:
@@ -103,12 +113,12 @@ class LocalAdapterDirectory:
     def _path(self, adapter_id: str) -> Path:
         return self.root / validate_adapter_id(adapter_id)
 
-    def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float]:
+    def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float, bool]:
         folder = self._path(adapter_id)
-        real = Path(os.path.realpath(folder))  # pin one version for both files
+        real = Path(os.path.realpath(folder))  # pin one version for both files and the flag
         try:
             files = {name: (real / name).read_bytes() for name in ADAPTER_FILES}
-            return files, real.stat().st_mtime
+            return files, real.stat().st_mtime, _read_public(adapter_id, real / VISIBILITY_FILE)
         except FileNotFoundError:
             if folder.exists() and not any((real / n).exists() for n in ADAPTER_FILES):
                 raise AdapterNotFoundError(adapter_id) from None
@@ -117,9 +127,9 @@ class LocalAdapterDirectory:
             raise AdapterNotFoundError(adapter_id) from None
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
-        files, mtime = self._read(adapter_id)
+        files, mtime, public = self._read(adapter_id)
         spec = parse_adapter_files(files, self._base, self._max_rank)
-        return AdapterFiles(make_info(adapter_id, files, spec, mtime), spec, files)
+        return AdapterFiles(make_info(adapter_id, files, spec, mtime, public), spec, files)
 
     def get(self, adapter_id: str) -> AdapterInfo:
         return self.resolve(adapter_id).info
@@ -137,7 +147,7 @@ class LocalAdapterDirectory:
                 continue  # a half-copied or foreign folder is not listed
         return out
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes]) -> AdapterInfo:
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
         target = self._path(adapter_id)
         spec = parse_adapter_files(files, self._base, self._max_rank)
         version, _ = content_version(files)
@@ -146,6 +156,7 @@ class LocalAdapterDirectory:
         try:
             for name in ADAPTER_FILES:
                 _write_synced(stage / name, files[name])
+            _write_synced(stage / VISIBILITY_FILE, json.dumps({"public": bool(public)}).encode())
             with self._lock:
                 final = self._versions / f"{adapter_id.replace('/', '__')}@{version}-{uuid.uuid4().hex[:8]}"
                 final.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +164,7 @@ class LocalAdapterDirectory:
                 self._swap_link(target, final)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-        return make_info(adapter_id, files, spec, time.time())
+        return make_info(adapter_id, files, spec, time.time(), bool(public))
 
     def _swap_link(self, target: Path, version_dir: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -177,6 +188,23 @@ class LocalAdapterDirectory:
                 shutil.rmtree(real, ignore_errors=True)
             else:
                 shutil.rmtree(target)
+
+
+def _read_public(adapter_id: str, path: Path) -> bool:
+    """The ``public`` flag of a version folder (False without the file, as for hand-made folders)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    try:
+        public = json.loads(raw).get("public")
+    except (ValueError, AttributeError):
+        public = None
+    if not isinstance(public, bool):
+        raise AdapterValidationError(
+            f"adapter {adapter_id!r}: {path.name} must be {{\"public\": true|false}}; re-upload the adapter"
+        )
+    return public
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -230,6 +230,7 @@ def adapter_to_pb(info: Any, residency: tuple[bool, bool] = (False, False)) -> p
         created_at=created,
         resident=residency[0],
         host_cached=residency[1],
+        public=info.public,
     )
 
 

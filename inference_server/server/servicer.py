@@ -74,7 +74,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         engine = self._state.engine_or_raise()
         edge = await self._decode(request, engine)
         client_id = edge.client_request_id
-        async with self._tenancy.generation(context, edge.request) as (req, ticket), \
+        async with self._tenancy.generation(context, engine, edge.request) as (req, ticket), \
                 self._state.stream(req.request_id):
             track = self._metrics.stream(req.adapter_id, len(req.prompt_token_ids))
             stream = engine.generate(req)
@@ -107,19 +107,19 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
                 adapter_id, files = assembler.finish()
                 await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
-                info = await asyncio.to_thread(engine.adapters.put, adapter_id, files)
+                info = await asyncio.to_thread(engine.adapters.put, adapter_id, files, assembler.public)
             except Exception as exc:
-                self._tenancy.audit(context, "upload", assembler.adapter_id, exc)
+                self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
                 raise
-            self._tenancy.audit(context, "upload", adapter_id, None)
+            self._tenancy.audit(context, "upload", adapter_id, None, assembler.public)
             return convert.adapter_to_pb(info)
 
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: grpc.aio.ServicerContext
                            ) -> pb.ListAdaptersResponse:
         engine = self._state.engine_or_raise()
         infos = {i.adapter_id: i for i in await asyncio.to_thread(engine.adapters.list)}
-        ids, next_token = convert.list_page(sorted(self._tenancy.visible(context, infos)), request.prefix, request.page_size,
-                                            request.page_token, self._config.list_page_size)
+        ids, next_token = convert.list_page(sorted(self._tenancy.visible(context, infos.values())), request.prefix,
+                                            request.page_size, request.page_token, self._config.list_page_size)
         held = _residency(engine)
         return pb.ListAdaptersResponse(adapters=[convert.adapter_to_pb(infos[i], held(i)) for i in ids],
                                        next_page_token=next_token)
@@ -127,8 +127,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GetAdapter(self, request: pb.GetAdapterRequest, context: grpc.aio.ServicerContext) -> pb.Adapter:
         engine = self._state.engine_or_raise()
         adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
-        self._tenancy.check_read(context, adapter_id)
-        info = await asyncio.to_thread(engine.adapters.get, adapter_id)
+        info = await self._tenancy.check_read(context, engine, adapter_id)  # another tenant's: read here
+        if info is None:
+            info = await asyncio.to_thread(engine.adapters.get, adapter_id)
         return convert.adapter_to_pb(info, _residency(engine)(adapter_id))
 
     async def DeleteAdapter(self, request: pb.DeleteAdapterRequest, context: grpc.aio.ServicerContext

@@ -1,7 +1,8 @@
 """The servicer's tenant rules in one place: authorization (auth/policy.py), quotas, audit lines.
 
 Every method takes the handler's context (its ``principal`` was set by AuthInterceptor;
-None when authentication is off). Audit lines go to the ``loraplex.audit`` logger as
+None when authentication is off). Reading another tenant's adapter depends on its ``public``
+flag, so that record is looked up on every such call (a visibility change counts at once). Audit lines go to the ``loraplex.audit`` logger as
 ``audit: <action> tenant=... adapter=... outcome=...`` and never carry credentials.
 """
 
@@ -18,7 +19,8 @@ from inference_server.auth import policy
 from inference_server.auth.quotas import RequestTicket
 from inference_server.auth.security import Security
 from inference_server.engine.request import GenerationRequest
-from inference_server.errors import ResourceExhaustedError
+from inference_server.errors import AdapterNotFoundError, LoraplexError, ResourceExhaustedError, UnavailableError
+from inference_server.lora.source import AdapterInfo
 from inference_server.server.auth_interceptor import principal_of
 from inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
 
@@ -43,10 +45,12 @@ class Tenancy:
 
     # -- generate ------------------------------------------------------------------------
     @asynccontextmanager
-    async def generation(self, context: Any, request: GenerationRequest
+    async def generation(self, context: Any, engine: Any, request: GenerationRequest
                          ) -> AsyncIterator[tuple[GenerationRequest, RequestTicket]]:
         """Admit one Generate for its lifetime: (the request tagged with the caller's tenant, its
         quota ticket), released at exit. NOT_FOUND / RESOURCE_EXHAUSTED when refused."""
+        if request.adapter_id is not None:
+            await self.check_read(context, engine, request.adapter_id)
         request, ticket = self._admit(context, request)
         try:
             yield request, ticket
@@ -55,8 +59,6 @@ class Tenancy:
 
     def _admit(self, context: Any, request: GenerationRequest) -> tuple[GenerationRequest, RequestTicket]:
         principal = principal_of(context)
-        if request.adapter_id is not None:
-            policy.check_read(principal, request.adapter_id)
         if principal is not None:
             request = dataclasses.replace(request, tenant=principal.tenant)
         tenant = self._caller(context)
@@ -77,11 +79,24 @@ class Tenancy:
             self.metrics.tokens.labels(ticket.tenant, "generated").inc(n)
 
     # -- adapters ------------------------------------------------------------------------
-    def check_read(self, context: Any, adapter_id: str) -> None:
-        policy.check_read(principal_of(context), adapter_id)
+    async def check_read(self, context: Any, engine: Any, adapter_id: str) -> AdapterInfo | None:
+        """NOT_FOUND unless the caller may generate with / show ``adapter_id``. For another
+        tenant's adapter its record is read now and returned (public or not found); else None."""
+        principal = principal_of(context)
+        if not policy.reads_record(principal, adapter_id):
+            return None
+        try:
+            info = await asyncio.to_thread(engine.adapters.get, adapter_id)
+        except UnavailableError:
+            raise
+        except LoraplexError:  # corrupt, incomplete, ...: not the caller's to know that it exists
+            raise AdapterNotFoundError(adapter_id) from None
+        policy.check_read(principal, adapter_id, info.public)
+        return info
 
-    def visible(self, context: Any, adapter_ids: Iterable[str]) -> list[str]:
-        return policy.visible(principal_of(context), adapter_ids)
+    def visible(self, context: Any, infos: Iterable[AdapterInfo]) -> list[str]:
+        """The ids of ``infos`` the caller may list: own, shared, and other tenants' public ones."""
+        return policy.visible(principal_of(context), ((i.adapter_id, i.public) for i in infos))
 
     def check_write(self, context: Any, adapter_id: str, action: str) -> None:
         """PERMISSION_DENIED unless the caller may ``action`` (upload/delete) ``adapter_id``."""
@@ -101,12 +116,15 @@ class Tenancy:
             self.metrics.quota_rejections.labels(owner, _limit_name(exc)).inc()
             raise
 
-    def audit(self, context: Any, action: str, adapter_id: str | None, error: BaseException | None) -> None:
-        """One audit line for an upload or delete: who, which adapter, and the outcome."""
+    def audit(self, context: Any, action: str, adapter_id: str | None, error: BaseException | None,
+              public: bool | None = None) -> None:
+        """One audit line for an upload or delete: who, which adapter, the outcome (and for an
+        upload the visibility it asked for)."""
         outcome = "ok" if error is None else type(error).__name__
         tenant = self._caller(context)
         principal = principal_of(context)
         role = principal.role.value if principal is not None else "none"
         self.metrics.adapter_writes.labels(tenant, action, "ok" if error is None else "refused").inc()
-        audit.info("audit: %s tenant=%s role=%s adapter=%s outcome=%s peer=%s", action, tenant, role,
-                   adapter_id or "-", outcome, context.peer())
+        visibility = "" if public is None else f" visibility={'public' if public else 'private'}"
+        audit.info("audit: %s tenant=%s role=%s adapter=%s outcome=%s peer=%s%s", action, tenant, role,
+                   adapter_id or "-", outcome, context.peer(), visibility)

@@ -50,12 +50,18 @@ class UploadAssembler:
     def __init__(self, limits: UploadLimits) -> None:
         self._limits = limits
         self._adapter_id: str | None = None
+        self._public = False
         self._files: dict[str, _File] = {}
         self.received_bytes = 0
 
     @property
     def adapter_id(self) -> str | None:
         return self._adapter_id
+
+    @property
+    def public(self) -> bool:
+        """Whether the metadata asked for the adapter to be readable by every tenant."""
+        return self._public
 
     def add(self, msg: pb.UploadAdapterRequest) -> None:
         """Take one message; raises InvalidRequestError / ResourceExhaustedError on a bad one."""
@@ -89,6 +95,7 @@ class UploadAssembler:
             raise ResourceExhaustedError(
                 f"upload of {total} bytes is over this server's limit of {self._limits.max_upload_bytes} bytes"
             )
+        self._public = meta.public
         self._adapter_id = adapter_id
 
     def _chunk(self, chunk: pb.FileChunk) -> None:
