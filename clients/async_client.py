@@ -73,10 +73,11 @@ class AsyncLoraplexClient:
         return GenerationResult.gather([e async for e in self.generate(prompt, **kwargs)])
 
     # -- adapters ------------------------------------------------------------------------
-    async def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *,
+    async def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *, public: bool = False,
                              progress: Progress | None = None, timeout: float | None = 600.0) -> AdapterInfo:
-        """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out."""
-        plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder)
+        """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out.
+        ``public``: as LoraplexClient.upload_adapter (each upload sets it anew)."""
+        plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder, public)
         try:
             return AdapterInfo.from_pb(await self._stub.UploadAdapter(plan.messages(progress), timeout=timeout,
                                                                 metadata=self._metadata))

@@ -4,6 +4,7 @@
     loraplex generate "Why is the sky blue?"      stream an answer (chat template; --raw for plain text)
     loraplex generate --adapter pirate "Hi"       ... through an adapter
     loraplex adapters upload pirate ./pirate      upload a PEFT LoRA folder (progress bar)
+    loraplex adapters upload --public acme/pirate ./pirate   ... that every tenant may use
     loraplex adapters list | show ID | delete ID
     loraplex health [--wait 60]                   exit 0 when SERVING
     loraplex info                                 the served model and limits
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = adapters.add_parser("upload", help="upload a PEFT LoRA folder")
     up.add_argument("adapter_id", help="name or tenant/name")
     up.add_argument("folder", help="folder with adapter_config.json and adapter_model.safetensors")
+    up.add_argument("--public", action="store_true",
+                    help="every tenant may generate with it, show it and list it (only you and admins may "
+                         "write it); each upload sets this anew: re-uploading without --public makes it private")
     ls = adapters.add_parser("list", help="list adapters")
     ls.add_argument("--prefix", default="", help="only ids starting with this")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -119,8 +123,10 @@ def _upload(client: Any, args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(sent - bar.n)
 
-        info = client.upload_adapter(args.adapter_id, args.folder, progress=progress, timeout=max(args.timeout, 600.0))
-    print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes)")
+        info = client.upload_adapter(args.adapter_id, args.folder, public=args.public, progress=progress,
+                                     timeout=max(args.timeout, 600.0))
+    visibility = "public" if info.public else "private"
+    print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes, {visibility})")
     return EXIT_OK
 
 
@@ -130,13 +136,20 @@ def _list(client: Any, args: argparse.Namespace) -> int:
         for a in adapters:
             print(json.dumps(asdict(a)))
         return EXIT_OK
-    rows = [("ID", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS")]
-    rows += [(a.adapter_id, str(a.rank), f"{a.lora_alpha:g}", a.dtype, str(a.size_bytes), a.version,
-              ",".join(a.target_modules)) for a in adapters]
+    rows = [("ID", "VISIBILITY", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS")]
+    rows += [(a.adapter_id, _visibility(a), str(a.rank), f"{a.lora_alpha:g}", a.dtype,
+              str(a.size_bytes), a.version, ",".join(a.target_modules)) for a in adapters]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return EXIT_OK
+
+
+def _visibility(adapter: Any) -> str:
+    """public (uploaded with --public), shared (an id without 'tenant/': every tenant reads it) or private."""
+    if adapter.public:
+        return "public"
+    return "private" if "/" in adapter.adapter_id else "shared"
 
 
 def _health(client: Any, args: argparse.Namespace) -> int:

@@ -113,13 +113,14 @@ class UploadPlan:
 
     adapter_id: str
     files: tuple[UploadFile, ...]
+    public: bool = False  # let every tenant generate with it, show it and list it
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     @classmethod
-    def from_folder(cls, adapter_id: str, folder: str | os.PathLike[str]) -> "UploadPlan":
+    def from_folder(cls, adapter_id: str, folder: str | os.PathLike[str], public: bool = False) -> "UploadPlan":
         """Scan ``folder`` (adapter_config.json + adapter_model.safetensors); a clear error if it is
         not a PEFT LoRA folder the server can take."""
         root = Path(folder)
@@ -134,11 +135,12 @@ class UploadPlan:
             if not path.is_file():
                 raise ValueError(f"{root}: missing {name} (a PEFT LoRA folder needs {' and '.join(ADAPTER_FILES)})")
             files.append(UploadFile(name, path, path.stat().st_size, _sha256(path)))
-        return cls(adapter_id, tuple(files))
+        return cls(adapter_id, tuple(files), public)
 
     def metadata(self) -> pb.UploadAdapterRequest:
         return pb.UploadAdapterRequest(metadata=pb.UploadMetadata(
             adapter_id=self.adapter_id,
+            public=self.public,
             files=[pb.UploadFile(name=f.name, size_bytes=f.size, sha256=f.sha256) for f in self.files],
         ))
 

@@ -80,10 +80,12 @@ class LoraplexClient:
         return GenerationResult.gather(list(self.generate(prompt, **kwargs)))
 
     # -- adapters ------------------------------------------------------------------------
-    def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *, progress: Progress | None = None,
-                       timeout: float | None = 600.0) -> AdapterInfo:
-        """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` is called as chunks go out."""
-        plan = UploadPlan.from_folder(adapter_id, folder)
+    def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *, public: bool = False,
+                       progress: Progress | None = None, timeout: float | None = 600.0) -> AdapterInfo:
+        """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` is called as chunks go out.
+        ``public``: every tenant may generate with it, show it and list it (only you may write it);
+        each upload sets this anew, so re-uploading without it makes the adapter private again."""
+        plan = UploadPlan.from_folder(adapter_id, folder, public)
         try:
             return AdapterInfo.from_pb(self._stub.UploadAdapter(plan.messages(progress), timeout=timeout,
                                                                 metadata=self._metadata))

@@ -99,6 +99,7 @@ class AdapterInfo:
     created_at: float  # unix seconds
     resident: bool = False  # in the server's device adapter pool now
     host_cached: bool = False  # in its pinned host tier
+    public: bool = False  # uploaded with public=True: every tenant may generate with it and see it
 
     @classmethod
     def from_pb(cls, msg: pb.Adapter) -> "AdapterInfo":
@@ -106,7 +107,7 @@ class AdapterInfo:
             adapter_id=msg.adapter_id, version=msg.version, sha256=msg.sha256, rank=msg.rank,
             lora_alpha=msg.lora_alpha, target_modules=tuple(msg.target_modules), dtype=msg.dtype,
             size_bytes=msg.size_bytes, created_at=msg.created_at.ToNanoseconds() / 1e9,
-            resident=msg.resident, host_cached=msg.host_cached,
+            resident=msg.resident, host_cached=msg.host_cached, public=msg.public,
         )
 
 

@@ -167,6 +167,28 @@ class ServerThread:
         self.thread.join(10)
 
 
+class StoreThread:
+    """The adapter store sidecar's gRPC server over a local directory, on its own event loop in a
+    daemon thread (the fake engine calls its client synchronously from the server's loop)."""
+
+    def __init__(self, folder: Path, base: ModelConfig = FAKE_BASE) -> None:
+        from adapter_store.factory import build_store  # noqa: PLC0415
+        from adapter_store.server import StoreServer  # noqa: PLC0415
+        from adapter_store.settings import StoreSettings  # noqa: PLC0415
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = StoreServer(build_store(StoreSettings(local_dir=str(folder)), base=base), "127.0.0.1:0")
+        port = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(60)
+        self.target = f"127.0.0.1:{port}"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(0.5), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
 def _safetensors(tensors: dict[str, tuple[list[int], bytes]], dtype: str = "F32") -> bytes:
     header, offset, blobs = {}, 0, []
     for name, (shape, data) in tensors.items():

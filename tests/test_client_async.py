@@ -81,9 +81,11 @@ def test_upload_list_get_delete_with_progress(served, tmp_path: Path) -> None:
     async def go() -> None:
         async with AsyncLoraplexClient(srv.address) as client:
             info = await client.upload_adapter("t/a", folder, progress=lambda sent, total: seen.append(sent))
-            assert info.adapter_id == "t/a"
+            assert info.adapter_id == "t/a" and not info.public
             assert [a.adapter_id for a in await client.list_adapters()] == ["t/a"]
             assert (await client.get_adapter("t/a")).version == info.version
+            assert (await client.upload_adapter("t/a", folder, public=True)).public
+            assert [a.public for a in await client.list_adapters()] == [True]
             assert (await client.server_info()).model_name == "fake-llama"
             assert await client.health() == "SERVING"
             await client.delete_adapter("t/a")

@@ -48,13 +48,30 @@ def test_adapters_upload_list_show_delete(capsys, address: str, tmp_path: Path) 
     assert code == 0 and out.startswith("uploaded pirate (version ") and "uploading pirate" in err
     code, out, _ = run(capsys, address, "adapters", "list")
     header, row = out.splitlines()
-    assert header.split() == ["ID", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS"]
-    assert row.split()[:4] == ["pirate", "4", "8", "F32"] and row.split()[-1] == "q_proj,v_proj"
+    assert header.split() == ["ID", "VISIBILITY", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS"]
+    assert row.split()[:5] == ["pirate", "shared", "4", "8", "F32"] and row.split()[-1] == "q_proj,v_proj"
     code, out, _ = run(capsys, address, "adapters", "show", "pirate")
     assert json.loads(out)["rank"] == 4
     assert run(capsys, address, "adapters", "delete", "pirate")[:2] == (0, "deleted pirate\n")
     code, out, err = run(capsys, address, "adapters", "show", "pirate")
     assert code == 1 and "NOT_FOUND" in err and "pirate" in err
+
+
+def test_upload_public_and_back_to_private_shows_in_list_and_show(capsys, address: str, tmp_path: Path) -> None:
+    folder = write_fake_adapter(tmp_path / "pirate")
+    code, out, _ = run(capsys, address, "adapters", "upload", "--public", "acme/pirate", str(folder))
+    assert code == 0 and out.rstrip().endswith("bytes, public)")
+    _, out, _ = run(capsys, address, "adapters", "list")
+    assert out.splitlines()[1].split()[:2] == ["acme/pirate", "public"]
+    _, out, _ = run(capsys, address, "adapters", "list", "--json")
+    assert json.loads(out)["public"] is True
+    code, out, _ = run(capsys, address, "adapters", "upload", "acme/pirate", str(folder))  # without --public
+    assert code == 0 and out.rstrip().endswith("bytes, private)")
+    _, out, _ = run(capsys, address, "adapters", "list")
+    assert out.splitlines()[1].split()[:2] == ["acme/pirate", "private"]
+    _, out, _ = run(capsys, address, "adapters", "show", "acme/pirate")
+    assert json.loads(out)["public"] is False
+    run(capsys, address, "adapters", "delete", "acme/pirate")
 
 
 def test_errors_exit_1_naming_the_field(capsys, address: str) -> None:

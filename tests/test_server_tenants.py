@@ -1,7 +1,9 @@
 """Tenants over gRPC: two tenants and an admin against the real edge (fake engine).
 
 Every cross-tenant attempt is refused with the specified code and leaves the other's
-adapters untouched; bad tokens of every shape are UNAUTHENTICATED; the tokens file is
+adapters untouched; a tenant's public adapter is usable by the others and writable by its
+owner only, and making it private again hides it at once (adapters in a local directory and
+in the store sidecar); bad tokens of every shape are UNAUTHENTICATED; the tokens file is
 reloaded without a restart; each quota answers RESOURCE_EXHAUSTED naming its limit; audit
 lines name tenant, adapter and outcome and never a token.
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client import generate_latest
-from server_helpers import FakeEngine, ServerThread, write_fake_adapter
+from server_helpers import FAKE_BASE, FakeEngine, ServerThread, StoreThread, write_fake_adapter
 
 from clients import (
     LoraplexClient,
@@ -26,6 +28,7 @@ from clients import (
     ResourceExhaustedError,
     UnauthenticatedError,
 )
+from adapter_store.client import StoreClient
 from clients.requests import generate_request
 from inference_server.auth.quotas import TenantLimits
 from inference_server.auth.security import Security
@@ -64,6 +67,66 @@ def tenants(tmp_path: Path):
 
 def client(srv: ServerThread, who: str | None, **kw) -> LoraplexClient:
     return LoraplexClient(srv.address, timeout=10, retry_attempts=1, token=TOKENS.get(who), **kw)
+
+
+@pytest.fixture(params=["local-dir", "store-sidecar"])
+def public_tenants(request, tmp_path: Path):
+    """(server, PEFT folder, another PEFT folder): tenants a and b and an admin; adapters in a local
+    directory, or in the store sidecar (its gRPC service, reached by a StoreClient)."""
+    tokens_path = tmp_path / "tokens.json"
+    write_tokens(tokens_path, TOKENS)
+    srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens_path))))
+    engine = FakeEngine(tmp_path / "adapters")
+    store = StoreThread(tmp_path / "store") if request.param == "store-sidecar" else None
+    if store is not None:
+        engine.adapters = StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10)
+    srv.attach(engine)
+    yield srv, write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
+    srv.close()
+    if store is not None:
+        engine.adapters.close()
+        store.close()
+
+
+def test_public_adapter_is_used_by_other_tenants_and_written_by_its_owner_only(public_tenants, caplog) -> None:
+    srv, folder, other_folder = public_tenants
+    caplog.set_level(logging.INFO)
+    with client(srv, "a") as a, client(srv, "b") as b, client(srv, "admin") as admin:
+        uploaded = a.upload_adapter("a/pub", folder, public=True)
+        a.upload_adapter("a/private", folder)
+        admin.upload_adapter("shared", folder)
+        assert uploaded.public and a.get_adapter("a/pub").public
+
+        assert b.generate_text("hi", adapter="a/pub", max_new_tokens=3).usage.completion_tokens == 3
+        assert b.get_adapter("a/pub").public
+        assert [(i.adapter_id, i.public) for i in b.list_adapters()] == [("a/pub", True), ("shared", False)]
+        assert [i.adapter_id for i in b.list_adapters(prefix="a/")] == ["a/pub"]
+        for call in (lambda: b.delete_adapter("a/pub"), lambda: b.upload_adapter("a/pub", other_folder),
+                     lambda: b.upload_adapter("a/pub", other_folder, public=True)):
+            with pytest.raises(PermissionDeniedError, match="tenant 'b' may not (delete|upload) adapter 'a/pub'"):
+                call()
+        after = admin.get_adapter("a/pub")  # untouched: same version (rank 4, not 8), still public
+        assert (after.version, after.rank, after.public) == (uploaded.version, 4, True)
+
+        flipped = a.upload_adapter("a/pub", folder)  # the owner re-uploads without public: private
+        assert flipped.version == uploaded.version and not flipped.public
+        for call in (lambda: b.generate_text("hi", adapter="a/pub", max_new_tokens=2),
+                     lambda: b.get_adapter("a/pub")):
+            with pytest.raises(NotFoundError, match="adapter 'a/pub' not found"):  # at once, as if it never was
+                call()
+        assert [i.adapter_id for i in b.list_adapters()] == ["shared"]
+        with pytest.raises(PermissionDeniedError, match="may not delete"):
+            b.delete_adapter("a/pub")  # the same answer as for any id outside b's namespace
+        assert a.generate_text("hi", adapter="a/pub", max_new_tokens=2).usage.completion_tokens == 2
+        assert [(i.adapter_id, i.public) for i in a.list_adapters()] == [
+            ("a/private", False), ("a/pub", False), ("shared", False)]
+
+        a.upload_adapter("a/pub", folder, public=True)  # and public again takes effect at once too
+        assert b.generate_text("hi", adapter="a/pub", max_new_tokens=1).usage.completion_tokens == 1
+    audit = [r.getMessage() for r in caplog.records if r.name == "loraplex.audit"]
+    assert any("audit: upload tenant=a role=tenant adapter=a/pub outcome=ok" in m and m.endswith("visibility=public")
+               for m in audit)
+    assert any("audit: upload tenant=b role=tenant adapter=a/pub outcome=PermissionDeniedError" in m for m in audit)
 
 
 def test_cross_tenant_attempts_are_refused_and_change_nothing(tenants, caplog) -> None:
