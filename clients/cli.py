@@ -126,7 +126,8 @@ def _upload(client: Any, args: argparse.Namespace) -> int:
         info = client.upload_adapter(args.adapter_id, args.folder, public=args.public, progress=progress,
                                      timeout=max(args.timeout, 600.0))
     visibility = "public" if info.public else "private"
-    print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes, {visibility})")
+    print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes, "
+          f"{visibility})")
     return EXIT_OK
 
 

@@ -2,7 +2,8 @@
 
 Every method takes the handler's context (its ``principal`` was set by AuthInterceptor;
 None when authentication is off). Reading another tenant's adapter depends on its ``public``
-flag, so that record is looked up on every such call (a visibility change counts at once). Audit lines go to the ``loraplex.audit`` logger as
+flag, so that record is looked up on every such call (a visibility change counts at once).
+Audit lines go to the ``loraplex.audit`` logger as
 ``audit: <action> tenant=... adapter=... outcome=...`` and never carry credentials.
 """
 
