@@ -205,16 +205,16 @@ def test_host_arena_never_overwrites_a_leased_entry() -> None:
     from inference_server.lora.packing import AdapterLayout
 
     layout = AdapterLayout((0,) * 7, (0.0,) * 7, (0,) * 7, (0,) * 7, 64)
-    cache = HostAdapterCache(2 * 64 * 4, torch.float32)
+    cache = HostAdapterCache(2 * 64 * 4)
     entries = []
     for name in ("x", "y"):
-        buf, start = cache.reserve(64)
+        buf, start = cache.reserve(64, torch.float32)
         buf.fill_(ord(name))
         entries.append(cache.insert(PackedAdapter(name, "v1", buf, layout, start)))  # leased
     cache.release(entries[1])  # y idle, x still leased
-    buf, start = cache.reserve(64)  # evicts y, not x
+    buf, start = cache.reserve(64, torch.float32)  # evicts y, not x
     assert start == entries[1].start and torch.all(entries[0].flat == ord("x"))
     cache.invalidate("x")  # leased: stays allocated until released
-    assert cache.reserve(64)[1] == -1  # arena full: a standalone buffer, not cached
+    assert cache.reserve(64, torch.float32)[1] == -1  # arena full: a standalone buffer, not cached
     cache.release(entries[0])
-    assert cache.reserve(64)[1] == entries[0].start
+    assert cache.reserve(64, torch.float32)[1] == entries[0].start

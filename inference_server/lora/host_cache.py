@@ -1,9 +1,10 @@
-"""Host tier of the adapter pool: packed adapters in one (pinned) host arena, LRU by bytes.
+"""Host tier of the adapter pool: staged adapters in one (pinned) host byte arena, LRU by bytes.
 
 The arena is allocated once (pinned on GPU hosts, so a host-tier hit is one asynchronous
-host-to-device copy with no allocation on the way); adapters are packed straight into
-their range of it. A GPU miss that hits this tier costs one copy; a miss here goes to the
-adapter source. Entries are keyed by adapter id and carry the version they were packed
+host-to-device copy with no allocation on the way); adapters are staged straight into
+their range of it: by default the source's raw tensors, which the device lays out
+(``device_packing``), or the packed pool layout itself. A GPU miss that hits this tier
+costs one copy (and the device-side layout); a miss here goes to the adapter source. Entries are keyed by adapter id and carry the version they were packed
 from, so an invalidated id never serves stale bytes. An entry is leased while a copy reads
 it and is never evicted or overwritten under a lease.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference_server.lora.device_packing import DevicePackPlan
 from inference_server.lora.packing import AdapterLayout
 from inference_server.lora.range_allocator import RangeAllocator
 
@@ -25,31 +27,32 @@ from inference_server.lora.range_allocator import RangeAllocator
 class PackedAdapter:
     adapter_id: str
     version: str
-    flat: torch.Tensor  # 1-D, model dtype: a range of the arena (or standalone when uncached)
+    flat: torch.Tensor  # 1-D: a range of the arena (or standalone when uncached)
     layout: AdapterLayout
-    start: int = -1  # arena offset, -1 = not in the arena
+    start: int = -1  # arena byte offset, -1 = not in the arena
     leases: int = 0
+    plan: DevicePackPlan | None = None  # flat holds staged raw bytes (uint8); None: the packed pool layout
 
     @property
     def num_bytes(self) -> int:
         return self.flat.numel() * self.flat.element_size()
 
 
+ALIGN_BYTES = 64  # every range starts aligned for any dtype and for wide memcpy
+
+
 class HostAdapterCache:
     def __init__(
         self,
         capacity_bytes: int,
-        dtype: torch.dtype,
         pin: bool = False,
         on_evict: Callable[[PackedAdapter], None] | None = None,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError(f"host cache capacity must be >= 0 bytes, got {capacity_bytes}")
-        elem = torch.tensor([], dtype=dtype).element_size()
         self.capacity_bytes = capacity_bytes
-        self._elem = elem
-        self._arena = torch.empty(max(capacity_bytes // elem, 1), dtype=dtype, pin_memory=pin)
-        self._alloc = RangeAllocator(self._arena.numel())
+        self._arena = torch.empty(max(capacity_bytes, 1), dtype=torch.uint8, pin_memory=pin)
+        self._alloc = RangeAllocator(self._arena.numel(), align=ALIGN_BYTES)
         self._entries: OrderedDict[str, PackedAdapter] = OrderedDict()  # LRU first
         self._lock = threading.Lock()
         self._on_evict = on_evict
@@ -57,7 +60,7 @@ class HostAdapterCache:
 
     @property
     def used_bytes(self) -> int:
-        return self._alloc.used * self._elem
+        return self._alloc.used
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,21 +80,25 @@ class HostAdapterCache:
             if entry.leases == 0 and entry.start >= 0 and self._entries.get(entry.adapter_id) is not entry:
                 self._alloc.free(entry.start)  # invalidated while leased: free now
 
-    def reserve(self, numel: int) -> tuple[torch.Tensor, int]:
-        """A zeroed buffer of ``numel`` elements to pack into: an arena range (evicting LRU
-        unleased entries as needed), else a standalone tensor (start -1) that is not cached."""
+    def reserve(self, numel: int, dtype: torch.dtype, zero: bool = True) -> tuple[torch.Tensor, int]:
+        """A buffer of ``numel`` elements of ``dtype`` to stage into (zeroed unless ``zero`` is
+        False): an arena range (evicting LRU unleased entries as needed), else a standalone
+        tensor (start -1) that is not cached."""
+        num_bytes = numel * dtype.itemsize
         evicted = []
         with self._lock:
-            start = self._alloc.alloc(numel)
+            start = self._alloc.alloc(num_bytes)
             while start is None and self._evict_one(evicted):
-                start = self._alloc.alloc(numel)
+                start = self._alloc.alloc(num_bytes)
         for victim in evicted:
             if self._on_evict is not None:
                 self._on_evict(victim)
         if start is None:
-            return torch.zeros(numel, dtype=self._arena.dtype, pin_memory=self.pinned), -1
-        buffer = self._arena[start : start + numel]
-        buffer.zero_()
+            make = torch.zeros if zero else torch.empty
+            return make(numel, dtype=dtype, pin_memory=self.pinned), -1
+        buffer = self._arena[start : start + num_bytes].view(dtype)
+        if zero:
+            buffer.zero_()
         return buffer, start
 
     def abandon(self, start: int) -> None:

@@ -1,16 +1,17 @@
 """Adapter manager: residency of adapters in the GPU pool, over a host tier and a source.
 
 Tiers: GPU pool (one flat tensor allocated once; LRU over adapters no running request uses;
-reference counted) <- host tier (packed, pinned, LRU by bytes) <- adapter source (store or
+reference counted) <- host tier (raw tensors, pinned, LRU by bytes) <- adapter source (store or
 local directory). ``acquire`` runs on a loader thread, never on the step loop:
 
-1. fetch + validate + pack into the host tier (this is the prefetch: it happens at once,
-   even when the pool is full);
+1. fetch + validate + stage into the host tier: one memcpy of the source's raw tensors
+   (this is the prefetch: it happens at once, even when the pool is full);
 2. take a place in the pool. Under pressure, acquisitions are served strictly in arrival
    order, and a request for an already resident adapter queues behind earlier waiters
    too, so resident adapters drain and rotate out: no waiter starves (bounded wait);
-3. copy host -> pool on a side stream (``PoolCopier``); the request is scheduled only once
-   the copy has completed, while the engine keeps decoding everyone else.
+3. copy host -> device on a side stream and lay the adapter out in its pool range there
+   (``PoolCopier``, ``device_packing``); the request is scheduled only once that has
+   completed, while the engine keeps decoding everyone else.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +28,8 @@ import torch
 from inference_server.errors import ResourceExhaustedError
 from inference_server.lora.copier import PoolCopier
 from inference_server.lora.host_cache import HostAdapterCache, PackedAdapter
-from inference_server.lora.packing import AdapterLayout, pack_adapter, plan_layout
+from inference_server.lora.device_packing import plan_device_pack, stage
+from inference_server.lora.packing import AdapterLayout, plan_layout
 from inference_server.lora.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
 from inference_server.lora.pool_stats import PoolMetrics, PoolStats
 from inference_server.lora.range_allocator import RangeAllocator
@@ -35,6 +38,9 @@ from inference_server.lora.tensor_views import tensor_views
 from inference_server.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
+
+# (spec, zero-copy tensor views, zeroed host-tier buffer) -> the packed flat tensor
+PackHook = Callable[[AdapterSpec, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
 @dataclass(eq=False, slots=True)
@@ -79,7 +85,7 @@ class AdapterManager:
         self._alloc = RangeAllocator(pool_elements)
         self._copier = PoolCopier(self.pool.device)
         self.metrics = PoolMetrics()
-        self.host = HostAdapterCache(host_cache_bytes, dtype, pin=self._copier.wants_pinned,
+        self.host = HostAdapterCache(host_cache_bytes, pin=self._copier.wants_pinned,
                                      on_evict=lambda _: self.metrics.count("host_evictions"))
         self._resident: OrderedDict[str, ResidentAdapter] = OrderedDict()  # LRU first
         self._queue: deque[object] = deque()  # tickets of acquisitions waiting for the pool
@@ -144,36 +150,57 @@ class AdapterManager:
         self.metrics.count("source_fetches")
         files = self.source.resolve(adapter_id)
         spec = parse_adapter_files(files.files, self.config)  # the base model decides what fits
-        tensors = tensor_views(files.files[WEIGHTS_FILE])  # header checked: views cannot overrun
         layout = self._pool_layout(spec)
         if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(
                 f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
             )
-        buffer, start = self.host.reserve(self._host_elements(layout))
-        try:
-            flat = self._pack(spec, tensors, buffer)
-        except BaseException:
-            self.host.abandon(start)
-            raise
-        packed = self.host.insert(PackedAdapter(adapter_id, files.info.version, flat, layout, start))
+        packed = self.host.insert(self._stage(adapter_id, files.info.version, spec, files.files[WEIGHTS_FILE], layout))
         leased.append(packed)
         return packed
 
-    # Packing hooks: tensor parallelism (inference_server/parallel/adapters.py) packs every
-    # rank's shard into the host tier and lays out the pool for one rank's shard.
+    # Packing hooks. By default the host tier holds the adapter's raw tensors and the device
+    # lays them out (device_packing). A subclass that needs the packed layout on the host
+    # defines ``_pack`` (and ``_host_elements``): tensor parallelism
+    # (inference_server/parallel/adapters.py) packs every rank's shard there, the workers
+    # get theirs from it, and lays out the pool for one rank's shard (``_pool_layout``).
+    _pack: PackHook | None = None
+
     def _pool_layout(self, spec: AdapterSpec) -> AdapterLayout:
         """Where the adapter's A/B blocks go in this process's pool."""
         return plan_layout(spec, self.config)
 
     def _host_elements(self, layout: AdapterLayout) -> int:
-        """Host-tier elements one packed adapter takes."""
+        """Host-tier elements (model dtype) one adapter packed by ``_pack`` takes."""
         return layout.num_elements
 
-    def _pack(self, spec: AdapterSpec, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-        """Pack into ``out`` (a zeroed host-tier buffer); the pool copies its first
-        ``layout.num_elements`` elements."""
-        return pack_adapter(spec, tensors, self.config, self.dtype, out=out)[0]
+    def _stage(
+        self, adapter_id: str, version: str, spec: AdapterSpec, weights: bytes, layout: AdapterLayout
+    ) -> PackedAdapter:
+        """The adapter in a host-tier buffer: its raw tensors (one memcpy) and the plan that
+        lays them out on the device; with a ``_pack`` hook, packed on the host instead."""
+        if self._pack is not None:
+            return self._stage_packed(self._pack, adapter_id, version, spec, weights, layout)
+        plan, table = plan_device_pack(spec, weights, layout, self.config)
+        buffer, start = self.host.reserve(plan.staged_bytes, torch.uint8, zero=False)
+        try:
+            stage(weights, plan, table, buffer)
+        except BaseException:
+            self.host.abandon(start)
+            raise
+        return PackedAdapter(adapter_id, version, buffer, layout, start, plan=plan)
+
+    def _stage_packed(
+        self, pack: PackHook,
+        adapter_id: str, version: str, spec: AdapterSpec, weights: bytes, layout: AdapterLayout,
+    ) -> PackedAdapter:
+        buffer, start = self.host.reserve(self._host_elements(layout), self.dtype)
+        try:
+            flat = pack(spec, tensor_views(weights), buffer)  # header checked: views cannot overrun
+        except BaseException:
+            self.host.abandon(start)
+            raise
+        return PackedAdapter(adapter_id, version, flat, layout, start)
 
     def _place(
         self, packed: PackedAdapter, deadline: float, leased: list[PackedAdapter]
@@ -243,7 +270,11 @@ class AdapterManager:
     def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
         try:
             n = packed.layout.num_elements
-            self._copier.copy(self.pool[ra.start : ra.start + n], packed.flat[:n])
+            dst = self.pool[ra.start : ra.start + n]
+            if packed.plan is None:  # packed on the host already
+                self._copier.copy(dst, packed.flat[:n])
+            else:
+                self._copier.unpack(dst, packed.flat, packed.plan, packed.layout)
         except BaseException:
             with self._cond:
                 self._resident.pop(ra.adapter_id, None)

@@ -8,8 +8,13 @@ without p are zero):
     B_p: [num_layers, r_p, out_p]  (PEFT's lora_B.weight [out, r], transposed)
 
 laid out one after the other in one flat tensor. Each projection has one scale (the
-first adapted layer's); layers whose scale differs (``alpha_pattern``/``rank_pattern``)
-have the ratio folded into their B, so the kernels see one scale per projection.
+first adapted layer's, or the first non-zero one); layers whose scale differs
+(``alpha_pattern``/``rank_pattern``) have the ratio folded into their B, so the kernels see
+one scale per projection.
+
+This is the reference packing, on the CPU (tensor parallelism packs every rank's shard with
+it); the single-process loader packs on the device instead (``device_packing``), with the
+same result element for element.
 """
 
 from __future__ import annotations
@@ -52,12 +57,18 @@ def plan_layout(spec: AdapterSpec, cfg: ModelConfig) -> AdapterLayout:
         rank = max((m.rank for m in mods), default=0)
         fan_in, fan_out = shapes[proj]
         ranks.append(rank)
-        scales.append(mods[0].scale if mods else 0.0)
+        scales.append(next((m.scale for m in mods if m.scale != 0.0), 0.0))
         a_offs.append(pos)
         pos += _aligned(cfg.num_layers * fan_in * rank)
         b_offs.append(pos)
         pos += _aligned(cfg.num_layers * rank * fan_out)
     return AdapterLayout(tuple(ranks), tuple(scales), tuple(a_offs), tuple(b_offs), pos)
+
+
+def fold_ratio(module_scale: float, scale: float) -> float:
+    """The factor folded into a module's B so that its projection's one ``scale`` applies
+    (``scale`` is 0 only when every module of the projection has scale 0)."""
+    return 1.0 if module_scale == scale else module_scale / scale
 
 
 def pack_adapter(
@@ -135,6 +146,6 @@ def _write_module(
     a_all = flat[layout.a_offsets[p] : layout.a_offsets[p] + num_layers * fan_in * rank].view(num_layers, fan_in, rank)
     b_all = flat[layout.b_offsets[p] : layout.b_offsets[p] + num_layers * rank * fan_out].view(num_layers, rank, fan_out)
     a_all[mod.layer, :, : mod.rank] = a.t()
-    ratio = mod.scale / layout.scales[p]
+    ratio = fold_ratio(mod.scale, layout.scales[p])
     b_t = b.t() if ratio == 1.0 else (b.t().to(torch.float64) * ratio)
     b_all[mod.layer, : mod.rank, :] = b_t

@@ -14,9 +14,9 @@ import torch
 
 from inference_server.lora.safetensors_header import read_header
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                "BOOL": torch.bool}
 
 
 def tensor_views(data: bytes) -> dict[str, torch.Tensor]:
@@ -27,7 +27,7 @@ def tensor_views(data: bytes) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():  # the views are never written: a read-only buffer is fine
         warnings.simplefilter("ignore", UserWarning)
         for name, info in tensors.items():
-            dtype = _DTYPES[info.dtype]
+            dtype = TORCH_DTYPES[info.dtype]
             count = (info.end - info.begin) // torch.tensor([], dtype=dtype).element_size()
             flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + info.begin) if count else \
                 torch.empty(0, dtype=dtype)
