@@ -162,13 +162,22 @@ def stage(weights: bytes, plan: DevicePackPlan, table: torch.Tensor, out: torch.
     out[plan.table_offset : plan.staged_bytes].view(torch.int64).copy_(table)
 
 
-def unpack(dst: torch.Tensor, staged: torch.Tensor, plan: DevicePackPlan, layout: AdapterLayout) -> None:
+def unpack(
+    dst: torch.Tensor, staged: torch.Tensor, plan: DevicePackPlan, layout: AdapterLayout,
+    scratch: torch.Tensor | None = None,
+) -> None:
     """Device side: write the adapter's pool layout into ``dst`` (its pool range, any prior
     contents) from ``staged`` (``stage``'s bytes, on ``dst``'s device). Equals
-    ``pack_adapter(spec, tensors, cfg, dst.dtype)`` element for element."""
-    data = staged[: plan.data_bytes].view(plan.dtype)
+    ``pack_adapter(spec, tensors, cfg, dst.dtype)`` element for element. ``scratch``: a
+    uint8 buffer of >= ``plan.data_bytes`` on the device for the gathered tensors (kept by
+    the caller across loads; a fresh one otherwise)."""
+    data = staged[: plan.data_bytes].view(plan.dtype).view(-1, plan.chunk)
     table = staged[plan.table_offset : plan.staged_bytes].view(torch.int64)
-    gathered = data.view(-1, plan.chunk).index_select(0, table[: plan.num_chunks]).view(-1)
+    if scratch is None:
+        scratch = torch.empty(plan.data_bytes, dtype=torch.uint8, device=dst.device)
+    gathered = scratch[: plan.data_bytes].view(plan.dtype).view(-1, plan.chunk)
+    torch.index_select(data, 0, table[: plan.num_chunks], out=gathered)
+    gathered = gathered.view(-1)
     for start, end in plan.zero_ranges:
         dst[start:end].zero_()
     num_layers = plan.num_layers
