@@ -1,11 +1,16 @@
-"""Adapter pool on the GPU: load latency per tier, and decode step time while adapters load.
+"""Adapter pool: load latency per tier, where a source load goes, and (GPU) decode step time
+while adapters load.
 
     python benchmarks/bench_pool.py [--layers 32] [--results benchmarks/RESULTS.md]
+    python benchmarks/bench_pool.py --device cpu --threads 1   # the loader's CPU work alone
 
-7B-shaped Llama (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab 32000) with
-random bf16 weights made on the GPU, rank-16 adapters on all 7 projections (~80 MB each).
-The adapter source is in memory (the bytes a Redis hit would hand over), so "source" rows
-time validation + packing + the host-to-device copy, without network.
+7B-shaped Llama (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab 32000),
+rank-16 adapters on all 7 projections (~80 MB each in bf16). The adapter source is in
+memory (the bytes a Redis hit would hand over; resolving hashes them, as the store client
+checks its sha256), so "source" rows time sha256 + validation + staging into the host tier
++ the host-to-device copy and the layout on the device, without network. On the GPU the
+model has random bf16 weights and the decode rows run the eager engine; ``--device cpu``
+builds only the adapter manager (pool and host tier on the CPU, the "device" is the CPU).
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
 from inference_server.engine.config import EngineConfig  # noqa: E402
 from inference_server.engine.factory import assemble  # noqa: E402
 from inference_server.engine.request import GenerationRequest, StoppingCriteria  # noqa: E402
-from inference_server.lora.peft_format import parse_adapter_files  # noqa: E402
+from inference_server.lora.device_packing import plan_device_pack, stage  # noqa: E402
+from inference_server.lora.manager import AdapterManager  # noqa: E402
+from inference_server.lora.packing import pack_adapter, plan_layout  # noqa: E402
+from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
 from inference_server.lora.source import AdapterFiles, make_info  # noqa: E402
+from inference_server.lora.tensor_views import tensor_views  # noqa: E402
 from inference_server.model.config import ModelConfig  # noqa: E402
 from inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
 from inference_server.model.llama import LlamaForCausalLM  # noqa: E402
@@ -81,25 +90,53 @@ def timed_acquire(mgr, adapter_id: str) -> float:
     return time.perf_counter() - t0
 
 
-def stage_times(engine, cfg: ModelConfig) -> dict[str, float]:
-    """Where a source load goes: validation, safetensors decode, packing (CPU, pinned)."""
-    from inference_server.lora.tensor_views import tensor_views
+def stage_times(mgr: AdapterManager, cfg: ModelConfig, reps: int = 5) -> dict[str, float]:
+    """Where a source load goes (median of ``reps``), and the previous loader's CPU packing
+    (``pack_adapter`` on zero-copy views, into a host buffer) for comparison."""
+    files, dev = mgr.source.files, mgr.pool.device
+    weights = files[WEIGHTS_FILE]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    out: dict[str, list[float]] = {}
 
-    from inference_server.lora.packing import pack_adapter, plan_layout
+    def timed(name: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        sync()
+        out.setdefault(name, []).append(time.perf_counter() - t0)
+        return result
 
-    files = engine._manager.source.files
-    out = {}
-    t0 = time.perf_counter()
-    spec = parse_adapter_files(files, cfg)
-    out["validate"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    tensors = tensor_views(files["adapter_model.safetensors"])
-    out["tensor views of the bytes"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    buffer, _ = engine._manager.host.reserve(plan_layout(spec, cfg).num_elements)
-    pack_adapter(spec, tensors, cfg, torch.bfloat16, out=buffer)
-    out["pack (transpose into the pinned arena)"] = time.perf_counter() - t0
-    return out
+    layout = plan_layout(mgr.source.spec, cfg)
+    dst = torch.empty(layout.num_elements, dtype=mgr.dtype, device=dev)  # kept: warm pages, as the pool's
+    packed = torch.zeros(layout.num_elements, dtype=mgr.dtype)
+    for _ in range(reps):
+        timed("resolve (sha256 of the bytes)", lambda: mgr.source.resolve("stages"))
+        spec = timed("validate", lambda: parse_adapter_files(files, cfg))
+        plan, table = timed("plan (header, gather index)", lambda: plan_device_pack(spec, weights, layout, cfg))
+        buffer, start = mgr.host.reserve(plan.staged_bytes, torch.uint8, zero=False)
+        timed("stage: memcpy into the host arena", lambda: stage(weights, plan, table, buffer))
+        where = "H2D + layout on the GPU side stream" if dev.type == "cuda" else "layout on the CPU (the device here)"
+        timed(where, lambda: mgr._copier.unpack(dst, buffer, plan, layout))
+        mgr.host.abandon(start)
+        timed("was: zero + views + pack on the CPU (transposes)",
+              lambda: pack_adapter(spec, tensor_views(weights), cfg, mgr.dtype, out=packed.zero_()))
+        if not torch.equal(dst.cpu(), packed):
+            raise AssertionError("the device layout differs from the CPU packing")
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def tier_times(mgr: AdapterManager, loads: int) -> tuple[list[float], list[float], list[float]]:
+    """(source -> pool, host tier -> pool, resident) acquire times."""
+    timed_acquire(mgr, "warm")  # first call: allocator, pinned buffers
+    mgr.invalidate("warm")
+    source_s = [timed_acquire(mgr, f"cold-{i}") for i in range(loads)]  # source -> host tier -> pool
+    in_host = [f"cold-{i}" for i in range(loads) if f"cold-{i}" in mgr.host.versions()]
+    evicted = [i for i in in_host if i not in mgr.resident_ids()][:5]
+    hits_before = mgr.stats().counters["host_hits"]
+    host_s = [timed_acquire(mgr, i) for i in evicted]
+    if not host_s or mgr.stats().counters["host_hits"] - hits_before != len(host_s):
+        raise AssertionError("expected host-tier hits (pool and host tier sizes)")
+    resident_s = [timed_acquire(mgr, evicted[-1]) for _ in range(5)]
+    return source_s, host_s, resident_s
 
 
 def step_times(core, n: int) -> list[float]:
@@ -112,29 +149,9 @@ def step_times(core, n: int) -> list[float]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--results", default=None)
-    args = parser.parse_args()
-    cfg = ModelConfig(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                      num_layers=args.layers, num_heads=32, num_kv_heads=32, head_dim=128,
-                      max_position_embeddings=4096, name="llama-7b-dummy")
-    engine = build(cfg, args.rank)
-    mgr, core = engine._manager, engine._core
-    timed_acquire(mgr, "warm")  # first call: allocator, pinned buffers
-    mgr.invalidate("warm")
-    source_s = [timed_acquire(mgr, f"cold-{i}") for i in range(30)]  # source -> host tier -> pool
-    evicted_before = mgr.stats().counters["host_hits"]
-    host_s = [timed_acquire(mgr, f"cold-{i}") for i in range(5)]  # evicted from the pool by now
-    assert mgr.stats().counters["host_hits"] - evicted_before == 5, "expected host-tier hits"
-    resident_s = [timed_acquire(mgr, "cold-29") for _ in range(5)]
-    entry = mgr.host.lease("cold-29")
-    mb = entry.num_bytes / 1e6
-    mgr.host.release(entry)
-    stages = stage_times(engine, cfg)
-    # decode step time of 32 running requests, with and without 20 adapters loading
+def decode_rows(engine, mgr) -> list[str]:
+    """Decode step time of 32 running requests, with and without 20 adapters loading."""
+    core = engine._core
     for i in range(32):
         request = GenerationRequest(f"d{i}", tuple(range(5, 133)), f"run-{i % 4}",
                                     stopping=StoppingCriteria(max_new_tokens=400, ignore_eos=True))
@@ -147,23 +164,56 @@ def main() -> None:
     while loader.is_alive():
         busy += step_times(core, 1)
     loader.join()
-    ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     rise = (ms(busy) / ms(idle) - 1) * 100
+    return [f"| decode step, batch 32, no loads | {ms(idle):.2f} ms | |",
+            f"| decode step, batch 32, 20 adapters loading ({len(busy)} steps) | {ms(busy):.2f} ms | |",
+            f"| step time rise while loading | {rise:+.1f}% | <= +5% |"]
+
+
+def ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--results", default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = ModelConfig(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                      num_layers=args.layers, num_heads=32, num_kv_heads=32, head_dim=128,
+                      max_position_embeddings=4096, name="llama-7b-dummy")
+    if args.device == "cuda":
+        engine = build(cfg, args.rank)
+        mgr, loads = engine._manager, 30
+    else:  # the manager alone: pool for 3 adapters, host tier for 6
+        engine, source, loads = None, MemorySource(peft_files(cfg, args.rank), cfg), 12
+        n = plan_layout(source.spec, cfg).num_elements
+        mgr = AdapterManager(source, cfg, 3 * (n + 64), torch.bfloat16, "cpu", host_cache_bytes=6 * (2 * n + (1 << 20)))
+    source_s, host_s, resident_s = tier_times(mgr, loads)
+    entry = mgr.host.lease(f"cold-{loads - 1}")
+    mb = entry.num_bytes / 1e6
+    mgr.host.release(entry)
+    stages = stage_times(mgr, cfg)
+    where = "pinned H2D + layout on the side stream" if args.device == "cuda" else "layout on the CPU"
     table = [
         "| measure | median | target |", "| --- | ---: | ---: |",
         f"| adapter size (bf16, rank {args.rank}, 7 projections x {args.layers} layers) | {mb:.1f} MB | |",
         f"| acquire, resident in the pool | {ms(resident_s):.3f} ms | |",
-        f"| acquire, host tier -> pool (pinned H2D on the side stream) | {ms(host_s):.2f} ms | <= 3 ms |",
-        f"| acquire, source bytes -> validate, pack -> pool | {ms(source_s):.1f} ms | <= 100 ms (Redis hit) |",
+        f"| acquire, host tier -> pool ({where}) | {ms(host_s):.2f} ms | <= 3 ms |",
+        f"| acquire, source bytes -> sha256, validate, stage -> pool | {ms(source_s):.1f} ms | <= 100 ms (Redis hit) |",
         *[f"| source load stage: {k} | {v * 1e3:.1f} ms | |" for k, v in stages.items()],
-        f"| decode step, batch 32, no loads | {ms(idle):.2f} ms | |",
-        f"| decode step, batch 32, 20 adapters loading ({len(busy)} steps) | {ms(busy):.2f} ms | |",
-        f"| step time rise while loading | {rise:+.1f}% | <= +5% |",
+        *(decode_rows(engine, mgr) if engine is not None else []),
     ]
     print("\n".join(table))
     if args.results:
-        append_results(Path(args.results), "Adapter pool on the GPU (7B-shaped, eager engine)",
-                       " ".join(["python", *sys.argv]), table)
+        title = ("Adapter pool on the GPU (7B-shaped, eager engine)" if engine is not None
+                 else f"Adapter pool on the CPU (7B-shaped, manager only, {torch.get_num_threads()} torch threads)")
+        append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
 
 
 if __name__ == "__main__":
