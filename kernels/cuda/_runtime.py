@@ -64,6 +64,21 @@ class DeviceRuntime:
             self.modules[source] = module
         return self.modules[source].get_function(f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}")
 
+    def template_function(self, source: str, expression: str):
+        """The instantiation ``expression`` (e.g. "paged_decode<0, 128, 1>") of a template kernel
+        of ``csrc/{source}``, compiled on first use (one NVRTC module per instantiation)."""
+        import cupy  # noqa: PLC0415
+
+        key = (source, expression)
+        if key not in self.modules:
+            with cupy.cuda.Device(self.device.index):
+                module = cupy.RawModule(
+                    code=_read_source(source), options=("-std=c++17",), name_expressions=(expression,)
+                )
+                module.compile()
+            self.modules[key] = module
+        return self.modules[key].get_function(expression)
+
     def scratch(self, n_partials: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 partials of >= n_partials elements and zeroed int32 counters (>= n_counters)."""
         if self.partials is None or self.partials.numel() < n_partials or self.counters.numel() < n_counters:
