@@ -60,16 +60,17 @@ def engine_config(settings: ServerSettings) -> Any:
         max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
         max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
         adapter_pool_bytes=settings.adapter_pool_bytes, max_lora_rank=settings.max_lora_rank, seed=settings.seed,
-        tensor_parallel_size=settings.tensor_parallel,
+        tensor_parallel_size=settings.tensor_parallel, enforce_eager=settings.cuda_graphs == "off",
     )
 
 
-def model_source(settings: ServerSettings) -> Any:
-    """The ModelSource for ``--model`` / ``--model-format`` (no model: the embedded SmolLM2)."""
+def model_source(settings: ServerSettings, device: str = "cpu") -> Any:
+    """The ModelSource for ``--model`` / ``--model-format`` (no model: the embedded SmolLM2);
+    dummy weights are drawn on ``device``."""
     from inference_server.model.loading import ModelSource  # noqa: PLC0415
 
     if settings.model_format == "dummy":
-        return ModelSource(format="dummy", dummy=settings.model, seed=settings.seed)
+        return ModelSource(format="dummy", dummy=settings.model, seed=settings.seed, dummy_device=device)
     return ModelSource(format=settings.model_format, path=settings.model)
 
 
@@ -78,7 +79,8 @@ def build_engine(settings: ServerSettings) -> Any:
     from inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
 
     config = engine_config(settings)
-    source = model_source(settings)
+    # dummy weights drawn on the GPU (seconds for 7B); sharded engines draw on the CPU, then split
+    source = model_source(settings, config.device if config.tensor_parallel_size == 1 else "cpu")
     log.info("loading the model (%s) on %s as %s", settings.model or "SmolLM2-135M-Instruct", config.device,
              config.dtype)
     return AsyncEngine.build(config, source, adapter_source(settings), progress=True)

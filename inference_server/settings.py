@@ -66,6 +66,8 @@ class ServerSettings:
     max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)
     seed: int = _opt(0, "engine RNG seed (requests may set their own)", int)
     tensor_parallel: int = _opt(1, "GPUs (processes) to shard the model over, Megatron-style; 1 = no sharding", int)
+    cuda_graphs: str = _opt("on", "replay decode steps from CUDA graphs captured at start (GPU, 16-bit dtypes); "
+                                  "off = every step eager", str, ("on", "off"))
     # edge limits
     max_concurrent_streams: int = _opt(4096, "open Generate streams at once; beyond it RESOURCE_EXHAUSTED", int)
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)

@@ -32,6 +32,7 @@ class EngineConfig:
     adapter_acquire_timeout_s: float = 60.0
     seed: int = 0
     tensor_parallel_size: int = 1  # processes (GPUs) the model is sharded over (inference_server/parallel)
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (they apply on CUDA in 16-bit)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

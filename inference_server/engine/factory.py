@@ -13,7 +13,8 @@ from inference_server.engine.config import EngineConfig
 from inference_server.engine.info import EngineInfo
 from inference_server.engine.llm_engine import LLMEngine
 from inference_server.engine.managed_adapters import ManagedAdapters
-from inference_server.engine.model_runner import ModelRunner
+from inference_server.engine.cuda_graphs import default_sizes
+from inference_server.engine.model_runner import ModelRunner, RunnerOptions
 from inference_server.engine.scheduler import SchedulerConfig
 from inference_server.lora.manager import AdapterManager
 from inference_server.lora.source import AdapterSource, LocalAdapterDirectory
@@ -69,8 +70,12 @@ def assemble(
     blocks = BlockManager(num_blocks, config.block_size)
     max_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings,
                   num_blocks * config.block_size)
-    runner = (runner_factory or _runner)(
-        module, model_config, blocks, manager, config.max_num_seqs, config.max_num_batched_tokens)
+    if runner_factory is not None:
+        runner = runner_factory(module, model_config, blocks, manager, config.max_num_seqs,
+                                config.max_num_batched_tokens)
+    else:
+        runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs,
+                             config.max_num_batched_tokens, options=runner_options(config, max_len))
     eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
     core = LLMEngine(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
@@ -84,8 +89,9 @@ def assemble(
     return cls(core, manager, ManagedAdapters(source, manager, model_config, config.max_lora_rank), info, config)
 
 
-def _runner(module, model_config, blocks, manager, max_num_seqs, max_num_batched_tokens) -> ModelRunner:
-    return ModelRunner(module, model_config, blocks, manager.pool, max_num_seqs, max_num_batched_tokens)
+def runner_options(config: EngineConfig, max_len: int) -> RunnerOptions:
+    graphs = () if config.enforce_eager else default_sizes(config.max_num_seqs)
+    return RunnerOptions(max_model_len=max_len, max_lora_rank=config.max_lora_rank, cuda_graph_sizes=graphs)
 
 
 def _kv_block_bytes(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:

@@ -2,11 +2,14 @@
 
 Everything above it (scheduler, block manager, adapter bookkeeping) is plain Python.
 A step's sequences are ordered by adapter so that each adapter's rows are contiguous
-(one SGMV segment), then flattened into one batch of rows.
+(one SGMV segment), then flattened into one batch of rows. On CUDA, decode rows use the
+paged decode kernel, and decode-only steps replay CUDA graphs (engine/cuda_graphs.py);
+other steps (prefill, mixed) run eagerly.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -15,12 +18,24 @@ import torch
 from torch import nn
 
 from inference_server.engine.block_manager import BlockManager
+from inference_server.engine.cuda_graphs import DecodeGraphs, GraphShape
 from inference_server.engine.sampler import SampleResult, SampleRow, sample
 from inference_server.engine.sequence import Sequence
 from inference_server.engine.step_plan import plan_step, run_forward
-from inference_server.lora.batch import LoraBatchBuilder
+from inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
 from inference_server.lora.layers import LoraContext, attach_lora
 from inference_server.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """What the runner sizes its static buffers by (EngineConfig's view for the runner)."""
+
+    max_model_len: int | None = None  # None = the model's context window
+    max_lora_rank: int = MAX_LORA_RANK
+    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture (CUDA, 16-bit); () = eager
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,27 +58,46 @@ class ModelRunner:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         lora_attach: Callable[[nn.Module, LoraContext], None] = attach_lora,
+        options: RunnerOptions = RunnerOptions(),
     ) -> None:
         self.model = model
         self.config = config
         self.blocks = blocks
         self.device = adapter_pool.device
         self.dtype = adapter_pool.dtype
+        max_len = options.max_model_len or config.max_position_embeddings
+        self.decode_workspace = _decode_workspace(config, self.dtype, self.device, max_num_seqs, max_len)
+        use_graphs = bool(options.cuda_graph_sizes) and self.decode_workspace is not None and self.dtype in _GRAPH_DTYPES
+        # with graphs, one block past the block manager's: the slot padding rows write to
         self.kv_caches = [
-            torch.zeros(2, blocks.num_blocks, blocks.block_size, config.num_kv_heads, config.head_dim,
+            torch.zeros(2, blocks.num_blocks + use_graphs, blocks.block_size, config.num_kv_heads, config.head_dim,
                         dtype=self.dtype, device=self.device)
             for _ in range(config.num_layers)
         ]
         self.lora_ctx = LoraContext()
         lora_attach(model, self.lora_ctx)  # tensor parallelism passes its own (parallel/lora.py)
-        self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens)
+        self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
+                                             options.max_lora_rank)
+        self.graphs = None
+        if use_graphs:
+            shape = GraphShape(tuple(s for s in options.cuda_graph_sizes if s <= max_num_seqs),
+                               -(-max_len // blocks.block_size), blocks.block_size, blocks.num_blocks * blocks.block_size)
+            self.graphs = DecodeGraphs(model, self.kv_caches, self.lora_ctx, self.lora_builder,
+                                       self.decode_workspace, shape, self.device)
+            self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
         plan = plan_step(seqs, num_tokens, self.blocks.block_size)
-        hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device)
         sample_seqs = [seqs[i] for i in plan.sampled]
-        result = self._sample(hidden, plan.sample_rows, sample_seqs)
+        size = self.graphs.size_for(plan) if self.graphs is not None else None
+        if size is not None:
+            logits = self.graphs.replay(plan, size)
+            result = sample(logits, self._sample_rows(sample_seqs))
+        else:
+            hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device,
+                                 self.decode_workspace)
+            result = self._sample(hidden, plan.sample_rows, sample_seqs)
         by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids if result else [])}
         return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
 
@@ -71,10 +105,30 @@ class ModelRunner:
         if not rows:
             return None
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        return sample(logits, [SampleRow(s.request.sampling, s.token_ids, s.generator) for s in seqs])
+        return sample(logits, self._sample_rows(seqs))
+
+    def _sample_rows(self, seqs: list[Sequence]) -> list[SampleRow]:
+        return [SampleRow(s.request.sampling, s.token_ids, s.generator) for s in seqs]
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
 
     def close(self) -> None:
         """Release what the runner started besides tensors (tensor-parallel workers); no-op here."""
+
+
+_GRAPH_DTYPES = (torch.bfloat16, torch.float16)  # float32 CUDA LoRA is the (host-syncing) reference
+
+
+def _decode_workspace(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_seqs: int, max_len: int):
+    """Split partials of the paged decode kernel, or None where it does not apply (CPU, or an
+    attention shape it does not handle: those steps take the portable path)."""
+    if device.type != "cuda":
+        return None
+    from kernels.cuda import paged_decode  # noqa: PLC0415  (imports CuPy)
+
+    if not paged_decode.supported(dtype, config.head_dim, config.num_heads, config.num_kv_heads):
+        log.warning("paged decode kernel does not handle %d/%d heads of dim %d in %s: portable attention",
+                    config.num_heads, config.num_kv_heads, config.head_dim, dtype)
+        return None
+    return paged_decode.DecodeWorkspace.allocate(max_seqs, config.num_heads, config.head_dim, max_len, device)

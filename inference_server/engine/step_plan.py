@@ -16,7 +16,7 @@ from inference_server.engine.sequence import Sequence
 from inference_server.lora.batch import LoraBatchBuilder
 from inference_server.lora.layers import LoraContext
 from inference_server.lora.packing import AdapterLayout
-from inference_server.model.attention import AttentionMetadata, SequenceSpan
+from inference_server.model.attention import AttentionMetadata, DecodeRows, SequenceSpan
 from inference_server.model.llama import ForwardBatch
 
 
@@ -78,28 +78,67 @@ def _slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> tor
     return table[positions // block_size] * block_size + positions % block_size
 
 
-def forward_batch(plan: StepPlan, kv_caches: list[torch.Tensor], device: torch.device) -> ForwardBatch:
-    """The attention metadata of ``plan`` (slots computed from block tables on each rank)."""
-    slot_parts, spans = [], []
+def _new_slots(span: SpanPlan, block_size: int) -> list[int]:
+    """Cache slots of the span's new tokens (positions ctx_len - q_len .. ctx_len - 1)."""
+    table = span.block_table
+    return [table[t // block_size] * block_size + t % block_size for t in range(span.ctx_len - span.q_len, span.ctx_len)]
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def _decode_rows(spans: list[SpanPlan], device: torch.device, workspace) -> DecodeRows:
+    from kernels.cuda.paged_decode import num_splits_for  # noqa: PLC0415  (CUDA only)
+
+    width = max(len(s.block_table) for s in spans)
+    tables = [list(s.block_table) + [0] * (width - len(s.block_table)) for s in spans]
+    return DecodeRows(
+        rows=_to_device([s.q_start for s in spans], torch.int32, device),
+        block_tables=_to_device(tables, torch.int32, device),
+        context_lens=_to_device([s.ctx_len for s in spans], torch.int32, device),
+        num_splits=num_splits_for(max(s.ctx_len for s in spans)),
+        workspace=workspace,
+    )
+
+
+def forward_batch(
+    plan: StepPlan, kv_caches: list[torch.Tensor], device: torch.device, decode_workspace=None
+) -> ForwardBatch:
+    """The attention metadata of ``plan`` (slots computed from block tables on each rank).
+
+    With a ``decode_workspace`` (a ``kernels.cuda.paged_decode.DecodeWorkspace``),
+    single-query sequences go to the paged decode kernel; the rest take the portable path.
+    """
+    slot_mapping: list[int] = []
+    spans, decodes = [], []
     for span in plan.spans:
+        slot_mapping += _new_slots(span, plan.block_size)
+        if decode_workspace is not None and span.q_len == 1:
+            decodes.append(span)
+            continue
         table = torch.tensor(span.block_table, dtype=torch.int64)
         ctx = _slots(table, torch.arange(span.ctx_len), plan.block_size)
-        slot_parts.append(ctx[span.ctx_len - span.q_len :])
         spans.append(SequenceSpan(span.q_start, span.q_len, span.ctx_len, ctx.to(device)))
-    slots = torch.cat(slot_parts) if slot_parts else torch.empty(0, dtype=torch.int64)
     return ForwardBatch(
-        positions=torch.tensor(plan.positions, dtype=torch.int64, device=device),
+        positions=_to_device(plan.positions, torch.int64, device),
         kv_caches=kv_caches,
-        attn=AttentionMetadata(slots.to(device), spans),
+        attn=AttentionMetadata(
+            _to_device(slot_mapping, torch.int64, device), spans,
+            _decode_rows(decodes, device, decode_workspace) if decodes else None,
+        ),
     )
 
 
 def run_forward(
     model: torch.nn.Module, plan: StepPlan, kv_caches: list[torch.Tensor], lora_ctx: LoraContext,
-    lora_builder: LoraBatchBuilder, device: torch.device,
+    lora_builder: LoraBatchBuilder, device: torch.device, decode_workspace=None,
 ) -> torch.Tensor:
     """Hidden states [T, H] of the plan's rows (every rank calls it with the same plan)."""
-    batch = forward_batch(plan, kv_caches, device)
+    batch = forward_batch(plan, kv_caches, device, decode_workspace)
     lora_ctx.batch = lora_builder.build(plan.lora_rows)
     try:
         return model(torch.tensor(plan.token_ids, dtype=torch.int64, device=device), batch)

@@ -43,7 +43,7 @@ class LoraBatch:
     b_off: torch.Tensor  # int64 [7, S_cap]
     ranks: torch.Tensor  # int32 [7, S_cap]
     scales: torch.Tensor  # float32 [7, S_cap]
-    workspace: torch.Tensor  # [3, T_cap, MAX_LORA_RANK]
+    workspace: torch.Tensor  # [3, T_cap, max_rank]
     widths: dict[ProjGroup, tuple[int, ...]]
     active: frozenset[ProjGroup]  # groups at least one slot adapts
     use_bgmv: bool
@@ -66,7 +66,11 @@ class LoraBatch:
 class LoraBatchBuilder:
     """Owns the static table buffers; builds a LoraBatch from a step's row layout."""
 
-    def __init__(self, cfg: ModelConfig, pool: torch.Tensor, max_slots: int, max_rows: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, pool: torch.Tensor, max_slots: int, max_rows: int, max_rank: int = MAX_LORA_RANK
+    ) -> None:
+        if not 1 <= max_rank <= MAX_LORA_RANK:
+            raise ValueError(f"max_rank must be in [1, {MAX_LORA_RANK}], got {max_rank}")
         dev = pool.device
         self.pool = pool
         self.max_slots, self.max_rows = max_slots, max_rows
@@ -76,7 +80,8 @@ class LoraBatchBuilder:
         self.b_off = torch.zeros_like(self.a_off)
         self.ranks = torch.zeros(NUM_PROJECTIONS, max_slots, dtype=torch.int32, device=dev)
         self.scales = torch.zeros(NUM_PROJECTIONS, max_slots, dtype=torch.float32, device=dev)
-        self.workspace = torch.zeros(3, max_rows, MAX_LORA_RANK, dtype=pool.dtype, device=dev)
+        # its last dim bounds the ranks the kernels handle: the smallest kernel variant that fits
+        self.workspace = torch.zeros(3, max_rows, max_rank, dtype=pool.dtype, device=dev)
         self.widths = {
             ProjGroup.QKV: (cfg.q_size, cfg.kv_size, cfg.kv_size),
             ProjGroup.O: (cfg.hidden_size,),
@@ -103,6 +108,15 @@ class LoraBatchBuilder:
             ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
             active=_active_groups(host["ranks"]),
             use_bgmv=kernels.prefer_bgmv(total, len(segments)),
+        )
+
+    def static_batch(self) -> LoraBatch:
+        """A LoraBatch over the static buffers with every projection group active: what a
+        CUDA graph captures (the tables' contents, written by ``build``, pick the work)."""
+        return LoraBatch(
+            pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
+            ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
+            active=frozenset(ProjGroup), use_bgmv=False,
         )
 
     def _upload(self, host: dict[str, torch.Tensor], total: int) -> None:

@@ -4,6 +4,11 @@ KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim]. Toke
 sequence lives in slot ``block_table[t // block_size] * block_size + t % block_size``.
 A step's rows are grouped by sequence: sequence i owns rows [q_start_i, q_start_i + q_len_i)
 and, after this step's keys are written, attends to its first ``ctx_len_i`` tokens.
+
+On CUDA, single-query (decode) sequences go to the paged decode kernel
+(``kernels.cuda.paged_decode``) through ``DecodeRows`` tensors, so the call needs no
+per-sequence Python and can be captured in a CUDA graph; the other spans (prefill chunks)
+and every span on the CPU use the portable SDPA path below, the reference.
 """
 
 from __future__ import annotations
@@ -23,9 +28,21 @@ class SequenceSpan:
 
 
 @dataclass(slots=True)
+class DecodeRows:
+    """Single-query sequences served by the paged decode kernel (device tensors)."""
+
+    rows: torch.Tensor  # int32 [B]: each sequence's query row
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    context_lens: torch.Tensor  # int32 [B]
+    num_splits: int  # context split count the launch covers (>= ceil(max context / SPLIT))
+    workspace: object  # kernels.cuda.paged_decode.DecodeWorkspace
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [T]: cache slot for each row's new key/value
-    spans: list[SequenceSpan]
+    spans: list[SequenceSpan]  # the sequences the portable path serves
+    decode: DecodeRows | None = None  # the sequences the decode kernel serves (CUDA)
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -45,6 +62,8 @@ def paged_attention(
     prefill chunks one call per sequence.
     """
     out = torch.empty_like(q)
+    if meta.decode is not None:
+        _decode_kernel(q, kv_cache, meta.decode, scale, out)
     heads_kv, dim = kv_cache.shape[3], kv_cache.shape[4]
     keys = kv_cache[0].view(-1, heads_kv, dim)
     values = kv_cache[1].view(-1, heads_kv, dim)
@@ -60,13 +79,22 @@ def paged_attention(
         k = keys.index_select(0, span.kv_slots).transpose(0, 1)  # [Hkv, ctx, D]
         v = values.index_select(0, span.kv_slots).transpose(0, 1)
         qs = q[rows].transpose(0, 1)  # [Hq, q_len, D]
-        mask = _causal_mask(span, q.device) if span.q_len > 1 else None
+        # a whole prompt on CUDA: the built-in causal mask (flash kernels); else explicit
+        causal = q.is_cuda and span.q_len == span.ctx_len
+        mask = _causal_mask(span, q.device) if span.q_len > 1 and not causal else None
         o = F.scaled_dot_product_attention(
             qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale,
-            enable_gqa=qs.shape[0] != k.shape[0],
+            is_causal=causal and span.q_len > 1, enable_gqa=qs.shape[0] != k.shape[0],
         )
         out[rows] = o[0].transpose(0, 1)
     return out
+
+
+def _decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeRows, scale: float, out: torch.Tensor) -> None:
+    from kernels.cuda.paged_decode import paged_decode_attention  # noqa: PLC0415  (CuPy: CUDA only)
+
+    paged_decode_attention(out, q, kv_cache[0], kv_cache[1], d.rows, d.block_tables, d.context_lens, scale,
+                           d.num_splits, d.workspace)
 
 
 def _decode_batch(

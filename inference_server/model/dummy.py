@@ -54,20 +54,20 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         for name, shape in shapes.items():
-            yield name, random_tensor(name, shape, seed).to(dtype)
+            yield name, random_tensor(name, shape, seed, source.dummy_device).to(dtype)
 
     return Checkpoint(config=config, tokenizer=tokenizer, tensors=stream, num_tensors=len(shapes),
                       dtype=dtype, description=config.name)
 
 
-def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """float32 tensor for ``name``: ones for norms, zeros for biases, else N(0, INIT_STD)."""
+def random_tensor(name: str, shape: tuple[int, ...], seed: int, device: str = "cpu") -> torch.Tensor:
+    """float32 tensor for ``name`` on ``device``: ones for norms, zeros for biases, else N(0, INIT_STD)."""
     if name.endswith("norm.weight"):
-        return torch.ones(shape)
+        return torch.ones(shape, device=device)
     if name.endswith(".bias"):
-        return torch.zeros(shape)
-    gen = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (2**63))
-    return torch.randn(shape, generator=gen).mul_(INIT_STD)
+        return torch.zeros(shape, device=device)
+    gen = torch.Generator(device=device).manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (2**63))
+    return torch.randn(shape, generator=gen, device=device).mul_(INIT_STD)
 
 
 def dummy_tokenizer(config: ModelConfig) -> Tokenizer:

@@ -33,12 +33,15 @@ TensorStream = Callable[[], Iterator[tuple[str, torch.Tensor]]]
 class ModelSource:
     """What to load. ``format="auto"`` picks hf for a folder with config.json, gguf for *.gguf;
     with no path at all it is the embedded SmolLM2 GGUF. ``dummy`` is a preset name
-    (see ``dummy.PRESETS``) or a ModelConfig; ``seed`` seeds dummy weights."""
+    (see ``dummy.PRESETS``) or a ModelConfig; ``seed`` seeds dummy weights, drawn on
+    ``dummy_device`` (a GPU draws a 7B model in seconds; the same seed gives the same
+    weights on the same kind of device)."""
 
     format: str = "auto"
     path: str | None = None
     dummy: str | ModelConfig | None = None
     seed: int = 0
+    dummy_device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:

@@ -1,0 +1,136 @@
+"""Decode steps replayed from CUDA graphs captured at start-up.
+
+A decode step (every scheduled sequence adds one token) of B sequences replays the graph
+captured for the smallest captured batch size >= B. Rows past B are padding: token 0 at
+position 0, its key/value written to a scratch slot outside the block manager's blocks,
+context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a step
+changes lives in static buffers written before the replay: token ids, positions, new-token
+slots, block tables and context lengths (staged in pinned memory, two copies per step),
+and the LoRA tables (``LoraBatchBuilder``'s buffers, static already). Two graphs per size:
+with LoRA (every projection group; rank-0 slots skip) and without (no adapter in the step).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inference_server.engine.step_plan import StepPlan
+from inference_server.lora.batch import LoraBatchBuilder
+from inference_server.lora.layers import LoraContext
+from inference_server.model.attention import AttentionMetadata, DecodeRows
+from inference_server.model.llama import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+
+def default_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every multiple of 8, up to max_num_seqs (always included)."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8))
+    return tuple(sorted(set(sizes) | {max_num_seqs}))
+
+
+@dataclass(frozen=True, slots=True)
+class GraphShape:
+    sizes: tuple[int, ...]  # batch sizes to capture
+    max_blocks: int  # block-table width (max context / block size, rounded up)
+    block_size: int
+    pad_slot: int  # cache slot the padding rows write to
+
+
+class DecodeGraphs:
+    def __init__(
+        self, model: nn.Module, kv_caches: list[torch.Tensor], lora_ctx: LoraContext, lora_builder: LoraBatchBuilder,
+        workspace, shape: GraphShape, device: torch.device,
+    ) -> None:
+        self.model, self.kv_caches, self.lora_ctx, self.lora_builder = model, kv_caches, lora_ctx, lora_builder
+        self.workspace, self.shape, self.device = workspace, shape, device
+        cap, width = max(shape.sizes), shape.max_blocks
+        # staging (pinned) and static (device) buffers, one copy each per step:
+        # int64 rows: token ids, positions, new-token slots; int32: context lengths, then block tables
+        self.host_i64 = torch.zeros(3, cap, dtype=torch.int64).pin_memory()
+        self.host_i32 = torch.zeros(cap * (1 + width), dtype=torch.int32).pin_memory()
+        self.dev_i64 = torch.zeros(3, cap, dtype=torch.int64, device=device)
+        self.dev_i32 = torch.zeros(cap * (1 + width), dtype=torch.int32, device=device)
+        self.ids, self.positions, self.slots = self.dev_i64.unbind(0)
+        self.lens, self.tables = self.dev_i32[:cap], self.dev_i32[cap:].view(cap, width)
+        self.rows = torch.arange(cap, dtype=torch.int32, device=device)
+        self._np_i64 = self.host_i64.numpy()
+        self._np_lens = self.host_i32[:cap].numpy()
+        self._np_tables = self.host_i32[cap:].view(cap, width).numpy()
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.replays = 0  # decode steps served from a graph (tests and benchmarks read it)
+
+    # -- capture ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        self.slots.fill_(self.shape.pad_slot)  # capture-time rows: padding (context 0)
+        pool = None
+        for size in sorted(self.shape.sizes, reverse=True):  # largest first: the pool only shrinks
+            for lora in (True, False):
+                graph, logits = self._capture_one(size, lora, pool)
+                pool = graph.pool()
+                self.graphs[(size, lora)] = (graph, logits)
+        torch.cuda.synchronize(self.device)
+        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s", len(self.graphs),
+                 ",".join(map(str, self.shape.sizes)), time.perf_counter() - start)
+
+    def _forward_batch(self, size: int) -> ForwardBatch:
+        decode = DecodeRows(self.rows[:size], self.tables[:size], self.lens[:size], self.workspace.max_splits,
+                            self.workspace)
+        return ForwardBatch(self.positions[:size], self.kv_caches, AttentionMetadata(self.slots[:size], [], decode))
+
+    def _capture_one(self, size: int, lora: bool, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        batch = self._forward_batch(size)
+        self.lora_ctx.batch = self.lora_builder.static_batch() if lora else None
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):  # warm-up: compiles kernels, grows scratch
+                self.model.compute_logits(self.model(self.ids[:size], batch))
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self.model.compute_logits(self.model(self.ids[:size], batch))
+            return graph, logits
+        finally:
+            self.lora_ctx.batch = None
+
+    # -- replay -----------------------------------------------------------------------
+    def size_for(self, plan: StepPlan) -> int | None:
+        """The captured size that runs ``plan``, or None when it is not a decode step that fits."""
+        n = len(plan.spans)
+        if n == 0 or len(plan.token_ids) != n or len(plan.sample_rows) != n:
+            return None
+        if any(len(s.block_table) > self.shape.max_blocks for s in plan.spans):
+            return None
+        return next((s for s in sorted(self.shape.sizes) if s >= n), None)
+
+    def replay(self, plan: StepPlan, size: int) -> torch.Tensor:
+        """Logits [B, V] of the plan's rows (in batch order); writes the LoRA tables first."""
+        lora = self.lora_builder.build(plan.lora_rows) is not None
+        self._stage(plan, size)
+        graph, logits = self.graphs[(size, lora)]
+        graph.replay()
+        self.replays += 1
+        return logits[: len(plan.spans)]
+
+    def _stage(self, plan: StepPlan, size: int) -> None:
+        n, bs = len(plan.spans), self.shape.block_size
+        ids, tables, lens = self._np_i64, self._np_tables, self._np_lens
+        ids[0, :n] = plan.token_ids
+        ids[1, :n] = plan.positions
+        ids[2, :n] = [s.block_table[(s.ctx_len - 1) // bs] * bs + (s.ctx_len - 1) % bs for s in plan.spans]
+        ids[:2, n:size] = 0
+        ids[2, n:size] = self.shape.pad_slot
+        lens[:n] = [s.ctx_len for s in plan.spans]
+        lens[n:size] = 0
+        for i, s in enumerate(plan.spans):
+            tables[i, : len(s.block_table)] = s.block_table
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.dev_i32.copy_(self.host_i32, non_blocking=True)
