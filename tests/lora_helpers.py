@@ -110,3 +110,50 @@ def tokens_of(events: list[TokenEvent]) -> list[int]:
 
 def text_of(events: list[TokenEvent]) -> str:
     return "".join(e.text for e in events)
+
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity to a child.",
+    "List three prime numbers.",
+    "How do I boil an egg?",
+    "Translate 'good morning' into Spanish.",
+]
+NEW_TOKENS = 32
+
+
+def _peft_reference(hf_model, adapter_dir: Path, prompts: list[list[int]]) -> dict[tuple[int, str | None], list[int]]:
+    """transformers + PEFT greedy tokens for every (prompt, adapter) pair."""
+    from peft import PeftModel
+
+    expected = {(i, None): hf_greedy(hf_model, p, NEW_TOKENS) for i, p in enumerate(prompts)}
+    names = list(ADAPTER_CONFIGS)
+    peft_model = PeftModel.from_pretrained(hf_model, adapter_dir / names[0], adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.load_adapter(adapter_dir / name, adapter_name=name)
+    for name in names:
+        peft_model.set_adapter(name)
+        for i, p in enumerate(prompts):
+            expected[(i, name)] = hf_greedy(peft_model, p, NEW_TOKENS)
+    return expected
+
+
+def check_exact_against_peft(model_dir: Path, hf_model, tmp_path: Path, std: float, **engine_config) -> None:
+    """loraplex's greedy tokens (engine built with ``engine_config``) equal transformers + PEFT's
+    for PROMPTS x (base + the ADAPTER_CONFIGS adapters), all in one engine, mixed in batches."""
+    adapter_dir = tmp_path / "adapters"
+    for seed, (name, kwargs) in enumerate(ADAPTER_CONFIGS.items()):
+        make_peft_adapter(hf_model, adapter_dir / name, kwargs, seed=seed, std=std)
+    engine = load_engine(model_dir, adapter_dir, **engine_config)
+    prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    expected = _peft_reference(hf_model, adapter_dir, prompts)
+    requests = [
+        greedy_request(f"{i}-{name}", prompts[i], name, NEW_TOKENS) for (i, name) in expected
+    ]
+    got = run_all(engine, requests)
+    mismatches = [r.request_id for r, key in zip(requests, expected) if tokens_of(got[r.request_id]) != expected[key]]
+    assert not mismatches, f"tokens differ from transformers + PEFT for {mismatches}"
+    # the adapters must matter: each changes the output of at least one prompt
+    for name in ADAPTER_CONFIGS:
+        assert any(expected[(i, name)] != expected[(i, None)] for i in range(len(prompts))), name

@@ -1,0 +1,90 @@
+"""The engine at speed on CUDA: decode steps replayed from CUDA graphs give the eager
+engine's tokens; chunked prefill gives the unchunked tokens; SmolLM2 with adapters in
+float32 on the GPU gives transformers + PEFT's tokens (the CPU float32 reference)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_helpers import ADAPTER_CONFIGS, check_exact_against_peft, greedy_request, load_engine, make_test_adapters
+from lora_helpers import run_all, tokens_of
+
+TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?",
+         "A long time ago in a galaxy", "def main():", "Dear Sir or Madam,"]
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_test_adapters(tiny_llama_dir, tmp_path_factory.mktemp("graph-adapters"))
+
+
+def _requests(engine, n: int, new_tokens: int = 24) -> list:
+    names = [None, *ADAPTER_CONFIGS]
+    prompts = [engine.tokenizer.encode(t) for t in TEXTS]
+    return [greedy_request(f"r{i}", prompts[i % len(prompts)], names[i % len(names)], new_tokens) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [8, 5])  # 8: a captured size; 5: padded to 8
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_graph_replay_gives_the_eager_tokens(tiny_llama_dir: Path, adapter_dir: Path, dtype: str, n: int) -> None:
+    eager = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, enforce_eager=True)
+    graphs = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, max_num_seqs=16)
+    assert eager._core.runner.graphs is None
+    assert graphs._core.runner.graphs is not None
+    expected = run_all(eager, _requests(eager, n))
+    got = run_all(graphs, _requests(graphs, n))
+    assert graphs._core.runner.graphs.replays >= 20  # the decode steps really replayed graphs
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+
+
+def test_graphs_serve_batches_that_shrink_and_grow(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """Requests of different lengths: the decode batch shrinks through several captured sizes,
+    and a second wave refills it; every request still gets the eager engine's tokens."""
+    eager = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="float16", enforce_eager=True,
+                        max_num_seqs=8)
+    graphs = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="float16", max_num_seqs=8)
+
+    def requests(engine):
+        reqs = _requests(engine, 14)
+        return [greedy_request(r.request_id, r.prompt_token_ids, r.adapter_id, 4 + 3 * i) for i, r in enumerate(reqs)]
+
+    expected = run_all(eager, requests(eager))
+    got = run_all(graphs, requests(graphs))
+    assert graphs._core.runner.graphs.replays > 0
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+
+
+def test_chunked_prefill_gives_the_unchunked_tokens(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """float32: a chunk attends to the cache through an explicit mask, a whole prompt through
+    the causal kernel, so 16-bit results differ in rounding (not compared bitwise)."""
+    dtype = "float32"
+    whole = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, max_num_batched_tokens=2048,
+                        max_num_seqs=8)
+    chunked = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, max_num_batched_tokens=64,
+                          max_num_seqs=8)
+    long_text = " ".join(f"item {i} is {i * i % 97}." for i in range(120))
+
+    def requests(engine):
+        prompt = engine.tokenizer.encode(long_text)
+        assert len(prompt) > 600
+        names = [None, *ADAPTER_CONFIGS]
+        return [greedy_request(f"c{i}", prompt[i * 7 :], names[i % len(names)], 16) for i in range(4)]
+
+    expected = run_all(whole, requests(whole))
+    got = run_all(chunked, requests(chunked))
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+
+
+@pytest.mark.slow
+def test_smollm2_float32_on_cuda_equals_transformers_peft(smollm2_gguf: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf), dtype=torch.float32
+    ).eval()
+    check_exact_against_peft(Path(smollm2_gguf), hf_model, tmp_path, std=0.02, device="cuda", max_num_seqs=32,
+                             max_num_batched_tokens=1024)
