@@ -1,0 +1,307 @@
+"""Punica's text-generation benchmark on the GPU engine, plus transformers + PEFT on one batch.
+
+Workload (Punica's benchmarks/bench_textgen.py): N requests (default 1000), prompt lengths
+from a log-normal (scipy's lognorm(0.8, -1, 18): median ~17 tokens), total lengths uniform
+in [0, max_len), greedy, every request runs to its drawn length (EOS ignored), FCFS, max
+batch 32, all requests queued at the start. One engine (7B-shaped Llama, random weights
+drawn on the GPU, bf16, rank-16 random adapters on all 7 projections) serves, in one run:
+
+- Distinct: request i uses adapter i mod 64, so the 32 running requests are all different;
+- Uniform: ceil(sqrt(32)) = 6 adapters, drawn uniformly;
+- Skewed: Zipf(1.5) over 64 adapters;
+- Identical: one adapter;
+- base: no adapter (the reference for the LoRA overhead).
+
+Every adapter is made resident before timing (the pool holds them all). Reported per
+workload: throughput ((prompt + generated) tokens / wall), generated tokens/s, per-token
+latency (gaps between a request's tokens) p50/p99, time to first token p50/p99, and the
+median decode step at batch 32 against its HBM roofline (weights + KV bytes read /
+4.23 TB/s; with the adapters' bytes too). Then transformers + PEFT generate one fixed
+batch (32 requests x 128 prompt + 128 new tokens, 4 adapters mixed through
+``adapter_names``), and loraplex runs the same batch shape.
+
+    python benchmarks/bench_textgen.py [--num-requests 1000] [--model llama-7b] \
+        [--results benchmarks/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from random_adapters import PROJ, RandomAdapterSource  # noqa: E402
+from results import append_results  # noqa: E402
+
+from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
+from inference_server.engine.config import EngineConfig  # noqa: E402
+from inference_server.engine.factory import assemble  # noqa: E402
+from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
+from inference_server.model.loading import ModelSource, load_checkpoint  # noqa: E402
+from inference_server.model.weights import build_model  # noqa: E402
+
+HBM_BYTES_PER_S = 4.23e12
+WORKLOADS = ("distinct", "uniform", "skewed", "identical", "base")
+
+
+def request_set(n: int, max_len: int, seed: int) -> list[tuple[int, int]]:
+    """(prompt length, new tokens) per request, Punica's distributions."""
+    rng = np.random.default_rng(seed)
+    prompts = np.floor(-1.0 + 18.0 * np.exp(0.8 * rng.standard_normal(n))).astype(int)
+    prompts = np.clip(prompts, 1, max_len - 1)
+    totals = rng.integers(0, max_len, n)
+    outputs = np.clip(totals - prompts, 1, max_len - prompts)
+    return list(zip(prompts.tolist(), outputs.tolist()))
+
+
+def adapter_ids(workload: str, n: int, batch: int, num_adapters: int, seed: int) -> list[str | None]:
+    rng = np.random.default_rng(seed + 1)
+    if workload == "base":
+        return [None] * n
+    if workload == "identical":
+        return ["a0"] * n
+    if workload == "distinct":
+        return [f"a{i % num_adapters}" for i in range(n)]
+    if workload == "uniform":
+        return [f"a{i}" for i in rng.integers(0, math.ceil(math.sqrt(batch)), n)]
+    weights = 1.0 / np.arange(1, num_adapters + 1) ** 1.5
+    return [f"a{i}" for i in rng.choice(num_adapters, n, p=weights / weights.sum())]
+
+
+@dataclass
+class StepLog:
+    """Per runner call: (seconds, sequences, new tokens, context tokens read)."""
+
+    steps: list[tuple[float, int, int, int]] = field(default_factory=list)
+
+
+def instrument(runner, log: StepLog) -> None:
+    original = runner.execute
+
+    def execute(seqs, num_tokens):
+        t0 = time.perf_counter()
+        out = original(seqs, num_tokens)
+        ctx = sum(s.num_computed + n for s, n in zip(seqs, num_tokens))
+        log.steps.append((time.perf_counter() - t0, len(seqs), sum(num_tokens), ctx))
+        return out
+
+    runner.execute = execute
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: StepLog) -> dict:
+    core, manager = engine._core, engine._manager
+    rng = np.random.default_rng(seed + 2)
+    log.steps.clear()
+    start = time.perf_counter()
+    for i, ((plen, olen), aid) in enumerate(zip(reqs, ids)):
+        prompt = tuple(rng.integers(3, vocab, plen).tolist())
+        request = GenerationRequest(f"q{i}", prompt, aid, SamplingParams(),
+                                    StoppingCriteria(max_new_tokens=olen, ignore_eos=True))
+        core.add_request(request, manager.acquire(aid) if aid else None)
+    times: dict[str, list[float]] = {}
+    while core.has_work():
+        events = core.step()
+        now = time.perf_counter()
+        for e in events:
+            times.setdefault(e.request_id, []).extend([now] * len(e.token_ids))
+    wall = time.perf_counter() - start
+    prompt_tokens = sum(p for p, _ in reqs)
+    generated = sum(len(t) for t in times.values())
+    gaps = [b - a for t in times.values() for a, b in zip(t, t[1:])]
+    ttft = [t[0] - start for t in times.values()]
+    full = [s for s in log.steps if s[1] == s[2] == max(x[1] for x in log.steps)]
+    return dict(
+        wall=wall, throughput=(prompt_tokens + generated) / wall, decode_tps=generated / wall,
+        tpot_p50=pct(gaps, 0.5) * 1e3, tpot_p99=pct(gaps, 0.99) * 1e3,
+        ttft_p50=pct(ttft, 0.5), ttft_p99=pct(ttft, 0.99), generated=generated, prompt=prompt_tokens,
+        full_step_ms=statistics.median(s[0] for s in full) * 1e3 if full else float("nan"),
+        full_ctx=statistics.median(s[3] for s in full) if full else 0, full_batch=full[0][1] if full else 0,
+        steps=len(log.steps),
+    )
+
+
+def build_engine(args) -> AsyncEngine:
+    source = ModelSource(format="dummy", dummy=args.model, seed=0, dummy_device="cuda")
+    ckpt = load_checkpoint(source, torch.bfloat16)
+    model = build_model(ckpt.config, ckpt.iter_tensors(), "cuda", torch.bfloat16)
+    adapters = RandomAdapterSource(ckpt.config, args.rank)
+    adapter_bytes = len(adapters.files["adapter_model.safetensors"])
+    config = EngineConfig(
+        device="cuda", dtype="bfloat16", max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_len,
+        max_model_len=args.max_len, max_lora_rank=args.rank, kv_cache_memory_fraction=0.5,
+        adapter_pool_bytes=int(adapter_bytes * (args.num_adapters + 8)),
+        adapter_host_cache_bytes=int(adapter_bytes * 4), enforce_eager=args.eager,
+    )
+    t0 = time.perf_counter()
+    engine = assemble(AsyncEngine, config, model, ckpt.config, ckpt.tokenizer, adapters)
+    print(f"engine ready in {time.perf_counter() - t0:.1f} s (graphs: {engine._core.runner.graphs is not None})",
+          flush=True)
+    t0 = time.perf_counter()
+    for i in range(args.num_adapters):
+        engine._manager.release(engine._manager.acquire(f"a{i}"))
+    print(f"{args.num_adapters} adapters resident in {time.perf_counter() - t0:.1f} s", flush=True)
+    return engine
+
+
+def roofline_ms(engine: AsyncEngine, ctx_tokens: int, adapters: int, rank: int) -> tuple[float, float]:
+    """(weights + KV, + adapters) bytes / 4.23 TB/s of one decode step, in ms."""
+    cfg = engine._core.runner.config
+    model = engine._core.runner.model
+    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    if cfg.tie_word_embeddings:
+        weights += model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    kv = ctx_tokens * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    shapes = cfg.projection_shapes()
+    lora = adapters * cfg.num_layers * rank * 2 * sum(shapes[p][0] + shapes[p][1] for p in PROJ)
+    return (weights + kv) / HBM_BYTES_PER_S * 1e3, (weights + kv + lora) / HBM_BYTES_PER_S * 1e3
+
+
+def fixed_batch_loraplex(engine: AsyncEngine, ids: list[str | None], new_tokens: int, prompt_len: int) -> float:
+    core, manager = engine._core, engine._manager
+    start = time.perf_counter()
+    for i, aid in enumerate(ids):
+        request = GenerationRequest(f"f{i}", tuple(range(10, 10 + prompt_len)), aid, SamplingParams(),
+                                    StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
+        core.add_request(request, manager.acquire(aid) if aid else None)
+    generated = 0
+    while core.has_work():
+        generated += sum(len(e.token_ids) for e in core.step())
+    return generated / (time.perf_counter() - start)
+
+
+def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_tokens: int, n_adapters: int):
+    """transformers + PEFT, random 7B-shaped weights: (base tokens/s, mixed-adapter tokens/s)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inference_server.model.dummy import PRESETS
+
+    p = PRESETS[model_name]
+    hf_cfg = LlamaConfig(vocab_size=p["vocab_size"], hidden_size=p["hidden_size"],
+                         intermediate_size=p["intermediate_size"], num_hidden_layers=p["num_layers"],
+                         num_attention_heads=p["num_heads"], num_key_value_heads=p.get("num_kv_heads", p["num_heads"]),
+                         max_position_embeddings=4096, pad_token_id=0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    ids = torch.arange(10, 10 + prompt_len, device="cuda").repeat(batch, 1)
+    mask = torch.ones_like(ids)
+
+    def timed(m, **kw) -> float:
+        m.generate(ids[:, :8], attention_mask=mask[:, :8], max_new_tokens=4, do_sample=False, **kw)  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = m.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, **kw)
+        torch.cuda.synchronize()
+        return (out.shape[1] - prompt_len) * batch / (time.perf_counter() - t0)
+
+    with torch.inference_mode():
+        base = timed(model)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(PROJ), init_lora_weights=False)
+    peft_model = get_peft_model(model, lora, adapter_name="a0")
+    for i in range(1, n_adapters):
+        peft_model.add_adapter(f"a{i}", lora)
+    peft_model.to(torch.bfloat16).eval()
+    names = [f"a{i % n_adapters}" for i in range(batch)]
+    with torch.inference_mode():
+        mixed = timed(peft_model, adapter_names=names)
+    del peft_model, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return base, mixed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-7b", help="dummy preset (inference_server/model/dummy.py)")
+    ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--num-adapters", type=int, default=64)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--hf-new-tokens", type=int, default=128, help="0 = skip the transformers + PEFT batch")
+    ap.add_argument("--hf-adapters", type=int, default=4)
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs (for comparison)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", type=Path, default=None)
+    args = ap.parse_args()
+    command = "python benchmarks/bench_textgen.py " + " ".join(sys.argv[1:])
+
+    hf = None
+    if args.hf_new_tokens:
+        hf = fixed_batch_hf(args.model, args.rank, args.max_batch, 128, args.hf_new_tokens, args.hf_adapters)
+        print(f"transformers: base {hf[0]:.0f} tok/s, + PEFT ({args.hf_adapters} adapters mixed) {hf[1]:.0f} tok/s",
+              flush=True)
+    engine = build_engine(args)
+    log = StepLog()
+    instrument(engine._core.runner, log)
+    reqs = request_set(args.num_requests, args.max_len, args.seed)
+    vocab = engine._core.runner.config.vocab_size
+    rows = []
+    for workload in args.workloads.split(","):
+        ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
+        r = run_workload(engine, reqs, ids, vocab, args.seed, log)
+        distinct = len({a for a in ids[: args.max_batch] if a}) if workload != "base" else 0
+        roof, roof_lora = roofline_ms(engine, r["full_ctx"], distinct, args.rank)
+        r.update(workload=workload, roof=roof, roof_lora=roof_lora)
+        rows.append(r)
+        print(f"{workload:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
+              f"tpot p50/p99 {r['tpot_p50']:.2f}/{r['tpot_p99']:.2f} ms  ttft p50 {r['ttft_p50']:.1f} s  "
+              f"step@{r['full_batch']} {r['full_step_ms']:.2f} ms (roofline {roof:.2f} ms, x{r['full_step_ms'] / roof:.2f})",
+              flush=True)
+    fixed = {}
+    if args.hf_new_tokens:
+        for name, ids in (("4 adapters mixed", [f"a{i % args.hf_adapters}" for i in range(args.max_batch)]),
+                          ("32 distinct adapters", [f"a{i}" for i in range(args.max_batch)]),
+                          ("base model", [None] * args.max_batch)):
+            fixed[name] = fixed_batch_loraplex(engine, ids, args.hf_new_tokens, 128)
+            print(f"loraplex fixed batch, {name}: {fixed[name]:.0f} tok/s", flush=True)
+    lines = table(rows, args, hf, fixed)
+    print("\n".join(lines))
+    if args.results:
+        title = (f"Text generation (Punica workload), {args.model} dummy bf16, rank {args.rank}, "
+                 f"{args.num_requests} requests, max batch {args.max_batch}")
+        append_results(args.results, title, command, lines)
+
+
+def table(rows: list[dict], args, hf, fixed) -> list[str]:
+    base = next((r for r in rows if r["workload"] == "base"), None)
+    lines = ["| workload | tokens/s | generated tok/s | vs base | per-token p50 / p99 (ms) | TTFT p50 / p99 (s) "
+             "| decode step at batch 32 (ms) | roofline weights+KV (ms) | step / roofline | roofline + adapters (ms) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        rel = f"{r['throughput'] / base['throughput'] - 1:+.1%}" if base else "-"
+        lines.append(
+            f"| {r['workload']} | {r['throughput']:.0f} | {r['decode_tps']:.0f} | {rel} | {r['tpot_p50']:.2f} / "
+            f"{r['tpot_p99']:.2f} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['full_step_ms']:.2f} | "
+            f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} |")
+    if hf:
+        lines += ["", f"Fixed batch: {args.max_batch} requests x 128 prompt + {args.hf_new_tokens} new tokens "
+                      "(generated tokens/s):", "", "| system | tokens/s |", "| --- | ---: |",
+                  f"| transformers, base model | {hf[0]:.0f} |",
+                  f"| transformers + PEFT, {args.hf_adapters} adapters mixed (adapter_names) | {hf[1]:.0f} |"]
+        lines += [f"| loraplex, {name} | {v:.0f} |" for name, v in fixed.items()]
+    return lines
+
+
+if __name__ == "__main__":
+    main()
