@@ -4,8 +4,9 @@ The arena is allocated once (pinned on GPU hosts, so a host-tier hit is one asyn
 host-to-device copy with no allocation on the way); adapters are staged straight into
 their range of it: by default the source's raw tensors, which the device lays out
 (``device_packing``), or the packed pool layout itself. A GPU miss that hits this tier
-costs one copy (and the device-side layout); a miss here goes to the adapter source. Entries are keyed by adapter id and carry the version they were packed
-from, so an invalidated id never serves stale bytes. An entry is leased while a copy reads
+costs one copy (and the device-side layout); a miss here goes to the adapter source.
+Entries are keyed by adapter id and carry the version they were staged from, so an
+invalidated id never serves stale bytes. An entry is leased while a copy reads
 it and is never evicted or overwritten under a lease.
 """
 
