@@ -9,8 +9,9 @@ rank-16 adapters on all 7 projections (~80 MB each in bf16). The adapter source 
 memory (the bytes a Redis hit would hand over; resolving hashes them, as the store client
 checks its sha256), so "source" rows time sha256 + validation + staging into the host tier
 + the host-to-device copy and the layout on the device, without network. On the GPU the
-model has random bf16 weights and the decode rows run the eager engine; ``--device cpu``
-builds only the adapter manager (pool and host tier on the CPU, the "device" is the CPU).
+model has random bf16 weights and the decode rows run the engine (CUDA-graph decode steps
+unless ``--eager``); ``--device cpu`` builds only the adapter manager (pool and host tier
+on the CPU, the "device" is the CPU).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def peft_files(cfg: ModelConfig, rank: int) -> dict[str, bytes]:
     return {"adapter_config.json": json.dumps(config).encode(), "adapter_model.safetensors": save(tensors)}
 
 
-def build(cfg: ModelConfig, rank: int) -> AsyncEngine:
+def build(cfg: ModelConfig, rank: int, eager: bool) -> AsyncEngine:
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     for name, p in model.named_parameters():
@@ -79,7 +80,8 @@ def build(cfg: ModelConfig, rank: int) -> AsyncEngine:
     model.init_rotary("cuda")
     model.eval().requires_grad_(False)
     config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=32, max_num_batched_tokens=4096,
-                          adapter_pool_bytes=2 << 30, adapter_host_cache_bytes=6 << 30, num_kv_blocks=4096)
+                          adapter_pool_bytes=2 << 30, adapter_host_cache_bytes=6 << 30, num_kv_blocks=4096,
+                          max_lora_rank=rank, enforce_eager=eager)
     source = MemorySource(peft_files(cfg, rank), cfg)
     return assemble(AsyncEngine, config, model, cfg, byte_level_tokenizer(cfg.vocab_size), source)
 
@@ -180,6 +182,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs for decode steps")
     parser.add_argument("--results", default=None)
     args = parser.parse_args()
     if args.threads:
@@ -188,7 +191,7 @@ def main() -> None:
                       num_layers=args.layers, num_heads=32, num_kv_heads=32, head_dim=128,
                       max_position_embeddings=4096, name="llama-7b-dummy")
     if args.device == "cuda":
-        engine = build(cfg, args.rank)
+        engine = build(cfg, args.rank, args.eager)
         mgr, loads = engine._manager, 30
     else:  # the manager alone: pool for 3 adapters, host tier for 6
         engine, source, loads = None, MemorySource(peft_files(cfg, args.rank), cfg), 12
@@ -213,7 +216,8 @@ def main() -> None:
     ]
     print("\n".join(table))
     if args.results:
-        title = ("Adapter pool on the GPU (7B-shaped, eager engine)" if engine is not None
+        mode = "eager engine" if args.eager else "engine with CUDA-graph decode steps"
+        title = (f"Adapter pool on the GPU (7B-shaped, {mode})" if engine is not None
                  else f"Adapter pool on the CPU (7B-shaped, manager only, torch threads: {torch.get_num_threads()})")
         append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
 
