@@ -79,3 +79,15 @@ def test_manager_loads_and_host_hits_give_the_reference_layout(tmp_path, pool: t
         mgr.release(ra)
     counters = mgr.stats().counters
     assert counters["source_fetches"] == 3 and counters["host_hits"] == 3
+
+
+def test_a_tensor_outside_the_spec_is_refused_before_anything_is_staged() -> None:
+    import dataclasses
+
+    from inference_server.errors import AdapterValidationError
+
+    files = adapter_files(CFG, CASES["r4"], torch.float32, seed=0, shuffle=False)
+    spec = parse_adapter_files(files, CFG)
+    partial = dataclasses.replace(spec, modules=spec.modules[:-1])
+    with pytest.raises(AdapterValidationError, match="belong to none of the adapter's modules"):
+        plan_device_pack(partial, files["adapter_model.safetensors"], plan_layout(partial, CFG), CFG)

@@ -20,6 +20,7 @@ and ends on a chunk boundary and the index has one entry per chunk (a 7B rank-16
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import warnings
@@ -27,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from inference_server.errors import AdapterValidationError
 from inference_server.lora.packing import AdapterLayout, fold_ratio
-from inference_server.lora.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
+from inference_server.lora.peft_format import PROJECTIONS, WEIGHTS_FILE, AdapterSpec, LoraModuleSpec
 from inference_server.lora.safetensors_header import TensorInfo, read_header
 from inference_server.lora.tensor_views import TORCH_DTYPES
 from inference_server.model.config import ModelConfig
@@ -54,6 +56,7 @@ class DevicePackPlan:
     """How the staged bytes of one adapter become its pool layout (see the module doc)."""
 
     dtype: torch.dtype  # of the source tensors
+    data_start: int  # bytes: where the data section starts in the safetensors file
     data_bytes: int
     chunk: int  # elements per gathered chunk
     num_chunks: int  # the gather index is table[:num_chunks]
@@ -98,21 +101,19 @@ def plan_device_pack(
                                   -1 if whole else table_pos))
         table_pos += 0 if whole else 2 * len(mods)
         pos += sum(t.end - t.begin for t in tensors)
+    data_start = 8 + struct.unpack("<Q", weights[:8])[0]
+    if pos != len(weights) - data_start:  # the gather must not read past what is staged
+        raise AdapterValidationError(f"{WEIGHTS_FILE}: holds tensors that belong to none of the adapter's modules")
     index, chunk = _gather_index([(t.begin // elem, (t.end - t.begin) // elem) for t in order])
-    data_bytes = pos
     table = torch.cat([index, *tables])
-    groups = [g if g.whole else _shift_table(g, index.numel()) for g in groups]
+    groups = [g if g.whole else dataclasses.replace(g, table=g.table + index.numel()) for g in groups]
     plan = DevicePackPlan(
-        dtype=dtype, data_bytes=data_bytes, chunk=chunk, num_chunks=index.numel(),
-        table_offset=-(-data_bytes // _TABLE_ALIGN) * _TABLE_ALIGN, table_len=table.numel(),
+        dtype=dtype, data_start=data_start, data_bytes=pos, chunk=chunk, num_chunks=index.numel(),
+        table_offset=-(-pos // _TABLE_ALIGN) * _TABLE_ALIGN, table_len=table.numel(),
         num_layers=cfg.num_layers, shapes=tuple(shapes[p] for p in PROJECTIONS), groups=tuple(groups),
         zero_ranges=_zero_ranges(layout, groups, cfg.num_layers, shapes),
     )
     return plan, table
-
-
-def _shift_table(group: TensorGroup, by: int) -> TensorGroup:
-    return TensorGroup(group.proj, group.rank, group.layers, group.start, group.whole, group.scaled, group.table + by)
 
 
 def _gather_index(spans: list[tuple[int, int]]) -> tuple[torch.Tensor, int]:
@@ -154,10 +155,9 @@ def _zero_ranges(
 def stage(weights: bytes, plan: DevicePackPlan, table: torch.Tensor, out: torch.Tensor) -> None:
     """Host side: the data section and the table into ``out`` (uint8, >= plan.staged_bytes),
     two contiguous copies."""
-    data_start = 8 + struct.unpack("<Q", weights[:8])[0]
     with warnings.catch_warnings():  # read-only: the bytes are only read
         warnings.simplefilter("ignore", UserWarning)
-        data = torch.frombuffer(weights, dtype=torch.uint8, count=plan.data_bytes, offset=data_start)
+        data = torch.frombuffer(weights, dtype=torch.uint8, count=plan.data_bytes, offset=plan.data_start)
     out[: plan.data_bytes].copy_(data)
     out[plan.table_offset : plan.staged_bytes].view(torch.int64).copy_(table)
 
