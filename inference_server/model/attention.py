@@ -45,13 +45,6 @@ class AttentionMetadata:
     decode: DecodeRows | None = None  # the sequences the decode kernel serves (CUDA)
 
 
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store this step's keys/values: kv_cache[0|1].flat[slot_mapping[t]] = k|v[t]."""
-    heads, dim = k.shape[1], k.shape[2]
-    kv_cache[0].view(-1, heads, dim).index_copy_(0, slot_mapping, k)
-    kv_cache[1].view(-1, heads, dim).index_copy_(0, slot_mapping, v)
-
-
 def paged_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:

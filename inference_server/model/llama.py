@@ -3,6 +3,9 @@
 GQA attention with RoPE, RMSNorm, SiLU-gated MLP, optional tied embeddings and q/k/v bias
 (Qwen2). q/k/v and gate/up are fused linears (one GEMM each); LoRA is added from outside
 by wrapping these linears (inference_server/lora/layers.py), the model does not know.
+The element-wise parts (residual add + RMSNorm, RoPE + KV-cache write, SiLU * up) are
+``kernels.fused_ops``: one kernel each on 16-bit CUDA, the PyTorch expressions elsewhere.
+The residual stream is carried as (x, delta): each norm adds the previous block's output.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference_server.model.attention import AttentionMetadata, paged_attention, write_kv
+from kernels import fused_ops
+from inference_server.model.attention import AttentionMetadata, paged_attention
 from inference_server.model.config import ModelConfig
 from inference_server.model.rope import RotaryEmbedding
 
@@ -32,11 +36,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + delta), x + delta); x is updated in place on the fused (CUDA) path."""
+        return fused_ops.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -50,14 +52,9 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(batch.positions, q, k)
         cache = batch.kv_caches[self.layer]
-        write_kv(cache, k, v, batch.attn.slot_mapping)
+        q = fused_ops.rope_and_cache(self.qkv_proj(x), batch.positions, rotary.cos, rotary.sin, cache,
+                                     batch.attn.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, cache, batch.attn, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -70,8 +67,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -82,9 +78,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, delta: torch.Tensor | None, rotary: RotaryEmbedding, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual stream x plus the previous block's output delta -> (stream, this layer's MLP output)."""
+        h, x = self.input_layernorm(x, delta)
+        h, x = self.post_attention_layernorm(x, self.self_attn(h, rotary, batch))
+        return x, self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -107,10 +107,10 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, delta = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, self.rotary, batch)
-        return self.norm(x)
+            x, delta = layer(x, delta, self.rotary, batch)
+        return self.norm(x, delta)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

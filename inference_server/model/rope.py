@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 
+
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim/2] (float32) and the attention scaling factor.
 
@@ -37,7 +38,8 @@ def _llama3(inv: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """cos/sin tables for every position up to max_positions, computed once in float32."""
+    """cos/sin tables for every position up to max_positions, computed once in float32
+    (applied with the KV-cache write by ``kernels.fused_ops.rope_and_cache``)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
@@ -46,14 +48,3 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * attn_scale, persistent=False)
         self.register_buffer("sin", emb.sin() * attn_scale, persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D], positions: int64 [T] -> rotated (q, k)."""
-        cos = self.cos[positions].to(q.dtype)[:, None, :]
-        sin = self.sin[positions].to(q.dtype)[:, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

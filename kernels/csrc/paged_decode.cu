@@ -8,7 +8,7 @@
 // paged_decode<DT, D, G>: grid (B, Hkv, num_splits), PD_THREADS threads. One block serves
 // the G = Hq / Hkv query heads that share kv head blockIdx.y, over PD_SPLIT tokens of the
 // context, so every K/V byte is read once. A token's D elements are spread over TG lanes
-// with 16-byte loads (PD_UNROLL tokens in flight per lane). The block writes, per query
+// with 16-byte loads (4 tokens in flight per lane). The block writes, per query
 // head, its running max m, its sum l of exp(s - m) and its unnormalised output o (fp32).
 // paged_decode_combine<DT>: grid (B, Hq), D threads: out = sum_s e^(m_s-M) o_s / sum_s
 // e^(m_s-M) l_s. A sequence with context 0 (a padded CUDA-graph row) gets zeros.
@@ -19,7 +19,6 @@
 
 #define PD_THREADS 128
 #define PD_SPLIT 256
-#define PD_UNROLL 4
 #define PD_NEG_INF (-__int_as_float(0x7f800000))
 
 template <int DT> struct PdElem { static constexpr int bytes = 2; };
@@ -65,6 +64,7 @@ __global__ void __launch_bounds__(PD_THREADS) paged_decode(
   constexpr int TG = D / VEC;             // lanes per token
   constexpr int NG = PD_THREADS / TG;     // tokens per pass
   constexpr int NW = PD_THREADS / 32;
+  constexpr int PD_UNROLL = 4;  // tokens in flight per lane (8 measured slower: 5.9 vs 3.5 ms per 7B step)
   static_assert(D % VEC == 0 && TG >= 1 && TG <= 32 && (TG & (TG - 1)) == 0, "unsupported head_dim");
   __shared__ float s_p[G][PD_SPLIT];
   __shared__ float s_red[NG][G][D];
