@@ -3,16 +3,18 @@
 The runner orders a step's rows so that rows with the same adapter are contiguous. The
 builder turns that order into segment bounds ``seg`` (int32 [S+1]), a row -> slot table,
 and per-slot tables over the 7 projections (offsets into the pool, ranks, scales). All of
-them are static buffers of fixed capacity, written in place each step, so a captured
-CUDA graph stays valid. Layers call ``LoraBatch.add``; they never see which kernel runs.
+them are static buffers of fixed capacity, written in place each step (one host-to-device
+copy), so a captured CUDA graph stays valid. Layers call ``LoraBatch.add``; they never see which kernel runs.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import kernels
@@ -47,6 +49,7 @@ class LoraBatch:
     widths: dict[ProjGroup, tuple[int, ...]]
     active: frozenset[ProjGroup]  # groups at least one slot adapts
     use_bgmv: bool
+    cache: object | None = None  # the kernels' cache across steps (kernels.step_cache)
 
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup) -> None:
         """y[:, slice p] += scale * (x @ A_p) @ B_p for each row's adapter (in place)."""
@@ -60,11 +63,15 @@ class LoraBatch:
             index = self.row_slot[: x.shape[0]]
             kernels.add_lora_slices_bgmv(y, x, *args, index, layer, self.widths[group], workspace)
         else:
-            kernels.add_lora_slices(y, x, *args, self.seg, layer, self.widths[group], workspace)
+            kernels.add_lora_slices(y, x, *args, self.seg, layer, self.widths[group], workspace, self.cache)
 
 
 class LoraBatchBuilder:
-    """Owns the static table buffers; builds a LoraBatch from a step's row layout."""
+    """Owns the static table buffers; builds a LoraBatch from a step's row layout.
+
+    The tables are views into one device byte buffer, written from one host (pinned) byte
+    buffer filled through numpy: one copy per step, no per-adapter tensor ops.
+    """
 
     def __init__(
         self, cfg: ModelConfig, pool: torch.Tensor, max_slots: int, max_rows: int, max_rank: int = MAX_LORA_RANK
@@ -74,14 +81,20 @@ class LoraBatchBuilder:
         dev = pool.device
         self.pool = pool
         self.max_slots, self.max_rows = max_slots, max_rows
-        self.seg = torch.zeros(max_slots + 1, dtype=torch.int32, device=dev)
-        self.row_slot = torch.full((max_rows,), -1, dtype=torch.int32, device=dev)
-        self.a_off = torch.zeros(NUM_PROJECTIONS, max_slots, dtype=torch.int64, device=dev)
-        self.b_off = torch.zeros_like(self.a_off)
-        self.ranks = torch.zeros(NUM_PROJECTIONS, max_slots, dtype=torch.int32, device=dev)
-        self.scales = torch.zeros(NUM_PROJECTIONS, max_slots, dtype=torch.float32, device=dev)
+        layout = {"seg": (torch.int32, (max_slots + 1,)), "row_slot": (torch.int32, (max_rows,)),
+                  "a_off": (torch.int64, (NUM_PROJECTIONS, max_slots)),
+                  "b_off": (torch.int64, (NUM_PROJECTIONS, max_slots)),
+                  "ranks": (torch.int32, (NUM_PROJECTIONS, max_slots)),
+                  "scales": (torch.float32, (NUM_PROJECTIONS, max_slots))}
+        self._host_bytes, host = _byte_views(layout, torch.device("cpu"), pin=dev.type == "cuda")
+        self._dev_bytes, tables = _byte_views(layout, dev, pin=False)
+        self._np = {name: t.numpy() for name, t in host.items()}
+        self.seg, self.row_slot = tables["seg"], tables["row_slot"]
+        self.a_off, self.b_off, self.ranks, self.scales = (tables[k] for k in ("a_off", "b_off", "ranks", "scales"))
+        self.row_slot.fill_(-1)
         # its last dim bounds the ranks the kernels handle: the smallest kernel variant that fits
         self.workspace = torch.zeros(3, max_rows, max_rank, dtype=pool.dtype, device=dev)
+        self.cache = kernels.step_cache(pool)
         self.widths = {
             ProjGroup.QKV: (cfg.q_size, cfg.kv_size, cfg.kv_size),
             ProjGroup.O: (cfg.hidden_size,),
@@ -101,13 +114,13 @@ class LoraBatchBuilder:
         total = sum(n for n, _ in segments)
         if len(segments) > self.max_slots or total > self.max_rows:
             raise ValueError(f"step of {total} rows / {len(segments)} segments exceeds the LoRA table capacity")
-        host = _host_tables(segments, self.max_slots)
-        self._upload(host, total)
+        active = self._fill(segments, total)
+        self._dev_bytes.copy_(self._host_bytes, non_blocking=self.pool.is_cuda)
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
             ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
-            active=_active_groups(host["ranks"]),
-            use_bgmv=kernels.prefer_bgmv(total, len(segments)),
+            active=active, use_bgmv=kernels.prefer_bgmv(total, len(segments)),
+            cache=self.cache,
         )
 
     def static_batch(self) -> LoraBatch:
@@ -119,13 +132,43 @@ class LoraBatchBuilder:
             active=frozenset(ProjGroup), use_bgmv=False,
         )
 
-    def _upload(self, host: dict[str, torch.Tensor], total: int) -> None:
-        nb = self.pool.is_cuda
-        self.seg.copy_(host["seg"], non_blocking=nb)
-        self.row_slot[:total].copy_(host["row_slot"], non_blocking=nb)
-        self.row_slot[total:].fill_(-1)
+    def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[ProjGroup]:
+        """Write the host tables (the previous step's copy has completed: steps end in a sync)."""
+        t = self._np
+        counts = np.array([n for n, _ in segments], dtype=np.int32)
+        t["seg"][0] = 0
+        t["seg"][1 : len(segments) + 1] = np.cumsum(counts)
+        t["seg"][len(segments) + 1 :] = total
+        t["row_slot"][:total] = np.repeat(np.arange(len(segments), dtype=np.int32), counts)
+        t["row_slot"][total:] = -1
         for name in ("a_off", "b_off", "ranks", "scales"):
-            getattr(self, name).copy_(host[name], non_blocking=nb)
+            t[name].fill(0)
+        for i, (_, ra) in enumerate(segments):
+            if ra is not None:
+                t["a_off"][:, i] = ra.a_offsets
+                t["b_off"][:, i] = ra.b_offsets
+                t["ranks"][:, i] = ra.layout.ranks
+                t["scales"][:, i] = ra.layout.scales
+        adapted = (t["ranks"][:, : len(segments)] > 0).any(axis=1)
+        return frozenset(g for g in ProjGroup if adapted[g.value[0] : g.value[0] + g.value[1]].any())
+
+
+def _byte_views(
+    layout: dict[str, tuple[torch.dtype, tuple[int, ...]]], device: torch.device, pin: bool
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One byte buffer and typed views into it (each 8-byte aligned)."""
+    offsets, size = {}, 0
+    for name, (dtype, shape) in layout.items():
+        offsets[name] = size
+        size += -(-math.prod(shape) * dtype.itemsize // 8) * 8
+    buf = torch.zeros(size, dtype=torch.uint8, device=device)
+    if pin:
+        buf = buf.pin_memory()
+    views = {}
+    for name, (dtype, shape) in layout.items():
+        n = math.prod(shape) * dtype.itemsize
+        views[name] = buf[offsets[name] : offsets[name] + n].view(dtype).view(shape)
+    return buf, views
 
 
 def _segments(rows: Sequence[tuple[int, ResidentAdapter | None]]) -> list[tuple[int, ResidentAdapter | None]]:
@@ -136,31 +179,3 @@ def _segments(rows: Sequence[tuple[int, ResidentAdapter | None]]) -> list[tuple[
         else:
             merged.append((count, ra))
     return merged
-
-
-def _host_tables(segments: list[tuple[int, ResidentAdapter | None]], cap: int) -> dict[str, torch.Tensor]:
-    seg = torch.zeros(cap + 1, dtype=torch.int32)
-    a_off = torch.zeros(NUM_PROJECTIONS, cap, dtype=torch.int64)
-    b_off = torch.zeros_like(a_off)
-    ranks = torch.zeros(NUM_PROJECTIONS, cap, dtype=torch.int32)
-    scales = torch.zeros(NUM_PROJECTIONS, cap, dtype=torch.float32)
-    slots = []
-    pos = 0
-    for i, (count, ra) in enumerate(segments):
-        pos += count
-        seg[i + 1] = pos
-        slots += [i] * count
-        if ra is not None:
-            a_off[:, i] = torch.tensor(ra.a_offsets)
-            b_off[:, i] = torch.tensor(ra.b_offsets)
-            ranks[:, i] = torch.tensor(ra.layout.ranks)
-            scales[:, i] = torch.tensor(ra.layout.scales)
-    seg[len(segments) + 1 :] = pos
-    host = {"seg": seg, "row_slot": torch.tensor(slots, dtype=torch.int32)}
-    host.update(a_off=a_off, b_off=b_off, ranks=ranks, scales=scales)
-    return {k: (v.pin_memory() if torch.cuda.is_available() else v) for k, v in host.items()}
-
-
-def _active_groups(ranks: torch.Tensor) -> frozenset[ProjGroup]:
-    adapted = (ranks > 0).any(dim=1).tolist()
-    return frozenset(g for g in ProjGroup if any(adapted[g.value[0] : g.value[0] + g.value[1]]))
