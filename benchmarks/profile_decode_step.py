@@ -1,0 +1,159 @@
+"""Where one decode step's time goes: 7B-shaped model, batch 32, on the GPU.
+
+Fills the engine with 32 requests of a given prompt length, lets them reach decode, then
+for the base model and for 32 distinct adapters reports:
+- the whole step as the engine sees it (ModelRunner.execute: plan, LoRA tables, staging,
+  graph replay, sampling with its host sync), median over steps;
+- the graph replay alone, timed with CUDA events (GPU time of the captured forward);
+- the GPU kernels of replayed steps from torch.profiler, grouped: GEMM, decode attention,
+  LoRA (shrink/expand), other (norms, rotary, activation, copies); and the step's CPU
+  stages: planning, LoRA table build, staging, sampling and the engine's bookkeeping.
+
+    python benchmarks/profile_decode_step.py [--prompt-len 512] [--out profile.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_textgen  # noqa: E402
+
+from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
+
+CATEGORIES = (("attention", ("paged_decode",)), ("lora", ("lora_",)),
+              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas")))
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    return next((cat for cat, keys in CATEGORIES if any(k in low for k in keys)), "other")
+
+
+def fill(engine, ids: list[str | None], prompt_len: int, new_tokens: int) -> None:
+    core, manager = engine._core, engine._manager
+    for i, aid in enumerate(ids):
+        request = GenerationRequest(f"p{i}-{time.monotonic_ns()}", tuple(range(10, 10 + prompt_len)), aid,
+                                    SamplingParams(), StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
+        core.add_request(request, manager.acquire(aid) if aid else None)
+    while any(s.num_computed < len(s.token_ids) - 1 for s in core._seqs.values()):  # until all decode
+        core.step()
+
+
+def timed_stages(engine, steps: int) -> dict[str, float]:
+    """Median ms per stage of the step, by wrapping the runner's pieces."""
+    runner, core = engine._core.runner, engine._core
+    stages: dict[str, list[float]] = {}
+
+    def wrap(obj, name, key):
+        original = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            out = original(*a, **kw)
+            stages.setdefault(key, []).append(time.perf_counter() - t0)
+            return out
+
+        setattr(obj, name, timed)
+        return original
+
+    saved = [(runner.lora_builder, "build", wrap(runner.lora_builder, "build", "lora tables")),
+             (runner.graphs, "_stage", wrap(runner.graphs, "_stage", "staging")),
+             (runner, "execute", wrap(runner, "execute", "runner.execute")),
+             (core, "step", wrap(core, "step", "engine step"))]
+    import inference_server.engine.model_runner as mr
+
+    plan, sample = mr.plan_step, mr.sample
+    mr.plan_step = lambda *a: _time(stages, "plan", plan, *a)
+    mr.sample = lambda *a: _time(stages, "sample (+ GPU wait)", sample, *a)
+    try:
+        for _ in range(steps):
+            core.step()
+    finally:
+        mr.plan_step, mr.sample = plan, sample
+        for obj, name, original in saved:
+            setattr(obj, name, original)
+    return {k: statistics.median(v) * 1e3 for k, v in stages.items()}
+
+
+def _time(stages, key, fn, *a):
+    t0 = time.perf_counter()
+    out = fn(*a)
+    stages.setdefault(key, []).append(time.perf_counter() - t0)
+    return out
+
+
+def replay_ms(engine, size: int, lora: bool, reps: int = 20) -> float:
+    graph, _ = engine._core.runner.graphs.graphs[(size, lora)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def kernel_breakdown(engine, steps: int) -> dict[str, float]:
+    """GPU ms per step by kernel category, from torch.profiler over ``steps`` engine steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine._core.step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    top: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = evt.self_device_time_total if hasattr(evt, "self_device_time_total") else evt.self_cuda_time_total
+        totals[category(evt.key)] = totals.get(category(evt.key), 0.0) + us / 1e3 / steps
+        top[evt.key[:90]] = us / 1e3 / steps
+    totals["top kernels"] = dict(sorted(top.items(), key=lambda kv: -kv[1])[:12])
+    return totals
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-7b")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    ns = argparse.Namespace(model=args.model, rank=args.rank, max_batch=args.batch, max_len=2048,
+                            num_adapters=args.batch, eager=False)
+    engine = bench_textgen.build_engine(ns)
+    report = {}
+    for name, ids in (("base", [None] * args.batch), ("distinct", [f"a{i}" for i in range(args.batch)])):
+        fill(engine, ids, args.prompt_len, 200)
+        stages = timed_stages(engine, 20)
+        lora = name != "base"
+        gpu = replay_ms(engine, args.batch, lora)
+        kernels = kernel_breakdown(engine, 5)
+        report[name] = dict(stages_ms=stages, replay_gpu_ms=gpu, kernels_ms_per_step=kernels)
+        print(f"== {name}: replay (GPU) {gpu:.2f} ms; stages (ms): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
+        print("   kernels (ms/step): " + ", ".join(f"{k} {v:.2f}" for k, v in kernels.items() if k != "top kernels"))
+        for k, v in kernels["top kernels"].items():
+            print(f"     {v:7.3f}  {k}")
+        for rid in list(engine._core._seqs):
+            engine._core.abort(rid)
+        engine._core.step()
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
