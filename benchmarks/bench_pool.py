@@ -34,6 +34,7 @@ from inference_server.engine.config import EngineConfig  # noqa: E402
 from inference_server.engine.factory import assemble  # noqa: E402
 from inference_server.engine.request import GenerationRequest, StoppingCriteria  # noqa: E402
 from inference_server.lora.device_packing import plan_device_pack, stage  # noqa: E402
+from inference_server.main import configure_interpreter  # noqa: E402
 from inference_server.lora.manager import AdapterManager  # noqa: E402
 from inference_server.lora.packing import pack_adapter, plan_layout  # noqa: E402
 from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
@@ -184,7 +185,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs for decode steps")
     parser.add_argument("--results", default=None)
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="Python's GIL switch interval (default: the server's, inference_server.main)")
     args = parser.parse_args()
+    if args.switch_interval_ms is None:
+        configure_interpreter()
+    else:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = ModelConfig(model_type="llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
