@@ -17,7 +17,7 @@ import torch
 
 from kernels import cpu, reference
 
-__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "prefer_bgmv", "reference"]
+__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "prefer_bgmv", "reference", "step_cache"]
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -45,15 +45,27 @@ def add_lora_slices(
     layer: int,
     out_widths: Sequence[int],
     workspace: torch.Tensor,
+    cache: object | None = None,
 ) -> None:
-    """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices."""
+    """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices.
+
+    ``cache``: what ``step_cache(pool)`` returned for this pool (kept by the caller across
+    steps), or None."""
     if _use_cuda(x):
         impl = _cuda_ops().add_lora_slices
     elif not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
-        impl = cpu.add_lora_slices
+        cpu.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, cache)
+        return
     else:
         impl = reference.add_lora_slices
     impl(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
+
+
+def step_cache(pool: torch.Tensor) -> object | None:
+    """A cache the backend of ``pool`` keeps across steps (pass it to ``add_lora_slices``), or
+    None when it needs none. The CPU backend keeps a decode batch's stacked adapters
+    (``cpu.DecodeStacks``): about one copy of the adapters of one batch."""
+    return cpu.DecodeStacks() if not pool.is_cuda and pool.dtype in cpu.FAST_DTYPES else None
 
 
 def add_lora_slices_bgmv(

@@ -5,11 +5,18 @@ on the CPU the per-segment Python and dispatch overhead is what costs (a decode 
 8 adapters runs 7 slices x 8 segments x 30 layers of tiny matmuls). This module computes
 the same operations in the same order (so float32 results are bitwise the reference's):
 tables are read once per call, and A/B are ``as_strided`` views of the pool.
+
+A decode batch (every segment one row, all at one rank) runs each slice as two batched
+products over A/B stacked per row. Stacking copies the batch's adapters, so a
+``DecodeStacks`` passed by the caller keeps the stacks across steps while the batch's
+adapters, their pool places and the pool's contents stay the same (consecutive decode
+steps of the same requests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -28,17 +35,23 @@ def add_lora_slices(
     layer: int,
     out_widths: Sequence[int],
     workspace: torch.Tensor,
+    stacks: DecodeStacks | None = None,
 ) -> None:
     """y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi   (same contract as the reference;
-    ``workspace`` is not needed here: each shrink result stays a temporary)."""
+    ``workspace`` is not needed here: each shrink result stays a temporary). ``stacks``: the
+    caller's cache of decode-batch stacks (None: stack on every call)."""
     bounds = seg.tolist()
     spans = [(i, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
     h_in = x.shape[1]
     a_offs, b_offs, rks, scs = a_off.tolist(), b_off.tolist(), ranks.tolist(), scales.tolist()
+    batched = [_one_row_same_rank(spans, rks[p]) for p in range(len(out_widths))]
+    if any(batched):
+        tables = _DecodeTables(pool, h_in, tuple(out_widths), batched, spans, a_offs, b_offs, rks, scs)
+        per_slice = stacks.get(tables, layer) if stacks is not None else tables.stack(layer)
+        _decode(y, x, spans[0][1], per_slice, out_widths)
     col = 0
     for p, width in enumerate(out_widths):
-        if _one_row_same_rank(spans, rks[p]):
-            _decode_slice(y, x, pool, a_offs[p], b_offs[p], rks[p], scs[p], spans, layer, col, width)
+        if batched[p]:
             col += width
             continue
         for i, lo, hi in spans:
@@ -62,16 +75,98 @@ def _one_row_same_rank(spans: list[tuple[int, int, int]], ranks: list[int]) -> b
         spans[-1][1] - spans[0][1] == len(spans) - 1
 
 
-def _decode_slice(
-    y: torch.Tensor, x: torch.Tensor, pool: torch.Tensor, a_offs: list[int], b_offs: list[int],
-    ranks: list[int], scales: list[float], spans: list[tuple[int, int, int]], layer: int, col: int, width: int,
+@dataclass(frozen=True, slots=True)
+class _Stack:
+    """One slice of one layer: A [n, h_in, r], B [n, r, w], the rows' scales [n, 1] (None: all 1)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: torch.Tensor | None
+
+
+class _DecodeTables:
+    """One call's decode batch: the pool places it reads per batched slice, and their stacks."""
+
+    def __init__(self, pool, h_in, widths, batched, spans, a_offs, b_offs, rks, scs) -> None:
+        self.pool, self.h_in, self.widths = pool, h_in, widths
+        slots = [i for i, _, _ in spans]
+        self.places = tuple(
+            (rks[p][slots[0]], tuple(a_offs[p][i] for i in slots), tuple(b_offs[p][i] for i in slots),
+             tuple(scs[p][i] for i in slots)) if batched[p] else None
+            for p in range(len(widths)))
+
+    def key(self) -> tuple | None:
+        """Same key, same stacks: the pool (and its write count), the shapes and the places.
+        None for a pool without a write count (created in inference mode): never cached."""
+        pool = self.pool
+        try:
+            version = pool._version
+        except RuntimeError:
+            return None
+        return (pool.data_ptr(), version, pool.dtype, self.h_in, self.widths, self.places)
+
+    def stack(self, layer: int) -> list[_Stack | None]:
+        h_in, pool = self.h_in, self.pool
+        out: list[_Stack | None] = []
+        for place, width in zip(self.places, self.widths):
+            if place is None:
+                out.append(None)
+                continue
+            r, a_offs, b_offs, scs = place
+            a = torch.stack([pool.as_strided((h_in, r), (r, 1), off + layer * h_in * r) for off in a_offs])
+            b = torch.stack([pool.as_strided((r, width), (width, 1), off + layer * r * width) for off in b_offs])
+            scale = None if all(s == 1.0 for s in scs) else torch.tensor(scs, dtype=pool.dtype).unsqueeze(1)
+            out.append(_Stack(a, b, scale))
+        return out
+
+
+def _decode(
+    y: torch.Tensor, x: torch.Tensor, first: int, per_slice: list[_Stack | None], widths: Sequence[int]
 ) -> None:
-    """All one-row segments of a slice in two batched products (bmm of 1-row operands gives the
-    same floats as mm does per row); A/B are stacked copies of a few KB per row."""
-    h_in, r = x.shape[1], ranks[spans[0][0]]
-    first, n = spans[0][1], len(spans)
-    a = torch.stack([pool.as_strided((h_in, r), (r, 1), a_offs[i] + layer * h_in * r) for i, _, _ in spans])
-    b = torch.stack([pool.as_strided((r, width), (width, 1), b_offs[i] + layer * r * width) for i, _, _ in spans])
-    delta = torch.bmm(torch.bmm(x[first : first + n].unsqueeze(1), a), b).squeeze(1)
-    delta.mul_(torch.tensor([scales[i] for i, _, _ in spans], dtype=delta.dtype).unsqueeze(1))
-    y[first : first + n, col : col + width].add_(delta)
+    """Every batched slice's one-row segments in two batched products (bmm of 1-row operands
+    gives the same floats as mm does per row; multiplying by a scale of 1 changes nothing)."""
+    col = 0
+    for s, width in zip(per_slice, widths):
+        if s is not None:
+            n = s.a.shape[0]
+            delta = torch.bmm(torch.bmm(x[first : first + n].unsqueeze(1), s.a), s.b).squeeze(1)
+            if s.scale is not None:
+                delta.mul_(s.scale)
+            y[first : first + n, col : col + width].add_(delta)
+        col += width
+
+
+class DecodeStacks:
+    """Stacked A/B of decode batches, kept across steps (owned by the caller, one per pool).
+
+    Entries are keyed by the pool's places of the batch's adapters and the pool's write
+    count (``Tensor._version``, bumped by every in-place write, e.g. an adapter loaded into
+    a freed place), so a changed batch or pool never reads a stale stack. At most
+    ``max_entries`` fused projections' stacks are kept (4 = one batch's q/k/v, o, gate/up
+    and down), so the memory held is about one copy of one batch's adapters.
+    """
+
+    def __init__(self, max_entries: int = 4) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: dict[tuple, dict[int, list[_Stack | None]]] = {}
+        self.builds = 0  # layers stacked (misses), for tests and profiling
+
+    def get(self, tables: _DecodeTables, layer: int) -> list[_Stack | None]:
+        key = tables.key()
+        if key is None:
+            return tables.stack(layer)
+        layers = self._entries.get(key)
+        if layers is None:
+            while len(self._entries) >= self.max_entries:
+                del self._entries[next(iter(self._entries))]
+            layers = self._entries[key] = {}
+        per_slice = layers.get(layer)
+        if per_slice is None:
+            per_slice = layers[layer] = tables.stack(layer)
+            self.builds += 1
+        return per_slice
+
+    def clear(self) -> None:
+        self._entries.clear()

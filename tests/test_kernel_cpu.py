@@ -59,3 +59,81 @@ def test_decode_batch_path_is_bitwise_the_reference(h_in: int, widths: tuple[int
         reference.add_lora_slices(expect, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
         cpu.add_lora_slices(got, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
         assert torch.equal(got, expect)
+
+
+def _decode_case(h_in: int = 64, widths: tuple[int, ...] = (96, 32, 32), rank: int = 8, rows: int = 6, slots: int = 8,
+                 layers: int = 3, seed: int = 0):
+    """A decode batch: ``rows`` one-row segments, each its own adapter, all at ``rank``."""
+    gen = torch.Generator().manual_seed(seed)
+    per = [layers * (h_in * rank + rank * w) for w in widths]
+    pool = torch.randn(slots * sum(per) + 64, generator=gen) * 0.05
+    a_off = torch.zeros(len(widths), slots, dtype=torch.int64)
+    b_off = torch.zeros_like(a_off)
+    pos = 64
+    for p, w in enumerate(widths):
+        for s in range(slots):
+            a_off[p, s], b_off[p, s] = pos, pos + layers * h_in * rank
+            pos += layers * (h_in * rank + rank * w)
+    ranks = torch.full((len(widths), slots), rank, dtype=torch.int32)
+    scales = torch.rand(len(widths), slots, generator=gen) + 0.5
+    seg = torch.tensor(list(range(rows + 1)) + [rows] * (slots - rows), dtype=torch.int32)
+    x = torch.randn(rows, h_in, generator=gen)
+    y = torch.randn(rows, sum(widths), generator=gen)
+    return x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers
+
+
+def _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers) -> None:
+    ws = torch.zeros(len(widths), x.shape[0], 128)
+    for layer in range(layers):
+        expect, got = y.clone(), y.clone()
+        reference.add_lora_slices(expect, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
+        cpu.add_lora_slices(got, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws, stacks)
+        assert torch.equal(got, expect)
+
+
+def test_decode_stacks_are_kept_across_steps_and_stay_bitwise_the_reference() -> None:
+    case = _decode_case()
+    stacks = cpu.DecodeStacks()
+    for _step in range(3):
+        _check_steps(stacks, *case)
+    assert stacks.builds == case[-1], "each layer is stacked once for the same batch"
+
+
+def test_decode_stacks_follow_writes_to_the_pool_and_new_batches() -> None:
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case()
+    stacks = cpu.DecodeStacks()
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    # an adapter reloaded into the same place (an in-place write to the pool)
+    pool[int(a_off[0, 2]) : int(a_off[0, 2]) + 100].mul_(3.0)
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    assert stacks.builds == 2 * layers
+    # another batch: the last two slots swap places, one scale changes
+    a2, b2, s2 = a_off.clone(), b_off.clone(), scales.clone()
+    a2[:, [4, 5]], b2[:, [4, 5]] = a_off[:, [5, 4]], b_off[:, [5, 4]]
+    s2[1, 0] = 1.0
+    _check_steps(stacks, x, y, pool, a2, b2, ranks, s2, seg, widths, layers)
+    assert stacks.builds == 3 * layers
+    assert len(stacks._entries) <= stacks.max_entries
+
+
+def test_decode_stacks_with_unit_scales_and_partly_adapted_slices() -> None:
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case(seed=3)
+    scales[0] = 1.0  # the multiply is skipped
+    ranks[1, 2] = 0  # slice 1: one row without LoRA -> the per-segment path for that slice only
+    ranks[2, 4] = 4  # slice 2: mixed ranks -> per-segment path
+    _check_steps(cpu.DecodeStacks(), x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+
+
+def test_decode_stacks_with_a_pool_made_in_inference_mode() -> None:
+    """Inference tensors have no write count: nothing is cached, the result is still exact."""
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case()
+    with torch.inference_mode():
+        pool = pool.clone()
+        stacks = cpu.DecodeStacks()
+        _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    assert stacks.builds == 0
+
+
+def test_step_cache_only_for_the_cpu_backend() -> None:
+    assert isinstance(kernels.step_cache(torch.zeros(4)), cpu.DecodeStacks)
+    assert kernels.step_cache(torch.zeros(4, dtype=torch.bfloat16)) is None
