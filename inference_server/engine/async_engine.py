@@ -2,7 +2,8 @@
 
 The step loop runs in its own thread (model work never blocks the event loop); adapter
 loading runs in a small thread pool (a cold adapter never blocks the step loop). Events
-cross back to the event loop with ``call_soon_threadsafe``.
+cross back to the event loop with ``call_soon_threadsafe``. On the CPU the step loop's
+OpenMP team is kept the only one in the process (engine/cpu_threads.py says why).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
+from inference_server.engine import cpu_threads
 from inference_server.engine.config import EngineConfig
 from inference_server.engine.info import EngineInfo, EngineStats
 from inference_server.engine.llm_engine import LLMEngine
@@ -37,8 +41,11 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
         self._ops: list[Callable[[], None]] = []
         self._cv = threading.Condition()
+        self._on_cpu = str(config.device).startswith("cpu")
+        self._intra_op_threads = torch.get_num_threads()  # the step loop's, read before loaders change it
         # loader threads mostly wait (store I/O, their turn for pool space, copy events)
-        self._loader = ThreadPoolExecutor(max_workers=64, thread_name_prefix="adapter-loader")
+        self._loader = ThreadPoolExecutor(max_workers=64, thread_name_prefix="adapter-loader",
+                                          initializer=cpu_threads.one_intra_op_thread if self._on_cpu else None)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -53,6 +60,8 @@ class AsyncEngine:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._on_cpu:  # this thread may have loaded the model; it runs no model work from now on
+            cpu_threads.release_openmp_team()
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._thread.start()
         self.adapters.start_watching()
@@ -149,6 +158,8 @@ class AsyncEngine:
             self._cv.notify()
 
     def _run(self) -> None:
+        if self._on_cpu:
+            cpu_threads.set_intra_op_threads(self._intra_op_threads)
         while True:
             with self._cv:
                 while not self._ops and not self._core.has_work() and not self._closing:
