@@ -53,7 +53,9 @@ def test_helper_threads_get_one_intra_op_thread_and_leave_others_alone() -> None
     assert torch.get_num_threads() == before
 
 
-def test_the_step_loop_keeps_the_engines_thread_count_while_loaders_use_one(tiny_llama_dir: Path, tmp_path: Path) -> None:
+def test_the_step_loop_keeps_the_engines_thread_count_while_loaders_use_one(
+    tiny_llama_dir: Path, tmp_path: Path,
+) -> None:
     adapters = make_test_adapters(tiny_llama_dir, tmp_path / "adapters")
     engine = load_engine(tiny_llama_dir, adapters, max_num_seqs=4)
     threads = torch.get_num_threads()

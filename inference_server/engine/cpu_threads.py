@@ -4,11 +4,11 @@ PyTorch's Linux wheels run intra-op parallelism (and MKL's GEMMs) on libgomp. Ev
 that runs a parallel op keeps its own team of worker threads for as long as it lives. While
 the process holds no more of those threads than CPUs, idle workers spin between parallel
 regions; past that libgomp cuts their spinning short (its throttled spin count), so after
-each region they sleep on a futex and every GEMM pays a wake-up. A model loaded (or adapters staged) on one thread and
-stepped on another is already past that on a small machine: measured on 2 cores
-(SmolLM2-135M, batch 8), a decode step took 85 ms on a worker thread against 64 ms with
-the same work on the loading thread (~270 futex sleeps per step against none), 124 vs
-79 ms with 8 adapters.
+each region they sleep on a futex and every GEMM pays a wake-up. A model loaded (or
+adapters staged) on one thread and stepped on another is already past that on a small
+machine: measured on 2 cores (SmolLM2-135M, batch 8), a decode step took 85 ms on a worker
+thread against 64 ms with the same work on the loading thread (~270 futex sleeps per step
+against none), 124 vs 79 ms with 8 adapters.
 
 So the engine (a) releases the idle team of the thread that starts it (the event loop
 thread, which runs no model work afterwards), (b) gives its adapter loader threads one
