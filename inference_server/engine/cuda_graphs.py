@@ -1,13 +1,15 @@
-"""Decode steps replayed from CUDA graphs captured at start-up.
+"""Steps replayed from CUDA graphs captured at start-up.
 
-A decode step (every scheduled sequence adds one token) of B sequences replays the graph
-captured for the smallest captured batch size >= B. Rows past B are padding: token 0 at
-position 0, its key/value written to a scratch slot outside the block manager's blocks,
-context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a step
-changes lives in static buffers written before the replay: token ids, positions, new-token
-slots, block tables and context lengths (staged in pinned memory, two copies per step),
-and the LoRA tables (``LoraBatchBuilder``'s buffers, static already). Two graphs per size:
-with LoRA (every projection group; rank-0 slots skip) and without (no adapter in the step).
+A step whose every row the paged decode kernel serves (decodes, and prefill chunks short
+enough for ``step_plan.kernel_span``: each row one query over its own causal prefix) of T
+rows replays the graph captured for the smallest captured row count >= T, so admitting a
+request with a short prompt does not make the whole step eager. Rows past T are padding:
+token 0 at position 0, its key/value written to a scratch slot outside the block manager's
+blocks, context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a
+step changes lives in static buffers written before the replay: token ids, positions,
+new-token slots, per-row block tables and context lengths (staged in pinned memory, two
+copies per step), and the LoRA tables (``LoraBatchBuilder``'s buffers, static already). Two
+graphs per size: with LoRA (every projection group; rank-0 slots skip) and without.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference_server.engine.step_plan import StepPlan
+from inference_server.engine.step_plan import StepPlan, kernel_span
 from inference_server.lora.batch import LoraBatchBuilder
 from inference_server.lora.layers import LoraContext
 from inference_server.model.attention import AttentionMetadata, DecodeRows
@@ -28,21 +30,27 @@ from inference_server.model.llama import ForwardBatch
 log = logging.getLogger(__name__)
 
 
-def default_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, then every multiple of 8, up to max_num_seqs (always included)."""
-    sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8))
-    return tuple(sorted(set(sizes) | {max_num_seqs}))
+MAX_GRAPH_ROWS = 512  # larger steps (long prefill chunks) run eagerly
+
+
+def default_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """Row counts to capture: 1, 2, 4, then multiples of 8 up to max_num_seqs (decode
+    batches), then a few larger ones for steps that also admit short prompts."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8)) + [max_num_seqs]
+    sizes += [s for s in (48, 64, 96, 128, 192, 256, 384, 512) if s > max_num_seqs]
+    cap = min(MAX_GRAPH_ROWS, max_num_batched_tokens)
+    return tuple(sorted({min(s, cap) for s in sizes}))
 
 
 @dataclass(frozen=True, slots=True)
 class GraphShape:
-    sizes: tuple[int, ...]  # batch sizes to capture
+    sizes: tuple[int, ...]  # row counts to capture
     max_blocks: int  # block-table width (max context / block size, rounded up)
     block_size: int
     pad_slot: int  # cache slot the padding rows write to
 
 
-class DecodeGraphs:
+class StepGraphs:
     def __init__(
         self, model: nn.Module, kv_caches: list[torch.Tensor], lora_ctx: LoraContext, lora_builder: LoraBatchBuilder,
         workspace, shape: GraphShape, device: torch.device,
@@ -77,7 +85,7 @@ class DecodeGraphs:
                 pool = graph.pool()
                 self.graphs[(size, lora)] = (graph, logits)
         torch.cuda.synchronize(self.device)
-        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s", len(self.graphs),
+        log.info("captured %d step CUDA graphs (row counts %s) in %.1f s", len(self.graphs),
                  ",".join(map(str, self.shape.sizes)), time.perf_counter() - start)
 
     def _forward_batch(self, size: int) -> ForwardBatch:
@@ -103,34 +111,38 @@ class DecodeGraphs:
 
     # -- replay -----------------------------------------------------------------------
     def size_for(self, plan: StepPlan) -> int | None:
-        """The captured size that runs ``plan``, or None when it is not a decode step that fits."""
-        n = len(plan.spans)
-        if n == 0 or len(plan.token_ids) != n or len(plan.sample_rows) != n:
+        """The captured size that runs ``plan``, or None when the step must run eagerly."""
+        n = len(plan.token_ids)
+        if n == 0 or not plan.sample_rows or n > self.shape.sizes[-1]:
             return None
-        if any(len(s.block_table) > self.shape.max_blocks for s in plan.spans):
+        if any(len(s.block_table) > self.shape.max_blocks or not kernel_span(s) for s in plan.spans):
             return None
-        return next((s for s in sorted(self.shape.sizes) if s >= n), None)
+        return next(s for s in self.shape.sizes if s >= n)
 
     def replay(self, plan: StepPlan, size: int) -> torch.Tensor:
-        """Logits [B, V] of the plan's rows (in batch order); writes the LoRA tables first."""
+        """Logits [len(sample_rows), V] of the plan's sampled rows; writes the LoRA tables first."""
         lora = self.lora_builder.build(plan.lora_rows) is not None
         self._stage(plan, size)
         graph, logits = self.graphs[(size, lora)]
         graph.replay()
         self.replays += 1
-        return logits[: len(plan.spans)]
+        rows = plan.sample_rows
+        if len(rows) == len(plan.token_ids):  # every row samples (a decode step)
+            return logits[: len(rows)]
+        return logits[torch.tensor(rows, device=logits.device)]
 
     def _stage(self, plan: StepPlan, size: int) -> None:
-        n, bs = len(plan.spans), self.shape.block_size
+        n, bs = len(plan.token_ids), self.shape.block_size
         ids, tables, lens = self._np_i64, self._np_tables, self._np_lens
         ids[0, :n] = plan.token_ids
         ids[1, :n] = plan.positions
-        ids[2, :n] = [s.block_table[(s.ctx_len - 1) // bs] * bs + (s.ctx_len - 1) % bs for s in plan.spans]
+        ids[2, :n] = [s.block_table[p // bs] * bs + p % bs
+                      for s in plan.spans for p in range(s.ctx_len - s.q_len, s.ctx_len)]
         ids[:2, n:size] = 0
         ids[2, n:size] = self.shape.pad_slot
-        lens[:n] = [s.ctx_len for s in plan.spans]
+        lens[:n] = ids[1, :n] + 1  # each row sees its own causal prefix
         lens[n:size] = 0
-        for i, s in enumerate(plan.spans):
-            tables[i, : len(s.block_table)] = s.block_table
+        for s in plan.spans:
+            tables[s.q_start : s.q_start + s.q_len, : len(s.block_table)] = s.block_table
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32.copy_(self.host_i32, non_blocking=True)

@@ -90,7 +90,7 @@ def assemble(
 
 
 def runner_options(config: EngineConfig, max_len: int) -> RunnerOptions:
-    graphs = () if config.enforce_eager else default_sizes(config.max_num_seqs)
+    graphs = () if config.enforce_eager else default_sizes(config.max_num_seqs, config.max_num_batched_tokens)
     return RunnerOptions(max_model_len=max_len, max_lora_rank=config.max_lora_rank, cuda_graph_sizes=graphs)
 
 

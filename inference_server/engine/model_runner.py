@@ -3,8 +3,8 @@
 Everything above it (scheduler, block manager, adapter bookkeeping) is plain Python.
 A step's sequences are ordered by adapter so that each adapter's rows are contiguous
 (one SGMV segment), then flattened into one batch of rows. On CUDA, decode rows use the
-paged decode kernel, and decode-only steps replay CUDA graphs (engine/cuda_graphs.py);
-other steps (prefill, mixed) run eagerly.
+paged decode kernel (so do short prefill chunks), and steps made only of such rows replay
+CUDA graphs (engine/cuda_graphs.py); the others (long prefill chunks) run eagerly.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.cuda_graphs import DecodeGraphs, GraphShape
+from inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
 from inference_server.engine.sampler import SampleResult, SampleRow, sample
 from inference_server.engine.sequence import Sequence
 from inference_server.engine.step_plan import plan_step, run_forward
@@ -35,7 +35,7 @@ class RunnerOptions:
 
     max_model_len: int | None = None  # None = the model's context window
     max_lora_rank: int = MAX_LORA_RANK
-    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture (CUDA, 16-bit); () = eager
+    cuda_graph_sizes: tuple[int, ...] = ()  # step row counts to capture (CUDA, 16-bit); () = eager
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,8 @@ class ModelRunner:
         self.device = adapter_pool.device
         self.dtype = adapter_pool.dtype
         max_len = options.max_model_len or config.max_position_embeddings
-        self.decode_workspace = _decode_workspace(config, self.dtype, self.device, max_num_seqs, max_len)
+        rows = max([max_num_seqs, *options.cuda_graph_sizes, min(MAX_GRAPH_ROWS, max_num_batched_tokens)])
+        self.decode_workspace = _decode_workspace(config, self.dtype, self.device, rows, max_len)
         use_graphs = bool(options.cuda_graph_sizes) and self.decode_workspace is not None and self.dtype in _GRAPH_DTYPES
         # with graphs, one block past the block manager's: the slot padding rows write to
         self.kv_caches = [
@@ -80,9 +81,9 @@ class ModelRunner:
                                              options.max_lora_rank)
         self.graphs = None
         if use_graphs:
-            shape = GraphShape(tuple(s for s in options.cuda_graph_sizes if s <= max_num_seqs),
+            shape = GraphShape(tuple(sorted(s for s in options.cuda_graph_sizes if s <= max_num_batched_tokens)),
                                -(-max_len // blocks.block_size), blocks.block_size, blocks.num_blocks * blocks.block_size)
-            self.graphs = DecodeGraphs(model, self.kv_caches, self.lora_ctx, self.lora_builder,
+            self.graphs = StepGraphs(model, self.kv_caches, self.lora_ctx, self.lora_builder,
                                        self.decode_workspace, shape, self.device)
             self.graphs.capture()
 

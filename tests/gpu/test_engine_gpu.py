@@ -63,7 +63,9 @@ def _last_logits(engine, prompt: list[int], adapter: str | None) -> torch.Tensor
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16bit_kernels_stay_within_tolerance_of_float32(tiny_llama_dir: Path, adapter_dir: Path, dtype: str) -> None:
     ref = load_engine(tiny_llama_dir, adapter_dir, device="cuda")
-    low = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype)
+    # eager: _last_logits reads the logits of an eager forward (graph replay == eager is
+    # tests/gpu/test_engine_graphs.py's subject)
+    low = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, enforce_eager=True)
     prompt = ref.tokenizer.encode(TEXTS[0] * 3)
     for adapter in [None, *ADAPTER_CONFIGS]:
         a, b = _last_logits(ref, prompt, adapter), _last_logits(low, prompt, adapter)
