@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 import yaml
-from helm_chart_helpers import CHART, CI_VALUE_SETS, ci_values, render, render_error
+from helm_chart_helpers import CHART, CI_VALUE_SETS, render, render_error
 
 from inference_server.settings import DTYPES, MODEL_FORMATS
 

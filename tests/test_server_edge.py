@@ -23,7 +23,7 @@ from clients.errors import (
 from inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
-from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, free_port, write_fake_adapter
+from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, free_port
 
 
 @pytest.fixture(params=[False])
