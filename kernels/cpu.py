@@ -39,19 +39,17 @@ def add_lora_slices(
 ) -> None:
     """y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi   (same contract as the reference;
     ``workspace`` is not needed here: each shrink result stays a temporary). ``stacks``: the
-    caller's cache of decode-batch stacks (None: stack on every call)."""
-    bounds = seg.tolist()
-    spans = [(i, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
-    h_in = x.shape[1]
-    a_offs, b_offs, rks, scs = a_off.tolist(), b_off.tolist(), ranks.tolist(), scales.tolist()
-    batched = [_one_row_same_rank(spans, rks[p]) for p in range(len(out_widths))]
-    if any(batched):
-        tables = _DecodeTables(pool, h_in, tuple(out_widths), batched, spans, a_offs, b_offs, rks, scs)
-        per_slice = stacks.get(tables, layer) if stacks is not None else tables.stack(layer)
-        _decode(y, x, spans[0][1], per_slice, out_widths)
+    caller's cache of decode-batch stacks and of the tables read (None: both on every call)."""
+    tables = (seg, a_off, b_off, ranks, scales)
+    widths = tuple(out_widths)
+    plan = stacks.plan(pool, x.shape[1], widths, tables) if stacks is not None else _Plan(pool, x.shape[1], widths, tables)
+    if plan.decode is not None:
+        per_slice = stacks.get(plan, layer) if stacks is not None else plan.decode.stack(layer)
+        _decode(y, x, plan.spans[0][1], per_slice, widths)
+    h_in, spans, a_offs, b_offs, rks, scs = plan.h_in, plan.spans, plan.a_offs, plan.b_offs, plan.rks, plan.scs
     col = 0
-    for p, width in enumerate(out_widths):
-        if batched[p]:
+    for p, width in enumerate(widths):
+        if plan.batched[p]:
             col += width
             continue
         for i, lo, hi in spans:
@@ -64,6 +62,22 @@ def add_lora_slices(
             delta.mul_(scs[p][i])
             y[lo:hi, col : col + width].add_(delta)
         col += width
+
+
+class _Plan:
+    """One call's tables read into Python lists (once per step with ``DecodeStacks``)."""
+
+    __slots__ = ("h_in", "spans", "a_offs", "b_offs", "rks", "scs", "batched", "decode", "stacks")
+
+    def __init__(self, pool: torch.Tensor, h_in: int, widths: tuple[int, ...], tables: tuple[torch.Tensor, ...]) -> None:
+        seg, a_off, b_off, ranks, scales = tables
+        bounds = seg.tolist()
+        self.h_in = h_in
+        self.spans = [(i, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+        self.a_offs, self.b_offs, self.rks, self.scs = a_off.tolist(), b_off.tolist(), ranks.tolist(), scales.tolist()
+        self.batched = [_one_row_same_rank(self.spans, self.rks[p]) for p in range(len(widths))]
+        self.decode = _DecodeTables(pool, h_in, widths, self) if any(self.batched) else None
+        self.stacks: dict[int, list[_Stack | None]] | None = None  # the decode stacks by layer (DecodeStacks)
 
 
 def _one_row_same_rank(spans: list[tuple[int, int, int]], ranks: list[int]) -> bool:
@@ -87,12 +101,12 @@ class _Stack:
 class _DecodeTables:
     """One call's decode batch: the pool places it reads per batched slice, and their stacks."""
 
-    def __init__(self, pool, h_in, widths, batched, spans, a_offs, b_offs, rks, scs) -> None:
+    def __init__(self, pool: torch.Tensor, h_in: int, widths: tuple[int, ...], plan: _Plan) -> None:
         self.pool, self.h_in, self.widths = pool, h_in, widths
-        slots = [i for i, _, _ in spans]
+        slots = [i for i, _, _ in plan.spans]
         self.places = tuple(
-            (rks[p][slots[0]], tuple(a_offs[p][i] for i in slots), tuple(b_offs[p][i] for i in slots),
-             tuple(scs[p][i] for i in slots)) if batched[p] else None
+            (plan.rks[p][slots[0]], tuple(plan.a_offs[p][i] for i in slots), tuple(plan.b_offs[p][i] for i in slots),
+             tuple(plan.scs[p][i] for i in slots)) if plan.batched[p] else None
             for p in range(len(widths)))
 
     def key(self) -> tuple | None:
@@ -137,13 +151,18 @@ def _decode(
 
 
 class DecodeStacks:
-    """Stacked A/B of decode batches, kept across steps (owned by the caller, one per pool).
+    """Stacked A/B of decode batches and the tables read, kept across calls and steps (owned
+    by the caller, one per pool).
 
-    Entries are keyed by the pool's places of the batch's adapters and the pool's write
+    Stacks are keyed by the pool's places of the batch's adapters and the pool's write
     count (``Tensor._version``, bumped by every in-place write, e.g. an adapter loaded into
     a freed place), so a changed batch or pool never reads a stale stack. At most
     ``max_entries`` fused projections' stacks are kept (4 = one batch's q/k/v, o, gate/up
     and down), so the memory held is about one copy of one batch's adapters.
+
+    The tables read (``seg``, offsets, ranks, scales) are kept per table tensors and their
+    write counts, so the 30 layers of a step read them once; the plans hold the tensors, so
+    their memory is not reused while a plan could match.
     """
 
     def __init__(self, max_entries: int = 4) -> None:
@@ -151,22 +170,48 @@ class DecodeStacks:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
         self._entries: dict[tuple, dict[int, list[_Stack | None]]] = {}
+        self._plans: dict[tuple, tuple[_Plan, tuple[torch.Tensor, ...]]] = {}
         self.builds = 0  # layers stacked (misses), for tests and profiling
 
-    def get(self, tables: _DecodeTables, layer: int) -> list[_Stack | None]:
-        key = tables.key()
-        if key is None:
-            return tables.stack(layer)
-        layers = self._entries.get(key)
-        if layers is None:
-            while len(self._entries) >= self.max_entries:
-                del self._entries[next(iter(self._entries))]
-            layers = self._entries[key] = {}
-        per_slice = layers.get(layer)
+    def plan(self, pool: torch.Tensor, h_in: int, widths: tuple[int, ...], tables: tuple[torch.Tensor, ...]) -> _Plan:
+        try:
+            sig = (h_in, widths, pool.data_ptr(), pool._version,
+                   *[(t.data_ptr(), t._version, t.shape, t.stride()) for t in tables])
+        except RuntimeError:  # inference tensors have no write count: read them every time
+            return _Plan(pool, h_in, widths, tables)
+        found = self._plans.get(sig)
+        if found is not None:
+            return found[0]
+        if len(self._plans) >= 2 * self.max_entries:
+            del self._plans[next(iter(self._plans))]
+        plan = _Plan(pool, h_in, widths, tables)
+        self._plans[sig] = (plan, tables)
+        return plan
+
+    def get(self, plan: _Plan, layer: int) -> list[_Stack | None]:
+        """The stacks of ``plan``'s decode batch at ``layer`` (stacked on first use)."""
+        if plan.stacks is None:
+            key = plan.decode.key()
+            if key is None:
+                return plan.decode.stack(layer)
+            layers = self._entries.get(key)
+            if layers is None:
+                while len(self._entries) >= self.max_entries:
+                    self._evict_oldest()
+                layers = self._entries[key] = {}
+            plan.stacks = layers
+        per_slice = plan.stacks.get(layer)
         if per_slice is None:
-            per_slice = layers[layer] = tables.stack(layer)
+            per_slice = plan.stacks[layer] = plan.decode.stack(layer)
             self.builds += 1
         return per_slice
 
+    def _evict_oldest(self) -> None:
+        layers = self._entries.pop(next(iter(self._entries)))
+        for plan, _ in self._plans.values():  # no plan keeps the evicted stacks alive
+            if plan.stacks is layers:
+                plan.stacks = None
+
     def clear(self) -> None:
         self._entries.clear()
+        self._plans.clear()

@@ -137,3 +137,26 @@ def test_decode_stacks_with_a_pool_made_in_inference_mode() -> None:
 def test_step_cache_only_for_the_cpu_backend() -> None:
     assert isinstance(kernels.step_cache(torch.zeros(4)), cpu.DecodeStacks)
     assert kernels.step_cache(torch.zeros(4, dtype=torch.bfloat16)) is None
+
+
+def test_tables_rewritten_in_place_are_read_again() -> None:
+    """The builder rewrites the same table buffers every step: a new step must not reuse the last read."""
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case(seed=5)
+    stacks = cpu.DecodeStacks()
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    scales[0, 1] = 1.75  # same tensors, new contents
+    a_off[:, [0, 1]], b_off[:, [0, 1]] = a_off[:, [1, 0]].clone(), b_off[:, [1, 0]].clone()
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    seg[3:] = 3  # fewer rows: no longer a decode batch of 6
+    _check_steps(stacks, x[:3], y[:3], pool, a_off, b_off, ranks, scales, seg, widths, layers)
+
+
+def test_evicted_stacks_are_not_kept_alive_by_remembered_reads() -> None:
+    case = list(_decode_case())
+    stacks = cpu.DecodeStacks(max_entries=1)
+    _check_steps(stacks, *case)
+    first = next(iter(stacks._entries.values()))
+    case[2] = case[2].clone()  # another pool: other stacks
+    _check_steps(stacks, *case)
+    assert all(plan.stacks is not first for plan, _ in stacks._plans.values())
+    assert len(stacks._entries) == 1
