@@ -7,6 +7,9 @@ to the PyTorch reference (``kernels.reference``), which defines the semantics: 1
 tensors, and float32 / float64 CUDA tensors, the exactness mode used to check the GPU engine
 against the CPU one (the reference syncs with the host, so that mode is not CUDA-graph
 capturable). Callers never choose the backend.
+
+``linear`` (``kernels.dense``) is the base projections' y = x W^T + b, in the form MKL runs
+fastest for a decode batch's few rows on the CPU.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from kernels import cpu, reference
+from kernels.dense import linear
 
-__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "prefer_bgmv", "reference", "step_cache"]
+__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "linear", "prefer_bgmv", "reference", "step_cache"]
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import kernels
 from inference_server.lora.batch import LoraBatch, ProjGroup
 
 
@@ -31,7 +32,8 @@ class LoraLinear(nn.Module):
         self.ctx = ctx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
+        base = self.base
+        y = kernels.linear(x, base.weight, base.bias) if type(base) is nn.Linear else base(x)
         batch = self.ctx.batch
         if batch is not None:
             batch.add(y, x, self.layer, self.group)
