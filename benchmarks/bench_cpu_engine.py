@@ -1,16 +1,22 @@
 """CPU engine throughput: loraplex vs transformers (+ PEFT) on SmolLM2-135M, in one run.
 
-    python benchmarks/bench_cpu_engine.py [--new-tokens 64] [--rank 16] [--results benchmarks/RESULTS.md]
+    python benchmarks/bench_cpu_engine.py [--new-tokens 64] [--rank 16] [--repeats 3]
+                                          [--results benchmarks/RESULTS.md]
 
 Rows: loraplex batch 1 (base), loraplex batch 8 with 8 different adapters, transformers
 batch 8 base model alone, transformers + PEFT batch 8 with the same 8 adapters mixed
 (``adapter_names``). All generate the same number of tokens (EOS ignored), float32.
+loraplex runs as served: ``AsyncEngine`` (its step loop on its own thread), adapters
+resident. The four rows are measured in ``--repeats`` interleaved rounds (a machine shared
+with other work drifts between rows); each row reports the median and the range, and the
+load average is printed before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -55,10 +61,15 @@ def _loraplex(gguf: str, adapter_dir: Path, prompts, adapters, new_tokens: int) 
     return time.perf_counter() - start
 
 
+def _load(avg: tuple[float, float, float]) -> str:
+    return "/".join(f"{v:.2f}" for v in avg)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the four rows")
     parser.add_argument("--results", default=None, help="append a section to this RESULTS.md")
     args = parser.parse_args()
     from peft import PeftModel
@@ -75,26 +86,36 @@ def main() -> None:
     engine = load_engine(gguf, adapter_dir)
     prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
     n = args.new_tokens
-    rows = []
-    t = _loraplex(gguf, adapter_dir, prompts[:1], [None], n)
-    rows.append(("loraplex, batch 1, base model", n / t))
-    t = _loraplex(gguf, adapter_dir, prompts, names, n)
-    rows.append(("loraplex, batch 8, 8 different adapters", 8 * n / t))
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    load_before = os.getloadavg()
     _hf_generate(hf, prompts, 2)  # warm-up: the first generate pays one-time set-up
-    t = _hf_generate(hf, prompts, n)
-    rows.append(("transformers, batch 8, base model alone", 8 * n / t))
+    rows = [
+        ("loraplex, batch 1, base model", lambda: n / _loraplex(gguf, adapter_dir, prompts[:1], [None], n)),
+        ("loraplex, batch 8, 8 different adapters", lambda: 8 * n / _loraplex(gguf, adapter_dir, prompts, names, n)),
+        ("transformers, batch 8, base model alone", lambda: 8 * n / _hf_generate(hf, prompts, n)),
+    ]
+    rates: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        for name, measure in rows:
+            rates.setdefault(name, []).append(measure())
+    # PEFT wraps hf in place, so its rounds come after every base round
     peft_model = PeftModel.from_pretrained(hf, adapter_dir / names[0], adapter_name=names[0]).eval()
     for name in names[1:]:
         peft_model.load_adapter(adapter_dir / name, adapter_name=name)
     _hf_generate(peft_model, prompts, 2, adapter_names=names)
-    t = _hf_generate(peft_model, prompts, n, adapter_names=names)
-    rows.append(("transformers + PEFT, batch 8, 8 adapters mixed", 8 * n / t))
-    table = ["| configuration | generated tokens/s |", "| --- | ---: |"]
-    table += [f"| {name} | {rate:.1f} |" for name, rate in rows]
+    for _ in range(args.repeats):
+        rates.setdefault("transformers + PEFT, batch 8, 8 adapters mixed", []).append(
+            8 * n / _hf_generate(peft_model, prompts, n, adapter_names=names))
+    load_after = os.getloadavg()
+    table = ["| configuration | generated tokens/s (median) | range |", "| --- | ---: | ---: |"]
+    table += [f"| {name} | {statistics.median(v):.1f} | {min(v):.1f}-{max(v):.1f} |" for name, v in rates.items()]
+    load = f"Load average (1/5/15 min) before {_load(load_before)}, after {_load(load_after)}; {args.repeats} rounds."
     print("\n".join(table))
+    print(load)
     if args.results:
         title = f"CPU engine: SmolLM2-135M float32, {n} new tokens, rank {args.rank} on all 7 projections"
-        append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
+        append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table, load)
 
 
 if __name__ == "__main__":
