@@ -15,6 +15,11 @@ thread, which runs no model work afterwards), (b) gives its adapter loader threa
 intra-op thread, so they never build teams of their own (and leave the cores to the step
 loop), and (c) sets the step loop's thread count explicitly (a thread's count is read
 lazily from the last ``torch.set_num_threads`` of any thread).
+
+Spinning workers are what a PyTorch program gets by default; they are fastest on cores of
+its own, and slow a step many times over when other busy processes share the cores (seen
+here: 10x while a test suite ran). There, ``OMP_WAIT_POLICY=passive`` in the server's
+environment makes them sleep at once instead (on this machine ~40% slower when idle).
 """
 
 from __future__ import annotations
