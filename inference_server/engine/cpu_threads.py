@@ -19,7 +19,7 @@ lazily from the last ``torch.set_num_threads`` of any thread).
 Spinning workers are what a PyTorch program gets by default; they are fastest on cores of
 its own, and slow a step many times over when other busy processes share the cores (seen
 here: 10x while a test suite ran). There, ``OMP_WAIT_POLICY=passive`` in the server's
-environment makes them sleep at once instead (on this machine ~40% slower when idle).
+environment makes them sleep at once instead (here 1.3-1.9x slower when idle).
 """
 
 from __future__ import annotations
