@@ -43,6 +43,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [T]: cache slot for each row's new key/value
     spans: list[SequenceSpan]  # the sequences the portable path serves
     decode: DecodeRows | None = None  # the sequences the decode kernel serves (CUDA)
+    padded: tuple[torch.Tensor, ...] | None = None  # portable decode tables, built by the first layer
 
 
 def paged_attention(
@@ -62,7 +63,9 @@ def paged_attention(
     values = kv_cache[1].view(-1, heads_kv, dim)
     decodes = [s for s in meta.spans if s.q_len == 1]
     if len(decodes) > 1:
-        _decode_batch(q, keys, values, decodes, scale, out)
+        if meta.padded is None:  # the same for every layer of the step: built once
+            meta.padded = _padded_decode_tables(decodes, q.device)
+        _decode_batch(q, keys, values, meta.padded, scale, out)
     else:
         decodes = []
     for span in meta.spans:
@@ -90,20 +93,25 @@ def _decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeRows, scale
                            d.num_splits, d.workspace)
 
 
-def _decode_batch(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, spans: list[SequenceSpan], scale: float,
-    out: torch.Tensor,
-) -> None:
-    """One SDPA call for many single-query sequences: keys padded to the longest context."""
+def _padded_decode_tables(spans: list[SequenceSpan], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(slots [B, longest], mask [B, 1, 1, longest], rows [B]) of single-query sequences."""
     longest = max(s.ctx_len for s in spans)
-    slots = torch.zeros(len(spans), longest, dtype=torch.long, device=q.device)
-    mask = torch.zeros(len(spans), 1, 1, longest, dtype=torch.bool, device=q.device)
+    slots = torch.zeros(len(spans), longest, dtype=torch.long, device=device)
+    mask = torch.zeros(len(spans), 1, 1, longest, dtype=torch.bool, device=device)
     for i, span in enumerate(spans):
         slots[i, : span.ctx_len] = span.kv_slots
         mask[i, ..., : span.ctx_len] = True
+    return slots, mask, torch.tensor([s.q_start for s in spans], device=device)
+
+
+def _decode_batch(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, padded: tuple[torch.Tensor, ...], scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One SDPA call for many single-query sequences: keys padded to the longest context."""
+    slots, mask, rows = padded
     k = keys[slots].transpose(1, 2)  # [B, Hkv, ctx, D]
     v = values[slots].transpose(1, 2)
-    rows = torch.tensor([s.q_start for s in spans], device=q.device)
     qs = q[rows].unsqueeze(2)  # [B, Hq, 1, D]
     o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=qs.shape[1] != k.shape[1])
     out[rows] = o[:, :, 0]

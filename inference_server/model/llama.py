@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+import kernels
 from kernels import fused_ops
 from inference_server.model.attention import AttentionMetadata, paged_attention
 from inference_server.model.config import ModelConfig
@@ -114,7 +115,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden, weight)
+        return kernels.linear(hidden, weight)  # the CPU's few-rows form at decode (kernels/dense.py)
 
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
