@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from random_adapters import RandomAdapterSource  # noqa: E402
 from results import append_results  # noqa: E402
 
 from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
@@ -38,40 +39,10 @@ from inference_server.main import configure_interpreter  # noqa: E402
 from inference_server.lora.manager import AdapterManager  # noqa: E402
 from inference_server.lora.packing import pack_adapter, plan_layout  # noqa: E402
 from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
-from inference_server.lora.source import AdapterFiles, make_info  # noqa: E402
 from inference_server.lora.tensor_views import tensor_views  # noqa: E402
 from inference_server.model.config import ModelConfig  # noqa: E402
 from inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
 from inference_server.model.llama import LlamaForCausalLM  # noqa: E402
-
-PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-
-
-class MemorySource:
-    """AdapterSource over in-memory PEFT files: every id serves the same bytes."""
-
-    def __init__(self, files: dict[str, bytes], base: ModelConfig) -> None:
-        self.files, self.spec = files, parse_adapter_files(files, base)
-
-    def resolve(self, adapter_id: str) -> AdapterFiles:
-        return AdapterFiles(make_info(adapter_id, self.files, self.spec, 0.0), self.spec, self.files)
-
-
-def peft_files(cfg: ModelConfig, rank: int) -> dict[str, bytes]:
-    shapes = cfg.projection_shapes()
-    tensors = {}
-    for layer in range(cfg.num_layers):
-        for proj, parent in PROJ.items():
-            fan_in, fan_out = shapes[proj]
-            stem = f"base_model.model.model.layers.{layer}.{parent}.{proj}"
-            tensors[f"{stem}.lora_A.weight"] = torch.randn(rank, fan_in, dtype=torch.bfloat16) * 0.01
-            tensors[f"{stem}.lora_B.weight"] = torch.randn(fan_out, rank, dtype=torch.bfloat16) * 0.01
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(PROJ)}
-    import json
-
-    return {"adapter_config.json": json.dumps(config).encode(), "adapter_model.safetensors": save(tensors)}
-
 
 def build(cfg: ModelConfig, rank: int, eager: bool) -> AsyncEngine:
     with torch.device("cuda"):
@@ -83,7 +54,7 @@ def build(cfg: ModelConfig, rank: int, eager: bool) -> AsyncEngine:
     config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=32, max_num_batched_tokens=4096,
                           adapter_pool_bytes=2 << 30, adapter_host_cache_bytes=6 << 30, num_kv_blocks=4096,
                           max_lora_rank=rank, enforce_eager=eager)
-    source = MemorySource(peft_files(cfg, rank), cfg)
+    source = RandomAdapterSource(cfg, rank)
     return assemble(AsyncEngine, config, model, cfg, byte_level_tokenizer(cfg.vocab_size), source)
 
 
@@ -201,7 +172,7 @@ def main() -> None:
         engine = build(cfg, args.rank, args.eager)
         mgr, loads = engine._manager, 30
     else:  # the manager alone: pool for 3 adapters, host tier for 6
-        engine, source, loads = None, MemorySource(peft_files(cfg, args.rank), cfg), 12
+        engine, source, loads = None, RandomAdapterSource(cfg, args.rank), 12
         n = plan_layout(source.spec, cfg).num_elements
         mgr = AdapterManager(source, cfg, 3 * (n + 64), torch.bfloat16, "cpu", host_cache_bytes=6 * (2 * n + (1 << 20)))
     source_s, host_s, resident_s = tier_times(mgr, loads)
