@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cuda.paged_decode import DecodeWorkspace, num_splits_for, paged_decode_attention, supported
+from kernels.cuda.paged_decode import (
+    UNROLLS, DecodeWorkspace, default_unroll, num_splits_for, paged_decode_attention, supported,
+)
 
 
 def test_supported_shapes() -> None:
@@ -19,6 +21,10 @@ def test_supported_shapes() -> None:
     assert not supported(torch.float32, 256, 8, 8)  # 64 lanes per token
     assert not supported(torch.bfloat16, 128, 6, 4)  # heads not a multiple of kv heads
     assert not supported(torch.int8, 128, 8, 8)
+
+
+def test_default_unroll_keeps_registers_for_wide_groups() -> None:
+    assert default_unroll(1) == 4 and default_unroll(3) == 2 and default_unroll(8) in UNROLLS
 
 
 def test_num_splits() -> None:
@@ -48,6 +54,7 @@ def _args(**over):
     (dict(context_lens=torch.ones(3, 1, dtype=torch.int32)), "context_lens must be an int32 tensor of 1 dims"),
     (dict(num_splits=3), "exceed the workspace"),
     (dict(num_splits=0), "exceed the workspace"),
+    (dict(unroll=3), "unroll must be one of"),
 ])
 def test_bad_arguments_are_named(over, message) -> None:
     with pytest.raises(ValueError, match=message):

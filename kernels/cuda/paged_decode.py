@@ -18,6 +18,7 @@ from kernels.cuda._runtime import default_cache
 SPLIT = 256  # PD_SPLIT: context tokens per block
 THREADS = 128
 MAX_GROUP = 8  # query heads per kv head handled by one block (shared-memory bound)
+UNROLLS = (1, 2, 4, 8)  # tokens in flight per lane (K and V rows: 2x that many 16-byte loads)
 _DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
@@ -29,6 +30,11 @@ def supported(dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: i
     group = num_heads // num_kv_heads
     return (head_dim * (4 if dtype == torch.float32 else 2)) % 16 == 0 and 1 <= lanes <= 32 \
         and lanes & (lanes - 1) == 0 and 1 <= group <= MAX_GROUP
+
+
+def default_unroll(group: int) -> int:
+    """Tokens in flight per lane: 4 where registers allow (1-2 query heads per kv head)."""
+    return 4 if group <= 2 else 2
 
 
 def num_splits_for(context: int) -> int:
@@ -84,15 +90,21 @@ def _check(out, q, k_cache, v_cache, rows, block_tables, context_lens, num_split
 def paged_decode_attention(
     out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, num_splits: int, ws: DecodeWorkspace,
+    unroll: int | None = None,
 ) -> None:
     """out[rows[b]] = softmax(scale * q[rows[b]] K_b^T) V_b for each sequence b (in place).
 
     q, out: [T, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; rows,
     context_lens: int32 [B]; block_tables: int32 [B, max_blocks]; every context must be
     <= num_splits * SPLIT tokens and covered by its block table (not checked: it would
-    need a host sync). Rows of sequences with context 0 get zeros.
+    need a host sync). Rows of sequences with context 0 get zeros. unroll: tokens in flight
+    per lane, one of UNROLLS (None: ``default_unroll``; other values are for benchmarks).
     """
     _check(out, q, k_cache, v_cache, rows, block_tables, context_lens, num_splits, ws)
+    group = q.shape[1] // k_cache.shape[2]
+    unroll = default_unroll(group) if unroll is None else unroll
+    if unroll not in UNROLLS:
+        raise ValueError(f"unroll must be one of {UNROLLS}, got {unroll}")
     b = rows.shape[0]
     if b == 0:
         return
@@ -100,7 +112,7 @@ def paged_decode_attention(
     heads, heads_kv, dim = q.shape[1], k_cache.shape[2], q.shape[2]
     dt = _DT[q.dtype]
     rt = default_cache().get(q.device)
-    main = rt.template_function("paged_decode.cu", f"paged_decode<{dt}, {dim}, {heads // heads_kv}>")
+    main = rt.template_function("paged_decode.cu", f"paged_decode<{dt}, {dim}, {group}, {unroll}>")
     combine = rt.template_function("paged_decode.cu", f"paged_decode_combine<{dt}>")
     with rt.launching():
         main((b, heads_kv, num_splits), (THREADS,), (
