@@ -149,6 +149,7 @@ def build_engine(args) -> AsyncEngine:
         max_model_len=args.max_len, max_lora_rank=args.rank, kv_cache_memory_fraction=0.5,
         adapter_pool_bytes=int(adapter_bytes * (args.num_adapters + 8)),
         adapter_host_cache_bytes=int(adapter_bytes * 4), enforce_eager=args.eager,
+        lora_side_stream=getattr(args, "lora_side_stream", "on") == "on",
     )
     t0 = time.perf_counter()
     engine = assemble(AsyncEngine, config, model, ckpt.config, ckpt.tokenizer, adapters)
@@ -241,6 +242,8 @@ def main() -> None:
     ap.add_argument("--hf-new-tokens", type=int, default=128, help="0 = skip the transformers + PEFT batch")
     ap.add_argument("--hf-adapters", type=int, default=4)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (for comparison)")
+    ap.add_argument("--lora-side-stream", choices=("on", "off"), default="on",
+                    help="in step graphs, LoRA shrinks beside the base GEMMs (off: one stream, for comparison)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()

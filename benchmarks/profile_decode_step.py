@@ -104,6 +104,19 @@ def replay_ms(engine, size: int, lora: bool, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
+def side_stream_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph of ``size`` rows captured with the shrinks on a side stream
+    (beside the base GEMMs) and without, alternating; the last capture keeps the side stream."""
+    graphs = engine._core.runner.graphs
+    out: dict[str, list[float]] = {"side stream": [], "one stream": []}
+    for i in range(2 * rounds):
+        on = i % 2 == 1
+        graphs.lora_stream = torch.cuda.Stream(graphs.device) if on else None
+        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+        out["side stream" if on else "one stream"].append(replay_ms(engine, size, True, reps=50))
+    return out
+
+
 def kernel_breakdown(engine, steps: int) -> dict[str, float]:
     """GPU ms per step by kernel category, from torch.profiler over ``steps`` engine steps."""
     from torch.profiler import ProfilerActivity, profile
@@ -131,6 +144,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--side-stream-ab", action="store_true",
+                    help="also time the Distinct graph with and without the LoRA side stream")
     args = ap.parse_args()
     ns = argparse.Namespace(model=args.model, rank=args.rank, max_batch=args.batch, max_len=2048,
                             num_adapters=args.batch, eager=False)
@@ -148,6 +163,11 @@ def main() -> None:
         print("   kernels (ms/step): " + ", ".join(f"{k} {v:.2f}" for k, v in kernels.items() if k != "top kernels"))
         for k, v in kernels["top kernels"].items():
             print(f"     {v:7.3f}  {k}")
+        if lora and args.side_stream_ab:
+            ab = side_stream_ab(engine, args.batch)
+            report[name]["side_stream_ab_replay_ms"] = ab
+            print("   LoRA graph replay (ms), shrinks beside the GEMMs vs on one stream: "
+                  + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
         for rid in list(engine._core._seqs):
             engine._core.abort(rid)
         engine._core.step()

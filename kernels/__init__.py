@@ -21,7 +21,7 @@ import torch
 from kernels import cpu, reference
 from kernels.dense import linear
 
-__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "linear", "prefer_bgmv", "reference", "step_cache"]
+__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "prefer_bgmv", "reference", "step_cache"]
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -50,11 +50,18 @@ def add_lora_slices(
     out_widths: Sequence[int],
     workspace: torch.Tensor,
     cache: object | None = None,
+    stage: str = "both",
 ) -> None:
     """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices.
 
     ``cache``: what ``step_cache(pool)`` returned for this pool (kept by the caller across
-    steps), or None."""
+    steps), or None. ``stage``: "both"; or, where ``can_stage(x)``, "shrink" then "expand"
+    (two calls, same arguments; see ``kernels.cuda.add_lora_slices``)."""
+    if stage != "both":
+        if not _use_cuda(x):
+            raise ValueError(f"stage {stage!r} needs the CUDA kernels (16-bit CUDA tensors), got {x.dtype} on {x.device}")
+        _cuda_ops().add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, stage)
+        return
     if _use_cuda(x):
         impl = _cuda_ops().add_lora_slices
     elif not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
@@ -63,6 +70,11 @@ def add_lora_slices(
     else:
         impl = reference.add_lora_slices
     impl(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
+
+
+def can_stage(x: torch.Tensor) -> bool:
+    """Whether add_lora_slices on x can run as separate shrink and expand calls."""
+    return _use_cuda(x)
 
 
 def step_cache(pool: torch.Tensor) -> object | None:

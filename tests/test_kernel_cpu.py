@@ -134,6 +134,28 @@ def test_decode_stacks_with_a_pool_made_in_inference_mode() -> None:
     assert stacks.builds == 0
 
 
+def test_shrink_and_expand_stages_are_refused_without_the_cuda_kernels() -> None:
+    """Splitting add_lora into its two launches exists only on the CUDA kernels; elsewhere a
+    staged call is an error, never a silent half (or double) add."""
+    x = torch.zeros(1, 1)
+    assert not kernels.can_stage(x)
+    for stage in ("shrink", "expand"):
+        with pytest.raises(ValueError, match="needs the CUDA kernels"):
+            kernels.add_lora_slices(x, x, x, None, None, None, None, None, 0, (1,), None, stage=stage)
+
+
+def test_a_lora_side_stream_is_refused_for_a_cpu_pool() -> None:
+    from inference_server.lora.batch import LoraBatchBuilder  # noqa: PLC0415
+    from inference_server.model.config import ModelConfig  # noqa: PLC0415
+
+    cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=4)
+    builder = LoraBatchBuilder(cfg, torch.zeros(64), max_slots=2, max_rows=4, max_rank=4)
+    assert builder.static_batch().side_stream is None
+    with pytest.raises(ValueError, match="side stream needs the CUDA kernels"):
+        builder.static_batch(side_stream=object())
+
+
 def test_step_cache_only_for_the_cpu_backend() -> None:
     assert isinstance(kernels.step_cache(torch.zeros(4)), cpu.DecodeStacks)
     assert kernels.step_cache(torch.zeros(4, dtype=torch.bfloat16)) is None

@@ -33,6 +33,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1  # processes (GPUs) the model is sharded over (inference_server/parallel)
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (they apply on CUDA in 16-bit)
+    lora_side_stream: bool = True  # in step graphs, each LoRA shrink runs beside its base GEMM
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

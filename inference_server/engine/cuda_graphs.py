@@ -9,7 +9,8 @@ blocks, context length 0 (the decode kernel gives zeros) and no LoRA segment. Ev
 step changes lives in static buffers written before the replay: token ids, positions,
 new-token slots, per-row block tables and context lengths (staged in pinned memory, two
 copies per step), and the LoRA tables (``LoraBatchBuilder``'s buffers, static already). Two
-graphs per size: with LoRA (every projection group; rank-0 slots skip) and without.
+graphs per size: with LoRA (every projection group; rank-0 slots skip) and without. In the
+LoRA graphs each shrink is a branch beside its base GEMM (both read only x); the expand joins.
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ class GraphShape:
 class StepGraphs:
     def __init__(
         self, model: nn.Module, kv_caches: list[torch.Tensor], lora_ctx: LoraContext, lora_builder: LoraBatchBuilder,
-        workspace, shape: GraphShape, device: torch.device,
+        workspace, shape: GraphShape, device: torch.device, lora_side_stream: bool = True,
     ) -> None:
         self.model, self.kv_caches, self.lora_ctx, self.lora_builder = model, kv_caches, lora_ctx, lora_builder
+        # the LoRA shrinks run on this stream beside the base GEMMs (graph branches)
+        self.lora_stream = torch.cuda.Stream(device) if lora_side_stream else None
         self.workspace, self.shape, self.device = workspace, shape, device
         cap, width = max(shape.sizes), shape.max_blocks
         # staging (pinned) and static (device) buffers, one copy each per step:
@@ -95,7 +98,7 @@ class StepGraphs:
 
     def _capture_one(self, size: int, lora: bool, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         batch = self._forward_batch(size)
-        self.lora_ctx.batch = self.lora_builder.static_batch() if lora else None
+        self.lora_ctx.batch = self.lora_builder.static_batch(self.lora_stream) if lora else None
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -91,7 +91,8 @@ def assemble(
 
 def runner_options(config: EngineConfig, max_len: int) -> RunnerOptions:
     graphs = () if config.enforce_eager else default_sizes(config.max_num_seqs, config.max_num_batched_tokens)
-    return RunnerOptions(max_model_len=max_len, max_lora_rank=config.max_lora_rank, cuda_graph_sizes=graphs)
+    return RunnerOptions(max_model_len=max_len, max_lora_rank=config.max_lora_rank, cuda_graph_sizes=graphs,
+                         lora_side_stream=config.lora_side_stream)
 
 
 def _kv_block_bytes(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:

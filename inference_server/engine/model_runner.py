@@ -36,6 +36,7 @@ class RunnerOptions:
     max_model_len: int | None = None  # None = the model's context window
     max_lora_rank: int = MAX_LORA_RANK
     cuda_graph_sizes: tuple[int, ...] = ()  # step row counts to capture (CUDA, 16-bit); () = eager
+    lora_side_stream: bool = True  # in graphs, LoRA shrinks beside the base GEMMs
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ class ModelRunner:
             shape = GraphShape(tuple(sorted(s for s in options.cuda_graph_sizes if s <= max_num_batched_tokens)),
                                -(-max_len // blocks.block_size), blocks.block_size, blocks.num_blocks * blocks.block_size)
             self.graphs = StepGraphs(model, self.kv_caches, self.lora_ctx, self.lora_builder,
-                                       self.decode_workspace, shape, self.device)
+                                       self.decode_workspace, shape, self.device, options.lora_side_stream)
             self.graphs.capture()
 
     @torch.inference_mode()

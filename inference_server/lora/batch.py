@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +36,7 @@ class ProjGroup(enum.Enum):
 
 @dataclass(slots=True)
 class LoraBatch:
-    """One step's LoRA view: call ``add`` after each base projection."""
+    """One step's LoRA view: layers call ``apply`` around each base projection (or ``add`` after it)."""
 
     pool: torch.Tensor
     seg: torch.Tensor  # int32 [S_cap+1]
@@ -50,20 +50,46 @@ class LoraBatch:
     active: frozenset[ProjGroup]  # groups at least one slot adapts
     use_bgmv: bool
     cache: object | None = None  # the kernels' cache across steps (kernels.step_cache)
+    side_stream: torch.cuda.Stream | None = None  # set: shrinks run there, beside the base GEMMs
+
+    def apply(self, x: torch.Tensor, layer: int, group: ProjGroup,
+              base: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """base(x) plus the group's LoRA deltas. With a side stream, the shrink (x @ A, which
+        needs only x) runs on it beside the base GEMM, and the expand joins after both."""
+        if self.side_stream is None or group not in self.active:
+            y = base(x)
+            self.add(y, x, layer, group)
+            return y
+        main = torch.cuda.current_stream(x.device)
+        x_ready = torch.cuda.Event()
+        x_ready.record(main)
+        y = base(x)
+        self.side_stream.wait_event(x_ready)  # not on the GEMM: the two run side by side
+        with torch.cuda.stream(self.side_stream):
+            self._sgmv(y, x, layer, group, "shrink")
+        main.wait_stream(self.side_stream)
+        self._sgmv(y, x, layer, group, "expand")
+        return y
 
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup) -> None:
         """y[:, slice p] += scale * (x @ A_p) @ B_p for each row's adapter (in place)."""
         if group not in self.active:
             return
+        if not self.use_bgmv:
+            self._sgmv(y, x, layer, group, "both")
+            return
         first, count = group.value
         rows = slice(first, first + count)
-        args = (self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows], self.scales[rows])
-        workspace = self.workspace[:count]
-        if self.use_bgmv:
-            index = self.row_slot[: x.shape[0]]
-            kernels.add_lora_slices_bgmv(y, x, *args, index, layer, self.widths[group], workspace)
-        else:
-            kernels.add_lora_slices(y, x, *args, self.seg, layer, self.widths[group], workspace, self.cache)
+        kernels.add_lora_slices_bgmv(y, x, self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
+                                     self.scales[rows], self.row_slot[: x.shape[0]], layer, self.widths[group],
+                                     self.workspace[:count])
+
+    def _sgmv(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup, stage: str) -> None:
+        first, count = group.value
+        rows = slice(first, first + count)
+        kernels.add_lora_slices(y, x, self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
+                                self.scales[rows], self.seg, layer, self.widths[group], self.workspace[:count],
+                                self.cache, stage)
 
 
 class LoraBatchBuilder:
@@ -123,13 +149,16 @@ class LoraBatchBuilder:
             cache=self.cache,
         )
 
-    def static_batch(self) -> LoraBatch:
+    def static_batch(self, side_stream: torch.cuda.Stream | None = None) -> LoraBatch:
         """A LoraBatch over the static buffers with every projection group active: what a
-        CUDA graph captures (the tables' contents, written by ``build``, pick the work)."""
+        CUDA graph captures (the tables' contents, written by ``build``, pick the work).
+        side_stream: run each shrink there beside its base GEMM (16-bit CUDA pools only)."""
+        if side_stream is not None and not kernels.can_stage(self.workspace):
+            raise ValueError(f"a LoRA side stream needs the CUDA kernels, not a {self.pool.dtype} pool on {self.pool.device}")
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
             ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
-            active=frozenset(ProjGroup), use_bgmv=False,
+            active=frozenset(ProjGroup), use_bgmv=False, side_stream=side_stream,
         )
 
     def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[ProjGroup]:

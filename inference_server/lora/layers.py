@@ -32,12 +32,14 @@ class LoraLinear(nn.Module):
         self.ctx = ctx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = self.base
-        y = kernels.linear(x, base.weight, base.bias) if type(base) is nn.Linear else base(x)
         batch = self.ctx.batch
-        if batch is not None:
-            batch.add(y, x, self.layer, self.group)
-        return y
+        if batch is None:
+            return self._base(x)
+        return batch.apply(x, self.layer, self.group, self._base)
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        base = self.base
+        return kernels.linear(x, base.weight, base.bias) if type(base) is nn.Linear else base(x)
 
 
 _TARGETS = {

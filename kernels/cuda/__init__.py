@@ -16,7 +16,9 @@ from kernels.cuda._checks import check_args, check_row_slot, check_seg
 from kernels.cuda._launch import Call, launch, make_plan
 from kernels.cuda._runtime import RuntimeCache, default_cache
 
-__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
+__all__ = ["STAGES", "add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
+
+STAGES = ("both", "shrink", "expand")
 
 
 def add_lora_slices(
@@ -31,6 +33,7 @@ def add_lora_slices(
     layer: int,
     out_widths: Sequence[int],
     workspace: torch.Tensor,
+    stage: str = "both",
 ) -> None:
     """SGMV: y[seg_i, c_p:c_p+w_p] += scales[p,i] * (x[seg_i] @ A_pi(layer)) @ B_pi(layer)
 
@@ -44,15 +47,21 @@ def add_lora_slices(
     prefill path stores x @ A rounded to x's dtype there; the decode path, T <= 256, keeps it
     in the runtime's own fp32 scratch and rounds it the same way; contents after the call are
     unspecified). One call at a time per device: the runtime's scratch is shared.
-    Raises ValueError on a dtype, device, shape or stride mismatch.
+    stage: "both", or "shrink" then "expand" as two calls with the same arguments, so a
+    caller can run the shrink (which reads x only) beside other work, e.g. on a side stream
+    next to the base projection that produces y; nothing else may use the kernels between
+    the two. Raises ValueError on a dtype, device, shape or stride mismatch.
     """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
     check_seg(seg, problem, x.device)
     if problem.rows == 0:
         return
     rt = default_cache().get(x.device)
     plan = make_plan(problem, 0, problem.nslots)
-    launch(rt, plan, problem, Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace))
+    call = Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace)
+    launch(rt, plan, problem, call, None if stage == "both" else stage)
 
 
 def add_lora_slices_bgmv(

@@ -67,10 +67,11 @@ def test_16bit_kernels_stay_within_tolerance_of_float32(tiny_llama_dir: Path, ad
     # tests/gpu/test_engine_graphs.py's subject)
     low = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, enforce_eager=True)
     prompt = ref.tokenizer.encode(TEXTS[0] * 3)
+    errors = {}
     for adapter in [None, *ADAPTER_CONFIGS]:
         a, b = _last_logits(ref, prompt, adapter), _last_logits(low, prompt, adapter)
-        rel = (a - b).norm() / a.norm()
-        assert rel < 2e-2, f"{adapter}: relative error {rel:.2e}"
+        errors[adapter] = ((a - b).norm() / a.norm()).item()
+    assert max(errors.values()) < 2e-2, f"relative errors {errors}"
 
 
 def test_small_gpu_pool_reloads_adapters_correctly(tiny_llama_dir: Path, adapter_dir: Path) -> None:

@@ -41,6 +41,40 @@ def test_graph_replay_gives_the_eager_tokens(tiny_llama_dir: Path, adapter_dir: 
     assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
 
 
+def _copy_step_state(dst, src) -> None:
+    """Everything a graph replay reads: KV caches, adapter pool, LoRA tables, step buffers."""
+    d, s = dst._core.runner, src._core.runner
+    for a, b in zip(d.kv_caches, s.kv_caches, strict=True):
+        a.copy_(b)
+    d.lora_builder.pool.copy_(s.lora_builder.pool)
+    d.lora_builder._dev_bytes.copy_(s.lora_builder._dev_bytes)
+    d.graphs.dev_i64.copy_(s.graphs.dev_i64)
+    d.graphs.dev_i32.copy_(s.graphs.dev_i32)
+
+
+def test_lora_shrinks_beside_the_gemms_change_nothing(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """The LoRA graphs with each shrink on a side stream (the default) and on one stream run
+    the same kernels on the same data: the same tokens, and from the same inputs the same
+    logits bit for bit at every captured size."""
+    side = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=8)
+    one = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=8,
+                      lora_side_stream=False)
+    assert side._core.runner.graphs.lora_stream is not None and one._core.runner.graphs.lora_stream is None
+    got = run_all(side, _requests(side, 8, new_tokens=32))
+    expected = run_all(one, _requests(one, 8, new_tokens=32))
+    assert side._core.runner.graphs.replays >= 30
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+    _copy_step_state(one, side)  # the last step's tables name real adapters in both pools
+    for key, (graph, logits) in side._core.runner.graphs.graphs.items():
+        if key[1]:
+            other, other_logits = one._core.runner.graphs.graphs[key]
+            _copy_step_state(one, side)  # replays write the KV cache: start each pair equal
+            graph.replay()
+            other.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(logits, other_logits), f"graph {key}"
+
+
 def test_graphs_serve_batches_that_shrink_and_grow(tiny_llama_dir: Path, adapter_dir: Path) -> None:
     """Requests of different lengths: the decode batch shrinks through several captured sizes,
     and a second wave refills it; every request still gets the eager engine's tokens."""
