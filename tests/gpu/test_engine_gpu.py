@@ -62,16 +62,23 @@ def _last_logits(engine, prompt: list[int], adapter: str | None) -> torch.Tensor
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16bit_kernels_stay_within_tolerance_of_float32(tiny_llama_dir: Path, adapter_dir: Path, dtype: str) -> None:
+    """The 16-bit GPU engine's logits stay as close to float32's as 16-bit arithmetic allows:
+    within 2x the error of the same dtype through the reference kernels on the CPU (what the
+    dtype itself costs, per adapter), and never past 1e-2 where that error is tiny. A kernel
+    that dropped or doubled part of a delta would be far off: each adapter moves these logits
+    by 60-140% of their norm."""
     ref = load_engine(tiny_llama_dir, adapter_dir, device="cuda")
     # eager: _last_logits reads the logits of an eager forward (graph replay == eager is
     # tests/gpu/test_engine_graphs.py's subject)
     low = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, enforce_eager=True)
+    cpu_low = load_engine(tiny_llama_dir, adapter_dir, device="cpu", dtype=dtype)
     prompt = ref.tokenizer.encode(TEXTS[0] * 3)
-    errors = {}
+    errors, bounds = {}, {}
     for adapter in [None, *ADAPTER_CONFIGS]:
-        a, b = _last_logits(ref, prompt, adapter), _last_logits(low, prompt, adapter)
-        errors[adapter] = ((a - b).norm() / a.norm()).item()
-    assert max(errors.values()) < 2e-2, f"relative errors {errors}"
+        a = _last_logits(ref, prompt, adapter)
+        errors[adapter] = ((_last_logits(low, prompt, adapter) - a).norm() / a.norm()).item()
+        bounds[adapter] = max(1e-2, 2 * ((_last_logits(cpu_low, prompt, adapter) - a).norm() / a.norm()).item())
+    assert all(errors[k] <= bounds[k] for k in errors), f"relative errors {errors}, bounds {bounds}"
 
 
 def test_small_gpu_pool_reloads_adapters_correctly(tiny_llama_dir: Path, adapter_dir: Path) -> None:
