@@ -81,22 +81,40 @@ def adapter_ids(workload: str, n: int, batch: int, num_adapters: int, seed: int)
 
 @dataclass
 class StepLog:
-    """Per runner call: (seconds, sequences, new tokens, context tokens read)."""
+    """Per engine step: (seconds, sequences, new tokens, context tokens read) of the step the
+    runner started in it (run to completion, or launched ahead: then the seconds are those
+    of the engine call that launched it, which in steady state is one step's period)."""
 
     steps: list[tuple[float, int, int, int]] = field(default_factory=list)
+    started: tuple[int, int, int] | None = None  # (sequences, new tokens, context) of the last runner call
 
 
-def instrument(runner, log: StepLog) -> None:
-    original = runner.execute
+def instrument(engine: AsyncEngine, log: StepLog) -> None:
+    core, runner = engine._core, engine._core.runner
 
-    def execute(seqs, num_tokens):
+    def recording(original):
+        def call(seqs, num_tokens, *rest):
+            ctx = sum(s.num_computed + n for s, n in zip(seqs, num_tokens))
+            out = original(seqs, num_tokens, *rest)
+            if out is not None:
+                log.started = (len(seqs), sum(num_tokens), ctx)
+            return out
+        return call
+
+    runner.execute = recording(runner.execute)
+    if getattr(runner, "can_launch", False):
+        runner.launch = recording(runner.launch)
+    step = core.step
+
+    def timed_step():
+        log.started = None
         t0 = time.perf_counter()
-        out = original(seqs, num_tokens)
-        ctx = sum(s.num_computed + n for s, n in zip(seqs, num_tokens))
-        log.steps.append((time.perf_counter() - t0, len(seqs), sum(num_tokens), ctx))
-        return out
+        events = step()
+        if log.started is not None:
+            log.steps.append((time.perf_counter() - t0, *log.started))
+        return events
 
-    runner.execute = execute
+    core.step = timed_step
 
 
 def pct(values: list[float], q: float) -> float:
@@ -244,6 +262,9 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (for comparison)")
     ap.add_argument("--lora-side-stream", choices=("on", "off"), default="on",
                     help="in step graphs, LoRA shrinks beside the base GEMMs (off: one stream, for comparison)")
+    ap.add_argument("--launch-ahead", choices=("on", "off", "both"), default="on",
+                    help="launch each step before reading the previous one's tokens; both: every workload "
+                         "twice, on then off (same engine, for an A/B in one run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()
@@ -256,16 +277,19 @@ def main() -> None:
               flush=True)
     engine = build_engine(args)
     log = StepLog()
-    instrument(engine._core.runner, log)
+    instrument(engine, log)
     reqs = request_set(args.num_requests, args.max_len, args.seed)
     vocab = engine._core.runner.config.vocab_size
     rows = []
-    for workload in args.workloads.split(","):
+    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.launch_ahead]
+    for workload, ahead in ((w, a) for w in args.workloads.split(",") for a in modes):
+        engine._core._launch_ahead = ahead and engine._core.runner.can_launch
         ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
         r = run_workload(engine, reqs, ids, vocab, args.seed, log)
         distinct = len({a for a in ids[: args.max_batch] if a}) if workload != "base" else 0
         roof, roof_lora = roofline_ms(engine, r["full_ctx"], distinct, args.rank)
-        r.update(workload=workload, roof=roof, roof_lora=roof_lora)
+        label = workload if ahead or args.launch_ahead == "off" else f"{workload} (no launch-ahead)"
+        r.update(workload=label, roof=roof, roof_lora=roof_lora)
         rows.append(r)
         print(f"{workload:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
               f"tpot p50/p99 {r['tpot_p50']:.2f}/{r['tpot_p99']:.2f} ms  ttft p50 {r['ttft_p50']:.1f} s  "

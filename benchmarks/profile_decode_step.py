@@ -69,6 +69,7 @@ def timed_stages(engine, steps: int) -> dict[str, float]:
     saved = [(runner.lora_builder, "build", wrap(runner.lora_builder, "build", "lora tables")),
              (runner.graphs, "_stage", wrap(runner.graphs, "_stage", "staging")),
              (runner, "execute", wrap(runner, "execute", "runner.execute")),
+             (runner, "launch", wrap(runner, "launch", "runner.launch (no GPU wait)")),
              (core, "step", wrap(core, "step", "engine step"))]
     import inference_server.engine.model_runner as mr
 

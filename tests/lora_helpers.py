@@ -72,12 +72,14 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
-def load_engine(model_path: str | Path, adapter_dir: Path, **config) -> AsyncEngine:
-    """An AsyncEngine (not started) over a model folder/file and a local adapter directory."""
+def load_engine(model_path: str | Path, adapter_dir: Path, runner_factory=None, **config) -> AsyncEngine:
+    """An AsyncEngine (not started) over a model folder/file and a local adapter directory
+    (runner_factory: as ``assemble``'s)."""
     cfg = EngineConfig(**{"num_kv_blocks": 256, "block_size": 16, **config})
     ckpt = load_checkpoint(ModelSource(path=str(model_path)), cfg.torch_dtype)
     model = build_model(ckpt.config, ckpt.iter_tensors(), cfg.device, cfg.torch_dtype)
-    return assemble(AsyncEngine, cfg, model, ckpt.config, ckpt.tokenizer, LocalAdapterDirectory(adapter_dir, ckpt.config))
+    return assemble(AsyncEngine, cfg, model, ckpt.config, ckpt.tokenizer, LocalAdapterDirectory(adapter_dir, ckpt.config),
+                    runner_factory=runner_factory)
 
 
 def greedy_request(rid: str, prompt: list[int], adapter: str | None, n: int, **stop) -> GenerationRequest:

@@ -62,12 +62,15 @@ class StepGraphs:
         self.workspace, self.shape, self.device = workspace, shape, device
         cap, width = max(shape.sizes), shape.max_blocks
         # staging (pinned) and static (device) buffers, one copy each per step:
-        # int64 rows: token ids, positions, new-token slots; int32: context lengths, then block tables
-        self.host_i64 = torch.zeros(3, cap, dtype=torch.int64).pin_memory()
+        # int64 rows: token ids, positions, new-token slots, then the rows whose token ids come
+        # from a running step's sampled tokens and their indices there;
+        # int32: context lengths, then block tables
+        self.host_i64 = torch.zeros(5, cap, dtype=torch.int64).pin_memory()
         self.host_i32 = torch.zeros(cap * (1 + width), dtype=torch.int32).pin_memory()
-        self.dev_i64 = torch.zeros(3, cap, dtype=torch.int64, device=device)
+        self.dev_i64 = torch.zeros(5, cap, dtype=torch.int64, device=device)
         self.dev_i32 = torch.zeros(cap * (1 + width), dtype=torch.int32, device=device)
-        self.ids, self.positions, self.slots = self.dev_i64.unbind(0)
+        self.ids, self.positions, self.slots, self.fed_rows, self.fed_src = self.dev_i64.unbind(0)
+        self.staged = torch.cuda.Event()  # after the last staging copies: the host buffers are free again
         self.lens, self.tables = self.dev_i32[:cap], self.dev_i32[cap:].view(cap, width)
         self.rows = torch.arange(cap, dtype=torch.int32, device=device)
         self._np_i64 = self.host_i64.numpy()
@@ -122,10 +125,12 @@ class StepGraphs:
             return None
         return next(s for s in self.shape.sizes if s >= n)
 
-    def replay(self, plan: StepPlan, size: int) -> torch.Tensor:
-        """Logits [len(sample_rows), V] of the plan's sampled rows; writes the LoRA tables first."""
+    def replay(self, plan: StepPlan, size: int, fed=None) -> torch.Tensor:
+        """Logits [len(sample_rows), V] of the plan's sampled rows; writes the LoRA tables first.
+        fed: (rows, src, tokens): the token id of each row in rows is tokens[src] (a device
+        tensor a step still running writes); those rows' ids in the plan are placeholders."""
         lora = self.lora_builder.build(plan.lora_rows) is not None
-        self._stage(plan, size)
+        self._stage(plan, size, fed)
         graph, logits = self.graphs[(size, lora)]
         graph.replay()
         self.replays += 1
@@ -134,10 +139,17 @@ class StepGraphs:
             return logits[: len(rows)]
         return logits[torch.tensor(rows, device=logits.device)]
 
-    def _stage(self, plan: StepPlan, size: int) -> None:
+    def _stage(self, plan: StepPlan, size: int, fed) -> None:
         n, bs = len(plan.token_ids), self.shape.block_size
         ids, tables, lens = self._np_i64, self._np_tables, self._np_lens
+        self.staged.synchronize()  # the previous step's copies have read the host buffers
         ids[0, :n] = plan.token_ids
+        fed_rows, fed_src, tokens = fed if fed is not None else ([], [], None)
+        ids[0, fed_rows] = 0  # placeholders: overwritten on the device below
+        ids[3, : len(fed_rows)] = fed_rows
+        ids[4, : len(fed_src)] = fed_src
+        if (ids[0, :n] < 0).any():
+            raise RuntimeError("a step's token ids hold placeholders that no running step samples")
         ids[1, :n] = plan.positions
         ids[2, :n] = [s.block_table[p // bs] * bs + p % bs
                       for s in plan.spans for p in range(s.ctx_len - s.q_len, s.ctx_len)]
@@ -149,3 +161,7 @@ class StepGraphs:
             tables[s.q_start : s.q_start + s.q_len, : len(s.block_table)] = s.block_table
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_i32.copy_(self.host_i32, non_blocking=True)
+        self.staged.record()
+        if fed_rows:
+            k = len(fed_rows)
+            self.ids.index_copy_(0, self.fed_rows[:k], tokens.index_select(0, self.fed_src[:k]))

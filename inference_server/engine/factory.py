@@ -79,7 +79,7 @@ def assemble(
     eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
     core = LLMEngine(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
-        manager.release, config.seed,
+        manager.release, config.seed, launch_ahead=config.launch_ahead,
     )
     info = EngineInfo(
         model_name=model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,

@@ -1,6 +1,13 @@
 """The synchronous engine core: add requests, abort them, run steps, emit token events.
 
 Not thread-safe on its own: ``AsyncEngine`` drives it from one thread.
+
+Where the runner can (CUDA graphs, greedy rows: ``ModelRunner.launch``), a step is launched
+and its tokens are read one call later, after the next step is launched: the host's
+per-step work (token bookkeeping, detokenization, events, scheduling, planning) runs while
+the device computes. The launched step's sampled sequences carry a placeholder token until
+then. A sequence that stops on the token being read (EOS, a stop string) has one more row in
+the step launched after it; that row's token is dropped.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ from collections.abc import Callable, Iterable
 
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.detokenizer import IncrementalDetokenizer
+from inference_server.engine.launched import LaunchedStep
 from inference_server.engine.model_runner import ModelRunner, StepOutput
 from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent, Timings, Usage
 from inference_server.engine.scheduler import Scheduler, SchedulerConfig
-from inference_server.engine.sequence import Sequence, SeqStatus
+from inference_server.engine.sequence import PLACEHOLDER, Sequence, SeqStatus
 from inference_server.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -31,6 +39,7 @@ class LLMEngine:
         eos_token_ids: Iterable[int],
         release_adapter: Callable[[object], None],
         seed: int = 0,
+        launch_ahead: bool = True,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -42,6 +51,8 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._aborted: set[str] = set()
         self._rng = random.Random(seed)
+        self._launch_ahead = launch_ahead and getattr(runner, "can_launch", False)
+        self._launched: LaunchedStep | None = None  # running on the device, tokens not read yet
 
     # -- requests ---------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> None:
@@ -74,7 +85,7 @@ class LLMEngine:
             self._aborted.add(request_id)
 
     def has_work(self) -> bool:
-        return bool(self._seqs)
+        return bool(self._seqs) or self._launched is not None
 
     @property
     def num_running(self) -> int:
@@ -91,15 +102,83 @@ class LLMEngine:
     # -- one step -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         events = self._reap_aborted()
-        batch = self.scheduler.schedule()
-        if batch.empty:
+        launched, self._launched = self._launched, None
+        if launched is None:
+            batch = self.scheduler.schedule()
+            if batch.empty:
+                return events
+            return events + self._launch_or_run(batch.seqs, batch.num_tokens)
+        # launch the next step before reading this one's tokens
+        batch = self.scheduler.schedule(exclude=self._ending(launched))
+        ahead = None if batch.empty else self._launch(batch.seqs, batch.num_tokens, launched)
+        events += self._collect(launched)
+        if ahead is not None:
+            return events + ahead
+        # it could not run ahead: run it now that the tokens are known
+        kept = [(s, n) for s, n in zip(batch.seqs, batch.num_tokens) if s.status is not SeqStatus.FINISHED]
+        if not kept:
             return events
+        return events + self._launch_or_run([s for s, _ in kept], [n for _, n in kept])
+
+    def _launch_or_run(self, seqs: list[Sequence], num_tokens: list[int]) -> list[TokenEvent]:
+        launched = self._launch(seqs, num_tokens, None)
+        return launched if launched is not None else self._run(seqs, num_tokens)
+
+    def _run(self, seqs: list[Sequence], num_tokens: list[int]) -> list[TokenEvent]:
+        """A step run to completion (the runner samples on the host)."""
         try:
-            out = self.runner.execute(batch.seqs, batch.num_tokens)
+            out = self.runner.execute(seqs, num_tokens)
         except Exception:
-            log.exception("step failed; ending its %d requests with an error", len(batch.seqs))
-            return events + [self._finish(seq, FinishReason.ERROR) for seq in batch.seqs]
-        return events + self._process(batch.seqs, batch.num_tokens, out)
+            log.exception("step failed; ending its %d requests with an error", len(seqs))
+            return [self._finish(seq, FinishReason.ERROR) for seq in seqs]
+        return self._process(seqs, num_tokens, out)
+
+    def _launch(self, seqs: list[Sequence], num_tokens: list[int], feed: LaunchedStep | None) -> list[TokenEvent] | None:
+        """Start the step on the device and keep it in ``_launched``: [] (or the error events
+        of its sequences if the launch failed); None when it cannot be launched that way."""
+        if not self._launch_ahead:
+            return None
+        try:
+            step = self.runner.launch(seqs, num_tokens, feed)
+        except Exception:
+            log.exception("step launch failed; ending its %d requests with an error", len(seqs))
+            return self._error_out(seqs)
+        if step is None:
+            return None
+        for seq, n in zip(seqs, num_tokens):
+            seq.num_computed += n
+        for seq in step.sample_seqs:
+            step.token_index.append(len(seq.token_ids))
+            seq.token_ids.append(PLACEHOLDER)
+        self._launched = step
+        return []
+
+    def _ending(self, launched: LaunchedStep) -> frozenset[int]:
+        """Sequences whose token in ``launched`` is their last by length: not scheduled again."""
+        return frozenset(
+            id(seq) for seq, index in zip(launched.sample_seqs, launched.token_index)
+            if index + 1 - seq.num_prompt >= seq.request.stopping.max_new_tokens or index + 1 >= self.max_model_len
+        )
+
+    def _collect(self, launched: LaunchedStep) -> list[TokenEvent]:
+        """Read a launched step's tokens into its sequences and emit their events."""
+        try:
+            tokens = launched.token_ids()
+        except Exception:
+            log.exception("step failed; ending its %d requests with an error", len(launched.seqs))
+            return self._error_out(launched.seqs)
+        now = time.monotonic()
+        events = []
+        for seq, index, token in zip(launched.sample_seqs, launched.token_index, tokens):
+            if seq.status is SeqStatus.FINISHED:  # aborted, or stopped on the token before
+                continue
+            seq.token_ids[index] = token
+            seq.first_token = seq.first_token or now
+            events.append(self._token_event(seq, token, index + 1, None, None))
+        return events
+
+    def _error_out(self, seqs: list[Sequence]) -> list[TokenEvent]:
+        return [self._finish(seq, FinishReason.ERROR) for seq in seqs if seq.status is not SeqStatus.FINISHED]
 
     def _reap_aborted(self) -> list[TokenEvent]:
         events = [self._finish(self._seqs[rid], FinishReason.ABORT) for rid in self._aborted if rid in self._seqs]
@@ -116,11 +195,17 @@ class LLMEngine:
                 continue
             seq.first_token = seq.first_token or now
             seq.token_ids.append(token)
-            events.append(self._token_event(seq, token, out, results[id(seq)]))
-        return [e for e in events if e is not None]
+            index = results[id(seq)]
+            logprobs = None if out.result.logprobs[index] is None else (out.result.logprobs[index],)
+            tops = None if out.result.top_logprobs[index] is None else (out.result.top_logprobs[index],)
+            events.append(self._token_event(seq, token, len(seq.token_ids), logprobs, tops))
+        return events
 
-    def _token_event(self, seq: Sequence, token: int, out: StepOutput, index: int) -> TokenEvent | None:
-        reason = self._stop_reason(seq, token)
+    def _token_event(self, seq: Sequence, token: int, length: int, logprobs: tuple[float, ...] | None,
+                     tops: tuple[dict[int, float], ...] | None) -> TokenEvent:
+        """The event of ``token``, the sequence's token number ``length`` (a finishing event
+        if it ends the sequence)."""
+        reason = self._stop_reason(seq, token, length)
         text = ""
         if reason is None or reason is FinishReason.LENGTH:  # a stop/EOS token adds no text
             text = seq.stops.feed(seq.detokenizer.push(token))
@@ -129,17 +214,15 @@ class LLMEngine:
             text += seq.stops.finish()
         if seq.stops.stopped:
             reason = FinishReason.STOP
-        logprobs = None if out.result.logprobs[index] is None else (out.result.logprobs[index],)
-        tops = None if out.result.top_logprobs[index] is None else (out.result.top_logprobs[index],)
         if reason is None:
             return TokenEvent(seq.request_id, (token,), text, logprobs, tops)
         return self._finish(seq, reason, (token,), text, logprobs, tops)
 
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+    def _stop_reason(self, seq: Sequence, token: int, length: int) -> FinishReason | None:
         stopping = seq.request.stopping
         if (token in self.eos_token_ids and not stopping.ignore_eos) or token in stopping.stop_token_ids:
             return FinishReason.STOP
-        if seq.num_output >= stopping.max_new_tokens or len(seq.token_ids) >= self.max_model_len:
+        if length - seq.num_prompt >= stopping.max_new_tokens or length >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 
@@ -153,6 +236,7 @@ class LLMEngine:
         tops: tuple[dict[int, float], ...] | None = None,
     ) -> TokenEvent:
         self.scheduler.remove(seq)
+        seq.drop_placeholders()  # tokens of launched steps it no longer waits for
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.request_id]

@@ -19,8 +19,9 @@ from torch import nn
 
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
+from inference_server.engine.launched import LaunchedStep, samples_on_device
 from inference_server.engine.sampler import SampleResult, SampleRow, sample
-from inference_server.engine.sequence import Sequence
+from inference_server.engine.sequence import PLACEHOLDER, Sequence
 from inference_server.engine.step_plan import plan_step, run_forward
 from inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
 from inference_server.lora.layers import LoraContext, attach_lora
@@ -87,6 +88,41 @@ class ModelRunner:
             self.graphs = StepGraphs(model, self.kv_caches, self.lora_ctx, self.lora_builder,
                                        self.decode_workspace, shape, self.device, options.lora_side_stream)
             self.graphs.capture()
+            # sampled tokens of launched steps: two pinned buffers, used in turn (one step's
+            # tokens are read before the step after next is launched)
+            self._token_host = [torch.zeros(rows, dtype=torch.int64).pin_memory() for _ in range(2)]
+            self._token_turn = 0
+
+    @property
+    def can_launch(self) -> bool:
+        """Whether ``launch`` can ever run a step (CUDA graphs are captured)."""
+        return self.graphs is not None
+
+    @torch.inference_mode()
+    def launch(self, seqs: Seq[Sequence], num_tokens: Seq[int], feed: LaunchedStep | None) -> LaunchedStep | None:
+        """Start a step on the device without waiting for it, or return None (nothing done)
+        when it cannot run that way: it needs an eager forward, a sampled row needs the host
+        (see ``samples_on_device``), or an input token is a placeholder that ``feed`` (the
+        step still running) does not sample. Placeholder inputs are copied on the device from
+        ``feed.tokens``."""
+        if self.graphs is None:
+            return None
+        plan = plan_step(seqs, num_tokens, self.blocks.block_size)
+        size = self.graphs.size_for(plan)
+        sample_seqs = [seqs[i] for i in plan.sampled]
+        if size is None or not all(samples_on_device(s.request.sampling) for s in sample_seqs):
+            return None
+        fed = _fed_rows(plan, seqs, feed)
+        if fed is None:
+            return None
+        logits = self.graphs.replay(plan, size, fed)
+        tokens = logits.float().argmax(dim=-1)  # as ``sample`` does for greedy rows
+        host = self._token_host[self._token_turn][: len(sample_seqs)]
+        self._token_turn ^= 1
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return LaunchedStep(list(seqs), list(num_tokens), sample_seqs, tokens, host, ready)
 
     @torch.inference_mode()
     def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
@@ -117,6 +153,20 @@ class ModelRunner:
 
     def close(self) -> None:
         """Release what the runner started besides tensors (tensor-parallel workers); no-op here."""
+
+
+def _fed_rows(plan, seqs: Seq[Sequence], feed: LaunchedStep | None):
+    """(rows, indices into feed.tokens, feed.tokens) for the plan's placeholder inputs; no
+    placeholders: None as the third item; None when some placeholder has no source."""
+    rows = [r for r, t in enumerate(plan.token_ids) if t == PLACEHOLDER]
+    if not rows:
+        return [], [], None
+    if feed is None:
+        return None
+    seq_of_row = dict(zip(plan.sample_rows, plan.sampled))  # a placeholder is a sequence's last input
+    index = feed.index_of()
+    src = [index.get(id(seqs[seq_of_row[r]]), -1) if r in seq_of_row else -1 for r in rows]
+    return None if min(src) < 0 else (rows, src, feed.tokens)
 
 
 _GRAPH_DTYPES = (torch.bfloat16, torch.float16)  # float32 CUDA LoRA is the (host-syncing) reference

@@ -57,10 +57,12 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free(seq.block_table)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, exclude: frozenset[int] = frozenset()) -> ScheduledBatch:
+        """exclude: ids (``id(seq)``) of running sequences to leave out of this step (they
+        stay running): the engine's sequences whose in-flight token is their last."""
         batch = ScheduledBatch([], [], [])
         budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(batch, budget)
+        budget = self._schedule_running(batch, budget, exclude)
         if not batch.preempted:
             self._admit_waiting(batch, budget)
         now = time.monotonic()
@@ -69,8 +71,8 @@ class Scheduler:
                 seq.first_scheduled = now
         return batch
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        queue = list(self.running)
+    def _schedule_running(self, batch: ScheduledBatch, budget: int, exclude: frozenset[int]) -> int:
+        queue = [s for s in self.running if id(s) not in exclude]
         while queue and budget > 0:
             seq = queue.pop(0)
             chunk = min(seq.num_pending, budget)

@@ -11,6 +11,12 @@ from inference_server.engine.detokenizer import IncrementalDetokenizer, StopStri
 from inference_server.engine.request import FinishReason, GenerationRequest
 
 
+# A token id not known on the host yet: the step that samples it is still running on the
+# device (the engine launches the next step first; see LLMEngine.step). Only ever last in
+# token_ids (at most two: the running step's and the one launched after it).
+PLACEHOLDER = -1
+
+
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -60,6 +66,10 @@ class Sequence:
     def num_pending(self) -> int:
         """Tokens not yet in the cache (the prompt, or after a preemption, everything)."""
         return len(self.token_ids) - self.num_computed
+
+    def drop_placeholders(self) -> None:
+        while self.token_ids and self.token_ids[-1] == PLACEHOLDER:
+            self.token_ids.pop()
 
     @property
     def adapter_key(self) -> str:

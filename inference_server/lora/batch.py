@@ -114,6 +114,8 @@ class LoraBatchBuilder:
                   "scales": (torch.float32, (NUM_PROJECTIONS, max_slots))}
         self._host_bytes, host = _byte_views(layout, torch.device("cpu"), pin=dev.type == "cuda")
         self._dev_bytes, tables = _byte_views(layout, dev, pin=False)
+        # recorded after each host -> device copy: the host buffer may be rewritten once it completes
+        self._copied = torch.cuda.Event() if dev.type == "cuda" else None
         self._np = {name: t.numpy() for name, t in host.items()}
         self.seg, self.row_slot = tables["seg"], tables["row_slot"]
         self.a_off, self.b_off, self.ranks, self.scales = (tables[k] for k in ("a_off", "b_off", "ranks", "scales"))
@@ -140,8 +142,12 @@ class LoraBatchBuilder:
         total = sum(n for n, _ in segments)
         if len(segments) > self.max_slots or total > self.max_rows:
             raise ValueError(f"step of {total} rows / {len(segments)} segments exceeds the LoRA table capacity")
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy has read the host buffer
         active = self._fill(segments, total)
         self._dev_bytes.copy_(self._host_bytes, non_blocking=self.pool.is_cuda)
+        if self._copied is not None:
+            self._copied.record()
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
             ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
@@ -162,7 +168,7 @@ class LoraBatchBuilder:
         )
 
     def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[ProjGroup]:
-        """Write the host tables (the previous step's copy has completed: steps end in a sync)."""
+        """Write the host tables (the previous step's copy has completed: ``build`` waited)."""
         t = self._np
         counts = np.array([n for n, _ in segments], dtype=np.int32)
         t["seg"][0] = 0

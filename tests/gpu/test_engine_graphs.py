@@ -122,3 +122,27 @@ def test_smollm2_float32_on_cuda_equals_transformers_peft(smollm2_gguf: str, tmp
     ).eval()
     check_exact_against_peft(Path(smollm2_gguf), hf_model, tmp_path, std=0.02, device="cuda", max_num_seqs=32,
                              max_num_batched_tokens=1024)
+
+
+def test_launch_ahead_gives_the_step_by_step_outputs(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """Steps launched before the previous step's tokens are read (token ids fed on the
+    device) give exactly what the step-by-step engine gives, with requests stopping
+    mid-stream on a token id or a string and one request that samples (its steps run on the
+    host). Both engines replay the same graphs, so bf16 outputs compare exactly."""
+    from test_engine_launch_ahead import _mixed_requests, _summary
+
+    def engine(ahead: bool):
+        return load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=6,
+                           launch_ahead=ahead)
+
+    first = engine(False)
+    free = run_all(first, _mixed_requests(first, {}, sampled=4))
+    stops = {rid: (tokens_of(ev)[3], "".join(e.text for e in ev[2:4]).strip()[:3] or None)
+             for rid, ev in free.items() if len(tokens_of(ev)) > 4}
+    step_by_step, ahead = engine(False), engine(True)
+    expected = run_all(step_by_step, _mixed_requests(step_by_step, stops, sampled=4))
+    got = run_all(ahead, _mixed_requests(ahead, stops, sampled=4))
+    assert ahead._core._launch_ahead and not step_by_step._core._launch_ahead
+    assert {k: _summary(v) for k, v in got.items()} == {k: _summary(v) for k, v in expected.items()}
+    assert sum(v[-1].finish_reason.name == "STOP" for v in expected.values()) >= 3
+    assert ahead._core.blocks.num_free == ahead._core.blocks.num_blocks

@@ -1,0 +1,42 @@
+"""A step launched on the device whose sampled tokens the host has not read yet.
+
+The engine launches step N+1 before it reads step N's tokens (LLMEngine.step), so the GPU
+never waits for the host's per-step Python (token bookkeeping, detokenization, streaming,
+scheduling, planning). What makes that possible: step N+1's rows that need a token of step
+N (a sequence's next input) take it on the device, from N's sampled-token tensor, and
+step N's sampling needs nothing from the host (greedy, no penalties, no log-probabilities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from inference_server.engine.request import SamplingParams
+from inference_server.engine.sequence import Sequence
+
+
+def samples_on_device(params: SamplingParams) -> bool:
+    """Whether a row's next token is chosen on the device alone (a batched argmax)."""
+    return params.greedy and params.repetition_penalty == 1.0 and not params.logprobs and params.top_logprobs == 0
+
+
+@dataclass(eq=False, slots=True)
+class LaunchedStep:
+    seqs: list[Sequence]
+    num_tokens: list[int]
+    sample_seqs: list[Sequence]  # one per sampled row, in row order
+    tokens: torch.Tensor  # int64 [len(sample_seqs)] on the device: what the next step may read
+    host: torch.Tensor  # pinned int64 [len(sample_seqs)]: the same tokens, copied when ready
+    ready: torch.cuda.Event  # recorded after the copy to ``host``
+    token_index: list[int] = field(default_factory=list)  # per sample seq: its placeholder's index
+
+    def index_of(self) -> dict[int, int]:
+        """id(seq) -> its row in ``tokens``."""
+        return {id(s): i for i, s in enumerate(self.sample_seqs)}
+
+    def token_ids(self) -> list[int]:
+        """The sampled tokens (waits for the device)."""
+        self.ready.synchronize()
+        return self.host.tolist()

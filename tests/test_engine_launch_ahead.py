@@ -1,0 +1,161 @@
+"""The engine's launch-ahead loop (LLMEngine.step) on the CPU: a step is launched, the next
+one is scheduled and launched before the first one's tokens are read, and sequences carry a
+placeholder token meanwhile. On CUDA the runner does this with graphs and device-side
+token feeding (tests/gpu); here a runner that computes each step at launch but hands its
+tokens over only when they are read exercises the same engine code. Every output must equal
+the plain engine's: tokens, text, finish reasons, usage, with stops landing on a token that
+has a next step already launched, aborts and preemptions while a step is in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference_server.engine.launched import LaunchedStep, samples_on_device
+from inference_server.engine.model_runner import ModelRunner
+from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from inference_server.engine.sequence import PLACEHOLDER
+from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all, tokens_of
+
+TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]
+
+
+class _Ready:
+    def synchronize(self) -> None:
+        pass
+
+
+class DeferredRunner:
+    """A ModelRunner whose ``launch`` computes the step at once (placeholders resolved from
+    the step it is fed by, as the device copy does) and returns the tokens only when read."""
+
+    can_launch = True
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self._runner = runner
+        self.launches = 0
+        self.fed = 0  # placeholder inputs taken from a launched step
+
+    def __getattr__(self, name: str):
+        return getattr(self._runner, name)
+
+    def launch(self, seqs, num_tokens, feed: LaunchedStep | None) -> LaunchedStep | None:
+        if not all(samples_on_device(s.request.sampling) for s in seqs):
+            return None
+        index = feed.index_of() if feed is not None else {}
+        patched = [s for s in seqs if s.token_ids[-1] == PLACEHOLDER]
+        if any(id(s) not in index for s in patched):
+            return None
+        for s in patched:  # a placeholder that is the sequence's last token must not be run on
+            assert len(s.token_ids) - s.num_prompt < s.request.stopping.max_new_tokens, "ran past max_new_tokens"
+            s.token_ids[-1] = int(feed.tokens[index[id(s)]])
+        try:
+            out = self._runner.execute(seqs, num_tokens)
+        finally:
+            for s in patched:
+                s.token_ids[-1] = PLACEHOLDER
+        self.launches += 1
+        self.fed += len(patched)
+        tokens = torch.tensor(out.result.token_ids if out.result else [], dtype=torch.int64)
+        return LaunchedStep(list(seqs), list(num_tokens), list(out.sampled_seqs), tokens, tokens.clone(), _Ready())
+
+
+def _deferred(module, cfg, blocks, manager, max_seqs, max_tokens):
+    return DeferredRunner(ModelRunner(module, cfg, blocks, manager.pool, max_seqs, max_tokens))
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_test_adapters(tiny_llama_dir, tmp_path_factory.mktemp("launch-ahead-adapters"))
+
+
+def _engines(tiny_llama_dir: Path, adapter_dir: Path, **config):
+    """(the plain engine, the launch-ahead engine) on the same model and adapters."""
+    return (load_engine(tiny_llama_dir, adapter_dir, **config),
+            load_engine(tiny_llama_dir, adapter_dir, runner_factory=_deferred, **config))
+
+
+def _summary(events) -> dict:
+    last = events[-1]
+    return dict(tokens=tokens_of(events), text="".join(e.text for e in events), reason=last.finish_reason,
+                usage=last.usage)
+
+
+def _mixed_requests(engine, stops: dict[str, tuple[int, str]], sampled: int | None = None) -> list[GenerationRequest]:
+    """Adapters and base rows; some stop on a token id or a string the plain engine produced
+    mid-stream; each has its own length; request ``sampled`` samples (the steps it is in
+    run on the host)."""
+    names = [None, *ADAPTER_CONFIGS]
+    out = []
+    for i in range(12):
+        rid = f"r{i}"
+        prompt = tuple(engine.tokenizer.encode(TEXTS[i % len(TEXTS)]))
+        token, text = stops.get(rid, (None, None))
+        stopping = StoppingCriteria(max_new_tokens=6 + 3 * i, ignore_eos=True,
+                                    stop_token_ids=(token,) if token is not None and i % 3 == 0 else (),
+                                    stop_strings=(text,) if text and i % 3 == 1 else ())
+        sampling = SamplingParams(temperature=0.8, seed=7) if i == sampled else SamplingParams()
+        out.append(GenerationRequest(rid, prompt, names[i % len(names)], sampling, stopping))
+    return out
+
+
+def _stops_from_a_free_run(tiny_llama_dir: Path, adapter_dir: Path, sampled: int | None) -> dict[str, tuple[int, str]]:
+    """Per request, a token id and a string its unstopped output has mid-stream (4th token)."""
+    plain = load_engine(tiny_llama_dir, adapter_dir, max_num_seqs=6)
+    stops = {}
+    for rid, events in run_all(plain, _mixed_requests(plain, {}, sampled)).items():
+        toks = tokens_of(events)
+        if len(toks) > 4:
+            stops[rid] = (toks[3], "".join(e.text for e in events[2:4]).strip()[:3] or None)
+    return stops
+
+
+@pytest.mark.parametrize("sampled", [None, 4])
+def test_launched_steps_give_the_plain_engines_outputs(tiny_llama_dir: Path, adapter_dir: Path, sampled) -> None:
+    """Greedy requests only: nearly every step launched ahead; with a sampling request the
+    steps it is in run on the host, and the loop switches between the two ways."""
+    stops = _stops_from_a_free_run(tiny_llama_dir, adapter_dir, sampled)
+    plain, ahead = _engines(tiny_llama_dir, adapter_dir, max_num_seqs=6)
+    expected = run_all(plain, _mixed_requests(plain, stops, sampled))
+    got = run_all(ahead, _mixed_requests(ahead, stops, sampled))
+    runner = ahead._core.runner
+    assert runner.launches >= 10 and runner.fed >= 20, (runner.launches, runner.fed)
+    assert {k: _summary(v) for k, v in got.items()} == {k: _summary(v) for k, v in expected.items()}
+    stopped = [k for k, v in expected.items() if v[-1].finish_reason.name == "STOP"]
+    assert len(stopped) >= 3, "the case must stop some requests mid-stream"
+    assert ahead._core.blocks.num_free == ahead._core.blocks.num_blocks
+
+
+def test_preemption_while_a_step_is_in_flight(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    plain, ahead = _engines(tiny_llama_dir, adapter_dir, num_kv_blocks=14, block_size=4, max_model_len=48)
+    reqs = lambda e: [greedy_request(f"p{i}", e.tokenizer.encode(TEXTS[i % 5]), None, 24) for i in range(6)]  # noqa: E731
+    expected = run_all(plain, reqs(plain))
+    got = run_all(ahead, reqs(ahead))
+    assert ahead.stats().preemptions > 0, "the test must exhaust the KV cache"
+    assert {k: _summary(v) for k, v in got.items()} == {k: _summary(v) for k, v in expected.items()}
+
+
+def test_abort_of_a_sequence_in_a_launched_step(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    _, ahead = _engines(tiny_llama_dir, adapter_dir)
+    core = ahead._core
+    prompt = ahead.tokenizer.encode(TEXTS[0])
+    for i in range(3):
+        core.add_request(greedy_request(f"a{i}", prompt, None, 30), None)
+    events = []
+    for _ in range(4):
+        events += core.step()
+    assert core._launched is not None and any(s.request_id == "a1" for s in core._launched.sample_seqs)
+    core.abort("a1")
+    while core.has_work():
+        events += core.step()
+    by_id = {}
+    for e in events:
+        by_id.setdefault(e.request_id, []).append(e)
+    aborted = by_id["a1"][-1]
+    assert aborted.finish_reason.name == "ABORT" and aborted.usage.completion_tokens == len(tokens_of(by_id["a1"]))
+    assert PLACEHOLDER not in tokens_of(by_id["a1"])
+    for rid in ("a0", "a2"):
+        assert len(tokens_of(by_id[rid])) == 30 and by_id[rid][-1].finish_reason.name == "LENGTH"
+    assert core.blocks.num_free == core.blocks.num_blocks
