@@ -68,6 +68,9 @@ class ServerSettings:
     tensor_parallel: int = _opt(1, "GPUs (processes) to shard the model over, Megatron-style; 1 = no sharding", int)
     cuda_graphs: str = _opt("on", "replay decode steps from CUDA graphs captured at start (GPU, 16-bit dtypes); "
                                   "off = every step eager", str, ("on", "off"))
+    launch_ahead: str = _opt("on", "with CUDA graphs: launch each step before reading the previous step's tokens, so "
+                                   "the GPU never waits for the host's bookkeeping (greedy requests); off = one step "
+                                   "at a time", str, ("on", "off"))
     # edge limits
     max_concurrent_streams: int = _opt(4096, "open Generate streams at once; beyond it RESOURCE_EXHAUSTED", int)
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)

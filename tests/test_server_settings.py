@@ -56,6 +56,9 @@ def test_engine_config_and_model_source_follow_settings() -> None:
     config = engine_config(s)
     assert (config.device, config.dtype, config.max_num_seqs, config.max_num_batched_tokens) == ("cpu", "float32", 8, 64)
     assert config.num_kv_blocks == 99 and config.max_lora_rank == 32
+    assert config.launch_ahead and not config.enforce_eager
+    one_at_a_time = engine_config(ServerSettings.from_sources(["--launch-ahead", "off", "--cuda-graphs", "off"], {}))
+    assert not one_at_a_time.launch_ahead and one_at_a_time.enforce_eager
     dummy = model_source(ServerSettings.from_sources(["--model-format", "dummy", "--model", "tiny"], {}))
     assert dummy.format == "dummy" and dummy.dummy == "tiny" and dummy.path is None
     assert model_source(s).path is None and model_source(s).format == "auto"  # the embedded SmolLM2
