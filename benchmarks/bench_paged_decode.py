@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # appended: PYTHONPATH may name another checkout
-from kernels.cuda import paged_decode as pd  # noqa: E402
+from kernels.cuda import paged_decode as pd  # noqa: E402  (first: bench_kernels would put this checkout first)
+from bench_kernels import time_graph  # noqa: E402, I001
 
 HBM_BPS = 4.23e12  # PERF.md
 BLOCK = 16
@@ -91,20 +91,7 @@ def time_variant(shape: Shape, batch: int, context: int, unroll: int | None, rep
         err = (out[i].float() - ref).abs().max().item()
         if err > 2e-2 * max(1.0, ref.abs().max().item()):
             raise AssertionError(f"{shape.name} B{batch} ctx{context} unroll {unroll}: error {err:.3g}")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(LAYERS):
-            call(layer)
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / LAYERS)
-    us = statistics.median(times)
+    us = time_graph([lambda layer=layer: call(layer) for layer in range(LAYERS)], LAYERS, reps)
     kv_bytes = 2 * int(lens.sum()) * shape.kv_heads * shape.dim * 2
     return {"shape": shape.name, "batch": batch, "context": context, "unroll": unroll, "us": us,
             "kv_mb": kv_bytes / 1e6, "tbps": kv_bytes / us / 1e6, "roofline_us": kv_bytes / HBM_BPS * 1e6}
