@@ -159,3 +159,37 @@ def test_abort_of_a_sequence_in_a_launched_step(tiny_llama_dir: Path, adapter_di
     for rid in ("a0", "a2"):
         assert len(tokens_of(by_id[rid])) == 30 and by_id[rid][-1].finish_reason.name == "LENGTH"
     assert core.blocks.num_free == core.blocks.num_blocks
+
+
+class _FailingOnce(DeferredRunner):
+    """Raises in the third launch, as a device error would."""
+
+    def launch(self, seqs, num_tokens, feed):
+        if self.launches == 2 and not getattr(self, "failed", False):
+            self.failed = True
+            raise RuntimeError("device error")
+        return super().launch(seqs, num_tokens, feed)
+
+
+def test_a_failed_launch_ends_its_requests_with_an_error_and_the_engine_goes_on(
+        tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    engine = load_engine(tiny_llama_dir, adapter_dir, runner_factory=lambda *a: _FailingOnce(
+        ModelRunner(a[0], a[1], a[2], a[3].pool, a[4], a[5])))
+    core, prompt = engine._core, engine.tokenizer.encode(TEXTS[1])
+
+    def run(requests) -> dict:
+        for r in requests:
+            core.add_request(r, None)
+        events = []
+        while core.has_work():
+            events += core.step()
+        return {r.request_id: [e for e in events if e.request_id == r.request_id] for r in requests}
+
+    failed = run([greedy_request(f"f{i}", prompt, None, 12) for i in range(3)])
+    assert {v[-1].finish_reason.name for v in failed.values()} == {"ERROR"}
+    assert core.blocks.num_free == core.blocks.num_blocks and core._launched is None
+    plain = load_engine(tiny_llama_dir, adapter_dir)
+    expected = tokens_of(run_all(plain, [greedy_request("p", prompt, None, 12)])["p"])
+    again = run([greedy_request("g", prompt, None, 12)])["g"]
+    assert again[-1].finish_reason.name == "LENGTH" and tokens_of(again) == expected
+    assert core.runner.launches > 2
