@@ -124,15 +124,14 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: StepLog) -> dict:
+def submit_and_drain(engine: AsyncEngine, requests: list[tuple[tuple[int, ...], str | None, int]],
+                     prefix: str) -> dict[str, list[float]]:
+    """Queue (prompt, adapter, new tokens) requests on the engine core and step until all are
+    done: each request's token arrival times (perf_counter), by request id."""
     core, manager = engine._core, engine._manager
-    rng = np.random.default_rng(seed + 2)
-    log.steps.clear()
-    start = time.perf_counter()
-    for i, ((plen, olen), aid) in enumerate(zip(reqs, ids)):
-        prompt = tuple(rng.integers(3, vocab, plen).tolist())
-        request = GenerationRequest(f"q{i}", prompt, aid, SamplingParams(),
-                                    StoppingCriteria(max_new_tokens=olen, ignore_eos=True))
+    for i, (prompt, aid, new_tokens) in enumerate(requests):
+        request = GenerationRequest(f"{prefix}{i}", prompt, aid, SamplingParams(),
+                                    StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
         core.add_request(request, manager.acquire(aid) if aid else None)
     times: dict[str, list[float]] = {}
     while core.has_work():
@@ -140,6 +139,15 @@ def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: Ste
         now = time.perf_counter()
         for e in events:
             times.setdefault(e.request_id, []).extend([now] * len(e.token_ids))
+    return times
+
+
+def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: StepLog) -> dict:
+    rng = np.random.default_rng(seed + 2)
+    log.steps.clear()
+    start = time.perf_counter()
+    prompts = [tuple(rng.integers(3, vocab, plen).tolist()) for plen, _ in reqs]
+    times = submit_and_drain(engine, [(p, aid, olen) for p, (_, olen), aid in zip(prompts, reqs, ids)], "q")
     wall = time.perf_counter() - start
     prompt_tokens = sum(p for p, _ in reqs)
     generated = sum(len(t) for t in times.values())
@@ -194,16 +202,10 @@ def roofline_ms(engine: AsyncEngine, ctx_tokens: int, adapters: int, rank: int) 
 
 
 def fixed_batch_loraplex(engine: AsyncEngine, ids: list[str | None], new_tokens: int, prompt_len: int) -> float:
-    core, manager = engine._core, engine._manager
     start = time.perf_counter()
-    for i, aid in enumerate(ids):
-        request = GenerationRequest(f"f{i}", tuple(range(10, 10 + prompt_len)), aid, SamplingParams(),
-                                    StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
-        core.add_request(request, manager.acquire(aid) if aid else None)
-    generated = 0
-    while core.has_work():
-        generated += sum(len(e.token_ids) for e in core.step())
-    return generated / (time.perf_counter() - start)
+    prompt = tuple(range(10, 10 + prompt_len))
+    times = submit_and_drain(engine, [(prompt, aid, new_tokens) for aid in ids], "f")
+    return sum(len(t) for t in times.values()) / (time.perf_counter() - start)
 
 
 def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_tokens: int, n_adapters: int):
