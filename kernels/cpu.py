@@ -7,18 +7,18 @@ the same operations in the same order (so float32 results are bitwise the refere
 tables are read once per call, and A/B are ``as_strided`` views of the pool.
 
 A decode batch (every segment one row, all at one rank) runs each slice as two batched
-products over A/B stacked per row. Stacking copies the batch's adapters, so a
-``DecodeStacks`` passed by the caller keeps the stacks across steps while the batch's
-adapters, their pool places and the pool's contents stay the same (consecutive decode
-steps of the same requests).
+products over A/B stacked per row. A ``DecodeStacks`` passed by the caller
+(``kernels.cpu_stacks``) keeps the stacks across steps and, when the batch changes, copies
+only the adapters that changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from kernels.cpu_stacks import Assignment, DecodeLayout, DecodeStacks, SliceOperands, stack_rows
 
 FAST_DTYPES = (torch.float32, torch.float64)
 
@@ -42,10 +42,16 @@ def add_lora_slices(
     caller's cache of decode-batch stacks and of the tables read (None: both on every call)."""
     tables = (seg, a_off, b_off, ranks, scales)
     widths = tuple(out_widths)
-    plan = stacks.plan(pool, x.shape[1], widths, tables) if stacks is not None else _Plan(pool, x.shape[1], widths, tables)
+    plan = _remembered_plan(stacks, pool, x.shape[1], widths, tables)
     if plan.decode is not None:
-        per_slice = stacks.get(plan, layer) if stacks is not None else plan.decode.stack(layer)
-        _decode(y, x, plan.spans[0][1], per_slice, widths)
+        assignment, per_slice = None, None
+        if stacks is not None:
+            assignment, plan.token = stacks.assign(pool, plan.decode, plan.token)
+            if assignment is not None:
+                per_slice = stacks.operands(pool, plan.decode, assignment, layer)
+        if per_slice is None:
+            per_slice = stack_rows(pool, plan.decode, layer)
+        _decode(y, x, plan.spans[0][1], per_slice, assignment, widths)
     h_in, spans, a_offs, b_offs, rks, scs = plan.h_in, plan.spans, plan.a_offs, plan.b_offs, plan.rks, plan.scs
     col = 0
     for p, width in enumerate(widths):
@@ -64,10 +70,22 @@ def add_lora_slices(
         col += width
 
 
+def _remembered_plan(stacks: DecodeStacks | None, pool: torch.Tensor, h_in: int, widths: tuple[int, ...],
+                     tables: tuple[torch.Tensor, ...]) -> _Plan:
+    if stacks is None:
+        return _Plan(pool, h_in, widths, tables)
+    try:
+        sig = (h_in, widths, pool.data_ptr(), pool._version,
+               *[(t.data_ptr(), t._version, t.shape, t.stride()) for t in tables])
+    except RuntimeError:  # inference tensors have no write count: read them every time
+        return _Plan(pool, h_in, widths, tables)
+    return stacks.remember(sig, tables, lambda: _Plan(pool, h_in, widths, tables))
+
+
 class _Plan:
     """One call's tables read into Python lists (once per step with ``DecodeStacks``)."""
 
-    __slots__ = ("h_in", "spans", "a_offs", "b_offs", "rks", "scs", "batched", "decode", "stacks")
+    __slots__ = ("h_in", "spans", "a_offs", "b_offs", "rks", "scs", "batched", "decode", "token")
 
     def __init__(self, pool: torch.Tensor, h_in: int, widths: tuple[int, ...], tables: tuple[torch.Tensor, ...]) -> None:
         seg, a_off, b_off, ranks, scales = tables
@@ -76,8 +94,16 @@ class _Plan:
         self.spans = [(i, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
         self.a_offs, self.b_offs, self.rks, self.scs = a_off.tolist(), b_off.tolist(), ranks.tolist(), scales.tolist()
         self.batched = [_one_row_same_rank(self.spans, self.rks[p]) for p in range(len(widths))]
-        self.decode = _DecodeTables(pool, h_in, widths, self) if any(self.batched) else None
-        self.stacks: dict[int, list[_Stack | None]] | None = None  # the decode stacks by layer (DecodeStacks)
+        self.decode = self._layout(pool.dtype, widths) if any(self.batched) else None
+        self.token: tuple | None = None  # DecodeStacks.assign's, for the next layer of the same step
+
+    def _layout(self, dtype: torch.dtype, widths: tuple[int, ...]) -> DecodeLayout:
+        slots = [i for i, _, _ in self.spans]
+        places = tuple(
+            (self.rks[p][slots[0]], tuple(self.a_offs[p][i] for i in slots), tuple(self.b_offs[p][i] for i in slots),
+             tuple(self.scs[p][i] for i in slots)) if self.batched[p] else None
+            for p in range(len(widths)))
+        return DecodeLayout(self.h_in, widths, places, dtype)
 
 
 def _one_row_same_rank(spans: list[tuple[int, int, int]], ranks: list[int]) -> bool:
@@ -89,129 +115,24 @@ def _one_row_same_rank(spans: list[tuple[int, int, int]], ranks: list[int]) -> b
         spans[-1][1] - spans[0][1] == len(spans) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class _Stack:
-    """One slice of one layer: A [n, h_in, r], B [n, r, w], the rows' scales [n, 1] (None: all 1)."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    scale: torch.Tensor | None
-
-
-class _DecodeTables:
-    """One call's decode batch: the pool places it reads per batched slice, and their stacks."""
-
-    def __init__(self, pool: torch.Tensor, h_in: int, widths: tuple[int, ...], plan: _Plan) -> None:
-        self.pool, self.h_in, self.widths = pool, h_in, widths
-        slots = [i for i, _, _ in plan.spans]
-        self.places = tuple(
-            (plan.rks[p][slots[0]], tuple(plan.a_offs[p][i] for i in slots), tuple(plan.b_offs[p][i] for i in slots),
-             tuple(plan.scs[p][i] for i in slots)) if plan.batched[p] else None
-            for p in range(len(widths)))
-
-    def key(self) -> tuple | None:
-        """Same key, same stacks: the pool (and its write count), the shapes and the places.
-        None for a pool without a write count (created in inference mode): never cached."""
-        pool = self.pool
-        try:
-            version = pool._version
-        except RuntimeError:
-            return None
-        return (pool.data_ptr(), version, pool.dtype, self.h_in, self.widths, self.places)
-
-    def stack(self, layer: int) -> list[_Stack | None]:
-        h_in, pool = self.h_in, self.pool
-        out: list[_Stack | None] = []
-        for place, width in zip(self.places, self.widths):
-            if place is None:
-                out.append(None)
-                continue
-            r, a_offs, b_offs, scs = place
-            a = torch.stack([pool.as_strided((h_in, r), (r, 1), off + layer * h_in * r) for off in a_offs])
-            b = torch.stack([pool.as_strided((r, width), (width, 1), off + layer * r * width) for off in b_offs])
-            scale = None if all(s == 1.0 for s in scs) else torch.tensor(scs, dtype=pool.dtype).unsqueeze(1)
-            out.append(_Stack(a, b, scale))
-        return out
-
-
-def _decode(
-    y: torch.Tensor, x: torch.Tensor, first: int, per_slice: list[_Stack | None], widths: Sequence[int]
-) -> None:
+def _decode(y: torch.Tensor, x: torch.Tensor, first: int, per_slice: list[SliceOperands | None],
+            assignment: Assignment | None, widths: Sequence[int]) -> None:
     """Every batched slice's one-row segments in two batched products (bmm of 1-row operands
-    gives the same floats as mm does per row; multiplying by a scale of 1 changes nothing)."""
+    gives the same floats as mm does per row; multiplying by a scale of 1 changes nothing).
+    The stacks are in slot order: x rows are gathered into it and the products put back in
+    row order before the add (the same single addition per element)."""
+    n = next(s.a.shape[0] for s in per_slice if s is not None)
+    rows = x[first : first + n]
+    permuted = assignment is not None and assignment.order is not None
+    if permuted:
+        rows = rows.index_select(0, assignment.order)
     col = 0
     for s, width in zip(per_slice, widths):
         if s is not None:
-            n = s.a.shape[0]
-            delta = torch.bmm(torch.bmm(x[first : first + n].unsqueeze(1), s.a), s.b).squeeze(1)
+            delta = torch.bmm(torch.bmm(rows.unsqueeze(1), s.a), s.b).squeeze(1)
             if s.scale is not None:
                 delta.mul_(s.scale)
+            if permuted:
+                delta = delta.index_select(0, assignment.slot_of)
             y[first : first + n, col : col + width].add_(delta)
         col += width
-
-
-class DecodeStacks:
-    """Stacked A/B of decode batches and the tables read, kept across calls and steps (owned
-    by the caller, one per pool).
-
-    Stacks are keyed by the pool's places of the batch's adapters and the pool's write
-    count (``Tensor._version``, bumped by every in-place write, e.g. an adapter loaded into
-    a freed place), so a changed batch or pool never reads a stale stack. At most
-    ``max_entries`` fused projections' stacks are kept (4 = one batch's q/k/v, o, gate/up
-    and down), so the memory held is about one copy of one batch's adapters.
-
-    The tables read (``seg``, offsets, ranks, scales) are kept per table tensors and their
-    write counts, so the 30 layers of a step read them once; the plans hold the tensors, so
-    their memory is not reused while a plan could match.
-    """
-
-    def __init__(self, max_entries: int = 4) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
-        self._entries: dict[tuple, dict[int, list[_Stack | None]]] = {}
-        self._plans: dict[tuple, tuple[_Plan, tuple[torch.Tensor, ...]]] = {}
-        self.builds = 0  # layers stacked (misses), for tests and profiling
-
-    def plan(self, pool: torch.Tensor, h_in: int, widths: tuple[int, ...], tables: tuple[torch.Tensor, ...]) -> _Plan:
-        try:
-            sig = (h_in, widths, pool.data_ptr(), pool._version,
-                   *[(t.data_ptr(), t._version, t.shape, t.stride()) for t in tables])
-        except RuntimeError:  # inference tensors have no write count: read them every time
-            return _Plan(pool, h_in, widths, tables)
-        found = self._plans.get(sig)
-        if found is not None:
-            return found[0]
-        if len(self._plans) >= 2 * self.max_entries:
-            del self._plans[next(iter(self._plans))]
-        plan = _Plan(pool, h_in, widths, tables)
-        self._plans[sig] = (plan, tables)
-        return plan
-
-    def get(self, plan: _Plan, layer: int) -> list[_Stack | None]:
-        """The stacks of ``plan``'s decode batch at ``layer`` (stacked on first use)."""
-        if plan.stacks is None:
-            key = plan.decode.key()
-            if key is None:
-                return plan.decode.stack(layer)
-            layers = self._entries.get(key)
-            if layers is None:
-                while len(self._entries) >= self.max_entries:
-                    self._evict_oldest()
-                layers = self._entries[key] = {}
-            plan.stacks = layers
-        per_slice = plan.stacks.get(layer)
-        if per_slice is None:
-            per_slice = plan.stacks[layer] = plan.decode.stack(layer)
-            self.builds += 1
-        return per_slice
-
-    def _evict_oldest(self) -> None:
-        layers = self._entries.pop(next(iter(self._entries)))
-        for plan, _ in self._plans.values():  # no plan keeps the evicted stacks alive
-            if plan.stacks is layers:
-                plan.stacks = None
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._plans.clear()

@@ -96,24 +96,54 @@ def test_decode_stacks_are_kept_across_steps_and_stay_bitwise_the_reference() ->
     stacks = cpu.DecodeStacks()
     for _step in range(3):
         _check_steps(stacks, *case)
-    assert stacks.builds == case[-1], "each layer is stacked once for the same batch"
+    rows, layers = case[0].shape[0], case[-1]
+    assert stacks.copies == rows * layers, "each adapter is copied once per layer for the same batch"
 
 
 def test_decode_stacks_follow_writes_to_the_pool_and_new_batches() -> None:
     x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case()
+    rows = x.shape[0]
     stacks = cpu.DecodeStacks()
     _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
-    # an adapter reloaded into the same place (an in-place write to the pool)
+    # an adapter reloaded into the same place (an in-place write to the pool): everything again
     pool[int(a_off[0, 2]) : int(a_off[0, 2]) + 100].mul_(3.0)
     _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
-    assert stacks.builds == 2 * layers
-    # another batch: the last two slots swap places, one scale changes
+    assert stacks.copies == 2 * rows * layers
+    # the same adapters in another row order, one scale changed: nothing is copied
     a2, b2, s2 = a_off.clone(), b_off.clone(), scales.clone()
     a2[:, [4, 5]], b2[:, [4, 5]] = a_off[:, [5, 4]], b_off[:, [5, 4]]
     s2[1, 0] = 1.0
     _check_steps(stacks, x, y, pool, a2, b2, ranks, s2, seg, widths, layers)
-    assert stacks.builds == 3 * layers
-    assert len(stacks._entries) <= stacks.max_entries
+    assert stacks.copies == 2 * rows * layers
+    assert len(stacks._slots) <= stacks.max_entries
+
+
+def test_a_changed_batch_copies_only_the_adapters_that_changed() -> None:
+    """Requests leave and join: adapters that stay keep their slots; only newcomers are
+    copied, and a smaller batch keeps its adapters in the first slots (one move per hole)."""
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case(rows=6, slots=8)
+    stacks = cpu.DecodeStacks()
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    base = stacks.copies
+    # row 2's request finished; the adapter of table slot 7 (never seen) joined at the end
+    a2, b2 = a_off.clone(), b_off.clone()
+    keep = [0, 1, 3, 4, 5, 7]
+    a2[:, :6], b2[:, :6] = a_off[:, keep], b_off[:, keep]
+    _check_steps(stacks, x, y, pool, a2, b2, ranks, scales, seg, widths, layers)
+    assert stacks.copies - base == layers, "one adapter copied per layer"
+    # two requests leave: four rows, the adapters of rows 4 and 5 move into the two freed slots
+    base = stacks.copies
+    seg4 = torch.tensor([0, 1, 2, 3, 4, 4, 4, 4, 4], dtype=torch.int32)
+    a3, b3 = a2.clone(), b2.clone()
+    a3[:, [1, 2]], b3[:, [1, 2]] = a2[:, [4, 5]], b2[:, [4, 5]]
+    _check_steps(stacks, x[:4], y[:4], pool, a3, b3, ranks, scales, seg4, widths, layers)
+    assert stacks.copies - base == 2 * layers
+    # a batch larger than the slots: they grow, and everything is copied into the new ones
+    x9, y9 = torch.randn(8, x.shape[1]), torch.randn(8, y.shape[1])
+    seg8 = torch.arange(9, dtype=torch.int32)
+    base = stacks.copies
+    _check_steps(stacks, x9, y9, pool, a_off, b_off, ranks, scales, seg8, widths, layers)
+    assert stacks.copies - base == 8 * layers
 
 
 def test_decode_stacks_with_unit_scales_and_partly_adapted_slices() -> None:
@@ -131,7 +161,7 @@ def test_decode_stacks_with_a_pool_made_in_inference_mode() -> None:
         pool = pool.clone()
         stacks = cpu.DecodeStacks()
         _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
-    assert stacks.builds == 0
+    assert stacks.copies == 0
 
 
 def test_shrink_and_expand_stages_are_refused_without_the_cuda_kernels() -> None:
@@ -174,11 +204,14 @@ def test_tables_rewritten_in_place_are_read_again() -> None:
 
 
 def test_evicted_stacks_are_not_kept_alive_by_remembered_reads() -> None:
+    import gc
+    import weakref
+
     case = list(_decode_case())
     stacks = cpu.DecodeStacks(max_entries=1)
     _check_steps(stacks, *case)
-    first = next(iter(stacks._entries.values()))
+    first = weakref.ref(next(iter(stacks._slots.values())))
     case[2] = case[2].clone()  # another pool: other stacks
     _check_steps(stacks, *case)
-    assert all(plan.stacks is not first for plan, _ in stacks._plans.values())
-    assert len(stacks._entries) == 1
+    gc.collect()
+    assert first() is None and len(stacks._slots) == 1
