@@ -10,14 +10,17 @@ copied again (per layer, on first use). Rows reach their slot through an index (
 gathered in slot order, results added back with ``index_add_``); each row's floats are the
 same as the reference's, since a batched product of one-row operands is its per-row product.
 
-Any write to the pool (an adapter loaded into a freed place: ``Tensor._version``) makes
-every slot stale (copied again into the same buffers); a batch larger than the slots gets
-new ones (doubling).
+A write to the pool (an adapter loaded into a freed place) changes the pool's write count
+(``Tensor._version``). Writes announced through ``note_write`` (the adapter manager's loads)
+make stale only the slots whose places they cover; any other change of the count makes every
+slot stale (copied again into the same buffers). A batch larger than the slots gets new ones
+(doubling).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -78,6 +81,7 @@ class _Slots:
     capacity: int
     version: int
     serial: int  # tokens name slots by it (no reference that would keep evicted buffers alive)
+    pool_ptr: int  # the pool they copy from (announced writes name it)
     a: dict[int, list[torch.Tensor | None]] = field(default_factory=dict)
     b: dict[int, list[torch.Tensor | None]] = field(default_factory=dict)
     held: dict[int, list[PlaceKey | None]] = field(default_factory=dict)  # per layer: the key each slot holds
@@ -99,7 +103,14 @@ class DecodeStacks:
         self._slots: dict[tuple, _Slots] = {}
         self._plans: dict[tuple, tuple[object, tuple[torch.Tensor, ...]]] = {}
         self._serials = itertools.count()
+        # announced writes: (pool data_ptr, count before, after, start, end)
+        self._writes: deque[tuple[int, int, int, int, int]] = deque(maxlen=256)
         self.copies = 0  # (layer, slot) pairs copied from the pool, for tests and profiling
+
+    def note_write(self, pool: torch.Tensor, start: int, end: int, before: int, after: int) -> None:
+        """``pool``'s elements [start, end) were written, taking its write count from
+        ``before`` to ``after`` with no other write in between (any thread)."""
+        self._writes.append((pool.data_ptr(), before, after, start, end))
 
     def remember(self, sig: tuple, tables: tuple[torch.Tensor, ...], make: Callable[[], object]) -> object:
         """What ``make`` builds from ``tables``, once per ``sig`` (which must name the tables'
@@ -128,12 +139,9 @@ class DecodeStacks:
             return previous[2], previous
         if slots is None or slots.capacity < layout.rows:
             capacity = max(layout.rows, 2 * slots.capacity if slots is not None else 0)
-            slots = self._fresh(skey, _Slots(capacity, version, next(self._serials)))
-        elif slots.version != version:  # the pool was written: every slot is copied again (same buffers)
-            slots.version = version
-            slots.held.clear()
-            slots.ready.clear()
-            slots.generation += 1
+            slots = self._fresh(skey, _Slots(capacity, version, next(self._serials), pool.data_ptr()))
+        elif slots.version != version:  # the pool was written
+            self._forget_written(slots, version)
         assignment = self._place(slots, layout)
         token = (slots.serial, slots.generation, assignment)
         return assignment, token
@@ -181,6 +189,21 @@ class DecodeStacks:
     def clear(self) -> None:
         self._slots.clear()
         self._plans.clear()
+
+    def _forget_written(self, slots: _Slots, version: int) -> None:
+        """Make stale the slots the writes since ``slots.version`` cover: only those if every
+        write is announced, else all of them (the same buffers are filled again)."""
+        ranges = _announced([w[1:] for w in list(self._writes) if w[0] == slots.pool_ptr], slots.version, version)
+        slots.version = version
+        slots.ready.clear()
+        if ranges is None:
+            slots.held.clear()
+            slots.generation += 1
+            return
+        for held in slots.held.values():
+            for s, key in enumerate(held):
+                if key is not None and any(lo <= off < hi for pair in key for off in pair for lo, hi in ranges):
+                    held[s] = None
 
     def _fresh(self, skey: tuple, slots: _Slots) -> _Slots:
         self._slots.pop(skey, None)
@@ -230,6 +253,20 @@ class DecodeStacks:
         slots.last = assignment
         slots.ready.clear()
         return assignment
+
+
+def _announced(writes: list[tuple[int, int, int, int]], start: int, end: int) -> list[tuple[int, int]] | None:
+    """The ranges of a chain of announced writes taking the write count from start to end,
+    or None when some change of the count in between was not announced."""
+    by_before = {before: (after, lo, hi) for before, after, lo, hi in writes}
+    ranges, count = [], start
+    while count != end:
+        step = by_before.get(count)
+        if step is None or step[0] <= count or len(ranges) > len(writes):
+            return None
+        count = step[0]
+        ranges.append((step[1], step[2]))
+    return ranges
 
 
 def _slot_scales(place, order: Sequence[int], identity: bool, dtype: torch.dtype) -> torch.Tensor | None:

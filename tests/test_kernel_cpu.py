@@ -215,3 +215,35 @@ def test_evicted_stacks_are_not_kept_alive_by_remembered_reads() -> None:
     _check_steps(stacks, *case)
     gc.collect()
     assert first() is None and len(stacks._slots) == 1
+
+
+def test_announced_writes_make_stale_only_the_slots_they_cover() -> None:
+    """An adapter loaded into a freed place, announced by the manager (note_write), is copied
+    again alone; a write nobody announced makes every slot stale. Exact either way."""
+    x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers = _decode_case(rows=6, slots=8)
+    rows = x.shape[0]
+    stacks = cpu.DecodeStacks()
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    base = stacks.copies
+    # table slot 3's adapter is replaced in place by another one (new values), announced: one
+    # write per slice here, since this pool keeps each slice's blocks of all adapters together
+    for p, w in enumerate(widths):
+        start, end = int(a_off[p, 3]), int(b_off[p, 3]) + layers * 8 * w
+        before = pool._version
+        pool[start:end].copy_(torch.randn(end - start) * 0.05)
+        stacks.note_write(pool, start, end, before, pool._version)
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    assert stacks.copies - base == layers, "only the rewritten adapter is copied again"
+    # a write that was not announced: everything again
+    base = stacks.copies
+    pool[int(a_off[0, 0]) : int(a_off[0, 0]) + 10].mul_(2.0)
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    assert stacks.copies - base == rows * layers
+    # an announced write to another pool says nothing about this one
+    base = stacks.copies
+    other = pool.clone()
+    before = pool._version
+    pool[start:end].mul_(0.5)  # slot 3's last slice
+    stacks.note_write(other, start, end, before, pool._version)
+    _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, layers)
+    assert stacks.copies - base == rows * layers

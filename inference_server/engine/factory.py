@@ -76,6 +76,9 @@ def assemble(
     else:
         runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs,
                              config.max_num_batched_tokens, options=runner_options(config, max_len))
+    stacks = getattr(getattr(runner, "lora_builder", None), "cache", None)
+    if hasattr(stacks, "note_write"):  # the CPU kernels' decode stacks: told which places a load wrote
+        manager.add_write_listener(stacks.note_write)
     eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
     core = LLMEngine(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,

@@ -91,6 +91,15 @@ class AdapterManager:
         self._queue: deque[object] = deque()  # tickets of acquisitions waiting for the pool
         self._cond = threading.Condition()
         self._timeout = acquire_timeout_s
+        # told (start, end, write count before, after) of every copy into the pool; the copies
+        # are serialized while any listener exists, so each window holds one copy only
+        self._write_listeners: list[Callable[[torch.Tensor, int, int, int, int], None]] = []
+        self._write_lock = threading.Lock()
+
+    def add_write_listener(self, listener: Callable[[torch.Tensor, int, int, int, int], None]) -> None:
+        """Call ``listener(pool, start, end, before, after)`` after each adapter copied into the
+        pool (elements [start, end); the pool's ``_version`` before and after that copy alone)."""
+        self._write_listeners.append(listener)
 
     # -- acquire / release -----------------------------------------------------------------
     def try_acquire_resident(self, adapter_id: str) -> ResidentAdapter | None:
@@ -271,10 +280,15 @@ class AdapterManager:
         try:
             n = packed.layout.num_elements
             dst = self.pool[ra.start : ra.start + n]
-            if packed.plan is None:  # packed on the host already
-                self._copier.copy(dst, packed.flat[:n])
+            if not self._write_listeners:
+                self._write(dst, packed)
             else:
-                self._copier.unpack(dst, packed.flat, packed.plan, packed.layout)
+                with self._write_lock:
+                    before = self.pool._version
+                    self._write(dst, packed)
+                    after = self.pool._version
+                for listener in self._write_listeners:
+                    listener(self.pool, ra.start, ra.start + n, before, after)
         except BaseException:
             with self._cond:
                 self._resident.pop(ra.adapter_id, None)
@@ -284,6 +298,12 @@ class AdapterManager:
         with self._cond:
             ra.ready = True
             self._cond.notify_all()
+
+    def _write(self, dst: torch.Tensor, packed: PackedAdapter) -> None:
+        if packed.plan is None:  # packed on the host already
+            self._copier.copy(dst, packed.flat[:packed.layout.num_elements])
+        else:
+            self._copier.unpack(dst, packed.flat, packed.plan, packed.layout)
 
     def _wait_ready(self, ra: ResidentAdapter) -> ResidentAdapter:
         with self._cond:
