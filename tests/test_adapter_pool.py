@@ -106,6 +106,25 @@ def test_pool_contents_match_the_packed_adapter(adapter_root: Path) -> None:
     assert mgr.stats().used_bytes >= n * 4
 
 
+def test_every_copy_into_the_pool_is_announced_with_its_range_and_write_counts(adapter_root: Path) -> None:
+    mgr = _manager(adapter_root, 2)
+    heard = []
+    mgr.add_write_listener(lambda pool, start, end, before, after: heard.append((pool, start, end, before, after)))
+    for name in ("a0", "a1", "a2"):  # the third evicts the first and reuses its place
+        mgr.release(mgr.acquire(name))
+    assert len(heard) == 3
+    for pool, start, end, before, after in heard:
+        assert pool is mgr.pool and 0 <= start < end <= pool.numel() and after > before
+    counts = [(before, after) for _, _, _, before, after in heard]
+    assert all(a[1] <= b[0] for a, b in zip(counts, counts[1:])), "windows do not overlap"
+    assert heard[2][1] == heard[0][1], "the evicted adapter's place is reused and announced again"
+    with torch.inference_mode():
+        frozen = _manager(adapter_root, 1)
+    assert not frozen.counts_pool_writes
+    with pytest.raises(ValueError, match="inference mode"):
+        frozen.add_write_listener(lambda *a: None)
+
+
 def test_invalidate_keeps_the_running_copy_until_released(adapter_root: Path) -> None:
     mgr = _manager(adapter_root, 3)
     old = mgr.acquire("a0")

@@ -77,7 +77,7 @@ def assemble(
         runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs,
                              config.max_num_batched_tokens, options=runner_options(config, max_len))
     stacks = getattr(getattr(runner, "lora_builder", None), "cache", None)
-    if hasattr(stacks, "note_write"):  # the CPU kernels' decode stacks: told which places a load wrote
+    if hasattr(stacks, "note_write") and manager.counts_pool_writes:  # CPU decode stacks: told what loads wrote
         manager.add_write_listener(stacks.note_write)
     eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
     core = LLMEngine(

@@ -96,9 +96,20 @@ class AdapterManager:
         self._write_listeners: list[Callable[[torch.Tensor, int, int, int, int], None]] = []
         self._write_lock = threading.Lock()
 
+    @property
+    def counts_pool_writes(self) -> bool:
+        """Whether the pool has a write count (``_version``; not for inference-mode tensors)."""
+        try:
+            self.pool._version  # noqa: B018
+        except RuntimeError:
+            return False
+        return True
+
     def add_write_listener(self, listener: Callable[[torch.Tensor, int, int, int, int], None]) -> None:
         """Call ``listener(pool, start, end, before, after)`` after each adapter copied into the
         pool (elements [start, end); the pool's ``_version`` before and after that copy alone)."""
+        if not self.counts_pool_writes:
+            raise ValueError("the adapter pool was made in inference mode: it has no write count to announce")
         self._write_listeners.append(listener)
 
     # -- acquire / release -----------------------------------------------------------------
