@@ -7,8 +7,9 @@ request finishes, another joins) costs more than several decode steps, so the st
 in slots: slot s of every layer holds one adapter's A/B, the batch's n adapters take slots
 0..n-1, an adapter that stays keeps its slot, and only slots whose adapter changed are
 copied again (per layer, on first use). Rows reach their slot through an index (x rows
-gathered in slot order, results added back with ``index_add_``); each row's floats are the
-same as the reference's, since a batched product of one-row operands is its per-row product.
+gathered in slot order, products put back in row order before the add); each row's floats
+are the same as the reference's, since a batched product of one-row operands is its per-row
+product.
 
 A write to the pool (an adapter loaded into a freed place) changes the pool's write count
 (``Tensor._version``). Writes announced through ``note_write`` (the adapter manager's loads)
