@@ -16,6 +16,7 @@ tenant rules (adapter_store/auth.py); without it the calls are the inference ser
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -93,11 +94,20 @@ class StoreClient:
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self._channel = grpc.insecure_channel(target, options=options)
         self._stub = store_pb2_grpc.AdapterStoreStub(with_secret(self._channel, secret, caller))
+        self._secret = secret
         self._base = base
         self._max_rank = max_rank
         self._timeout = timeout_s
         self._retries = retries
         self._cache = cache
+
+    def for_caller(self, caller: Principal) -> StoreClient:
+        """This client with its calls made for ``caller`` (same channel, settings and cache), so
+        the store holds them to that tenant's rules too. It shares the channel: close this
+        client, not the view."""
+        view = copy.copy(self)
+        view._stub = store_pb2_grpc.AdapterStoreStub(with_secret(self._channel, self._secret, caller))
+        return view
 
     def close(self) -> None:
         self._channel.close()

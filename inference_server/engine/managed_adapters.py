@@ -20,6 +20,12 @@ class ManagedAdapters:
         self._max_rank = max_rank
         self._watcher = None
 
+    def for_caller(self, caller: object) -> ManagedAdapters:
+        """These adapters with the source's calls made for ``caller`` where the source can name
+        one (the store sidecar: it then holds them to the tenant rules as well); else self."""
+        make = getattr(self.source, "for_caller", None)
+        return self if make is None else ManagedAdapters(make(caller), self._manager, self._base, self._max_rank)
+
     def start_watching(self) -> None:
         """Follow the adapter store's change feed (when the source is a store): a replaced or
         deleted adapter is dropped from every tier here, whichever replica changed it."""

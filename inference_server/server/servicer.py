@@ -107,7 +107,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
                 adapter_id, files = assembler.finish()
                 await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
-                info = await asyncio.to_thread(engine.adapters.put, adapter_id, files, assembler.public)
+                writer = self._tenancy.writer(context, engine)
+                info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
             except Exception as exc:
                 self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
                 raise
@@ -138,7 +139,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
             try:
                 self._tenancy.check_write(context, adapter_id, "delete")
-                await asyncio.to_thread(engine.adapters.delete, adapter_id)
+                await asyncio.to_thread(self._tenancy.writer(context, engine).delete, adapter_id)
             except Exception as exc:
                 self._tenancy.audit(context, "delete", adapter_id, exc)
                 raise

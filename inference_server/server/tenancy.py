@@ -99,6 +99,14 @@ class Tenancy:
         """The ids of ``infos`` the caller may list: own, shared, and other tenants' public ones."""
         return policy.visible(principal_of(context), ((i.adapter_id, i.public) for i in infos))
 
+    def writer(self, context: Any, engine: Any) -> Any:
+        """The engine's adapters for an upload or delete: calls to an adapter store name the
+        caller, so the store checks the tenant rules again (a second line of defence; reads and
+        lists are the server's own calls, filtered here)."""
+        principal = principal_of(context)
+        make = getattr(engine.adapters, "for_caller", None)
+        return engine.adapters if principal is None or make is None else make(principal)
+
     def check_write(self, context: Any, adapter_id: str, action: str) -> None:
         """PERMISSION_DENIED unless the caller may ``action`` (upload/delete) ``adapter_id``."""
         policy.check_write(principal_of(context), adapter_id, action)
