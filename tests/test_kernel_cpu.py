@@ -34,33 +34,6 @@ def test_entry_point_takes_the_cpu_backend_for_float32_and_the_reference_for_bfl
     assert calls == ["cpu", "reference"]
 
 
-@pytest.mark.parametrize("h_in,widths,rank", [(576, (576, 192, 192), 16), (1536, (576,), 8), (64, (128, 128), 64)])
-def test_decode_batch_path_is_bitwise_the_reference(h_in: int, widths: tuple[int, ...], rank: int) -> None:
-    """One-row segments at one rank take the batched path; the floats must not change."""
-    gen = torch.Generator().manual_seed(h_in + rank)
-    rows, slots, layers = 8, 10, 3
-    per = [layers * (h_in * rank + rank * w) for w in widths]
-    pool = torch.randn(slots * sum(per) + 64, generator=gen) * 0.05
-    a_off = torch.zeros(len(widths), slots, dtype=torch.int64)
-    b_off = torch.zeros_like(a_off)
-    pos = 0
-    for p, w in enumerate(widths):
-        for s in range(slots):
-            a_off[p, s], b_off[p, s] = pos, pos + layers * h_in * rank
-            pos += layers * (h_in * rank + rank * w)
-    ranks = torch.full((len(widths), slots), rank, dtype=torch.int32)
-    scales = torch.rand(len(widths), slots, generator=gen) + 0.5
-    seg = torch.tensor(list(range(rows + 1)) + [rows] * (slots - rows), dtype=torch.int32)
-    x = torch.randn(rows, h_in, generator=gen)
-    y = torch.randn(rows, sum(widths), generator=gen)
-    ws = torch.zeros(len(widths), rows, 128)
-    for layer in range(layers):
-        expect, got = y.clone(), y.clone()
-        reference.add_lora_slices(expect, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
-        cpu.add_lora_slices(got, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
-        assert torch.equal(got, expect)
-
-
 def _decode_case(h_in: int = 64, widths: tuple[int, ...] = (96, 32, 32), rank: int = 8, rows: int = 6, slots: int = 8,
                  layers: int = 3, seed: int = 0):
     """A decode batch: ``rows`` one-row segments, each its own adapter, all at ``rank``."""
@@ -89,6 +62,13 @@ def _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, l
         reference.add_lora_slices(expect, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
         cpu.add_lora_slices(got, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws, stacks)
         assert torch.equal(got, expect)
+
+
+@pytest.mark.parametrize("h_in,widths,rank", [(576, (576, 192, 192), 16), (1536, (576,), 8), (64, (128, 128), 64)])
+def test_decode_batch_path_is_bitwise_the_reference(h_in: int, widths: tuple[int, ...], rank: int) -> None:
+    """One-row segments at one rank take the batched path; the floats must not change."""
+    case = _decode_case(h_in, widths, rank, rows=8, slots=10, seed=h_in + rank)
+    _check_steps(None, *case)
 
 
 def test_decode_stacks_are_kept_across_steps_and_stay_bitwise_the_reference() -> None:
