@@ -40,10 +40,12 @@ def rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, si
         return
     rt = default_cache().get(qkv.device)
     fn = rt.template_function("fused_ops.cu", f"rope_cache<{_DT[qkv.dtype]}>")
+    pair_blocks = -(-(num_heads + num_kv_heads) * (head_dim // 2) // THREADS)
+    v_blocks = -(-num_kv_heads * head_dim // (8 * THREADS))
     with rt.launching():
-        fn((rows,), (THREADS,), (_p(qkv), np.int64(qkv.stride(0)), _p(positions), _p(cos), _p(sin), _p(slots),
-                                 _p(q_out), _p(k_cache), _p(v_cache), np.int32(num_heads), np.int32(num_kv_heads),
-                                 np.int32(head_dim)))
+        fn((rows, pair_blocks + v_blocks), (THREADS,),
+           (_p(qkv), np.int64(qkv.stride(0)), _p(positions), _p(cos), _p(sin), _p(slots), _p(q_out), _p(k_cache),
+            _p(v_cache), np.int32(num_heads), np.int32(num_kv_heads), np.int32(head_dim), np.int32(pair_blocks)))
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
