@@ -193,9 +193,11 @@ def breakdown(gen) -> None:
             nop((1,), (32,), (0,))
 
     print(f"# empty CuPy kernel in a graph: {time_graph([empty], 64):.2f} us", flush=True)
+    engine_b32 = [(h_in, h_out, 16, 32, w) for h_in, h_out in ((4096, 12288), (4096, 22016), (11008, 4096))
+                  for w in ("distinct", "identical")]  # the 7B decode step's q/k/v, gate/up and down widths
     for h_in, h_out, r, b, w in ((4096, 4096, 16, 1, "distinct"), (4096, 4096, 16, 64, "distinct"),
-                                 (4096, 4096, 16, 64, "identical"), (4096, 4096, 16, 4096, "prefill4096"),
-                                 (4096, 4096, 128, 4096, "prefill1024")):
+                                 (4096, 4096, 16, 64, "identical"), *engine_b32, (4096, 4096, 64, 32, "distinct"),
+                                 (4096, 4096, 16, 4096, "prefill4096"), (4096, 4096, 128, 4096, "prefill1024")):
         rows_adapter = workload_rows(w, b, gen)
         pool, sets = build(h_in, h_out, r, rows_adapter, 4, gen)
         x = torch.randn(b, h_in, device="cuda", dtype=DT)

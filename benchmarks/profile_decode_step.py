@@ -118,6 +118,64 @@ def side_stream_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]
     return out
 
 
+def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph of ``size`` rows re-captured with a LoRA stage left out
+    (the tables unchanged): what each stage costs on the step's critical path. The outputs
+    of the ablated graphs are wrong by design; the full graph is captured again at the end."""
+    from inference_server.lora import batch as lora_batch
+
+    graphs = engine._core.runner.graphs
+    original = lora_batch.LoraBatch._sgmv
+    variants = {"full": (), "no expand": ("expand",), "no shrink": ("shrink",), "no LoRA kernels": ("shrink", "expand")}
+    out: dict[str, list[float]] = {name: [] for name in variants}
+
+    def skipping(skip: tuple[str, ...]):
+        def _sgmv(self, y, x, layer, group, stage):
+            stages = ("shrink", "expand") if stage == "both" else (stage,)
+            for st in stages:
+                if st not in skip:
+                    original(self, y, x, layer, group, st)
+        return _sgmv
+
+    try:
+        for _ in range(rounds):
+            for name, skip in variants.items():
+                lora_batch.LoraBatch._sgmv = skipping(skip)
+                graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+                out[name].append(replay_ms(engine, size, True, reps=50))
+    finally:
+        lora_batch.LoraBatch._sgmv = original
+        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+    out["base graph"] = [replay_ms(engine, size, False, reps=50) for _ in range(rounds)]
+    return out
+
+
+def timeline(engine, size: int, lora: bool, layer: int = 16) -> list[str]:
+    """One replay's kernels from the start of layer ``layer``'s attention kernel to the next
+    one: start offset, duration and gap after the previous kernel's end (us), stream, name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph, _ = engine._core.runner.graphs.graphs[(size, lora)]
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    evts = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+    attn = [i for i, e in enumerate(evts) if "paged_decode<" in e.name]
+    if len(attn) <= layer + 1:
+        return [f"(only {len(attn)} attention kernels in the trace)"]
+    window = evts[attn[layer]: attn[layer + 1] + 1]
+    t0, last_end, lines = window[0].time_range.start, window[0].time_range.start, []
+    for e in window:
+        start, end = e.time_range.start, e.time_range.end
+        lines.append(f"{start - t0:8.1f} {end - start:7.1f} {start - last_end:6.1f}  "
+                     f"s{getattr(e, 'device_resource_id', '?')}  {e.name[:80]}")
+        last_end = max(last_end, end)
+    return lines
+
+
 def kernel_breakdown(engine, steps: int) -> dict[str, float]:
     """GPU ms per step by kernel category, from torch.profiler over ``steps`` engine steps."""
     from torch.profiler import ProfilerActivity, profile
@@ -147,12 +205,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--side-stream-ab", action="store_true",
                     help="also time the Distinct graph with and without the LoRA side stream")
+    ap.add_argument("--ablate", action="store_true",
+                    help="also time the LoRA graphs with the shrinks / expands left out, and print one layer's timeline")
+    ap.add_argument("--workloads", default="base,distinct", help="of base, distinct, identical")
     args = ap.parse_args()
     ns = argparse.Namespace(model=args.model, rank=args.rank, max_batch=args.batch, max_len=2048,
                             num_adapters=args.batch, eager=False)
     engine = bench_textgen.build_engine(ns)
     report = {}
-    for name, ids in (("base", [None] * args.batch), ("distinct", [f"a{i}" for i in range(args.batch)])):
+    rows = {"base": [None] * args.batch, "distinct": [f"a{i}" for i in range(args.batch)],
+            "identical": ["a0"] * args.batch}
+    for name in args.workloads.split(","):
+        ids = rows[name]
         fill(engine, ids, args.prompt_len, 200)
         stages = timed_stages(engine, 20)
         lora = name != "base"
@@ -168,6 +232,15 @@ def main() -> None:
             ab = side_stream_ab(engine, args.batch)
             report[name]["side_stream_ab_replay_ms"] = ab
             print("   LoRA graph replay (ms), shrinks beside the GEMMs vs on one stream: "
+                  + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
+        if args.ablate:
+            print("   timeline of one layer (start, duration, gap; us):")
+            for line in timeline(engine, args.batch, lora):
+                print("     " + line)
+        if lora and args.ablate:
+            ab = ablation(engine, args.batch)
+            report[name]["ablation_replay_ms"] = ab
+            print("   LoRA graph replay (ms) with stages left out: "
                   + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
         for rid in list(engine._core._seqs):
             engine._core.abort(rid)

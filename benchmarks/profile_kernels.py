@@ -13,7 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kernels as bk  # noqa: E402
 
-SHAPES = ((4096, 4096, 16, 1, "distinct"), (4096, 4096, 16, 64, "distinct"), (4096, 4096, 16, 4096, "prefill4096"))
+SHAPES = ((4096, 4096, 16, 1, "distinct"), (4096, 4096, 16, 64, "distinct"), (4096, 4096, 16, 4096, "prefill4096"),
+          (4096, 4096, 16, 32, "distinct"), (4096, 22016, 16, 32, "distinct"))  # the last two: 7B decode, o and gate/up
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import torch
 
 import kernels
 from kernels import cuda as kcuda
+from kernels.cuda import _launch
 from lora_problems import assert_close_rows, make_batch, reference64, seg_from_lengths
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -232,3 +233,25 @@ def test_launches_with_nothing_to_do_leave_y_and_later_launches_correct():
         torch.cuda.synchronize()
         assert torch.equal(b.y, y0)
     _run(make_batch(gen, rows=7, h_in=512, widths=(256,), ranks=[[8, 16]], table=seg_from_lengths([3, 4])), False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cap", _launch.DEC_VARIANTS)
+@pytest.mark.parametrize("bgmv", [False, True])
+def test_every_decode_expand_variant(cap, bgmv, dtype):
+    """Each rank-cap variant of the decode expand (the workspace's rank bound picks it): one-
+    and multi-row items, ranks up to the cap, widths off the tile sizes, misaligned B (the
+    element-wise staging path) and three slices."""
+    gen = torch.Generator().manual_seed(3000 + cap)
+    for misalign in (False, True):
+        lengths = [1, 1, 5, 0, 1, 9, 3]
+        table = seg_from_lengths(lengths) if not bgmv else torch.tensor(
+            [i % 4 - (i % 7 == 6) for i in range(sum(lengths))], dtype=torch.int32)
+        nslots = len(lengths) if not bgmv else 4
+        ranks = torch.randint(1, cap + 1, (3, nslots), generator=gen)
+        ranks[0, 0] = cap
+        batch = make_batch(gen, rows=sum(lengths), h_in=int(torch.randint(64, 700, (1,), generator=gen)),
+                           widths=(1100, 300, 300), ranks=ranks, table=table, dtype=dtype, misalign=misalign,
+                           rank_cap=cap)
+        assert _launch.rank_variant(batch.workspace.shape[-1], _launch.DEC_VARIANTS) == f"r{cap}"
+        _run(batch, bgmv)
