@@ -118,6 +118,20 @@ def side_stream_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]
     return out
 
 
+def priority_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph captured with its side stream at high and at normal priority
+    (lower numbers are higher; PyTorch clamps to the device's range), alternating; the last
+    capture keeps normal priority (the engine's)."""
+    graphs = engine._core.runner.graphs
+    out: dict[str, list[float]] = {"high priority": [], "normal priority": []}
+    for i in range(2 * rounds):
+        high = i % 2 == 0
+        graphs.lora_stream = torch.cuda.Stream(graphs.device, priority=-1 if high else 0)
+        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+        out["high priority" if high else "normal priority"].append(replay_ms(engine, size, True, reps=50))
+    return out
+
+
 def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     """Replay ms of the LoRA graph of ``size`` rows re-captured with a LoRA stage left out
     (the tables unchanged): what each stage costs on the step's critical path. The outputs
@@ -207,6 +221,8 @@ def main() -> None:
                     help="also time the Distinct graph with and without the LoRA side stream")
     ap.add_argument("--ablate", action="store_true",
                     help="also time the LoRA graphs with the shrinks / expands left out, and print one layer's timeline")
+    ap.add_argument("--priority-ab", action="store_true",
+                    help="also time the LoRA graphs with the side stream at normal vs high priority")
     ap.add_argument("--workloads", default="base,distinct", help="of base, distinct, identical")
     args = ap.parse_args()
     ns = argparse.Namespace(model=args.model, rank=args.rank, max_batch=args.batch, max_len=2048,
@@ -232,6 +248,11 @@ def main() -> None:
             ab = side_stream_ab(engine, args.batch)
             report[name]["side_stream_ab_replay_ms"] = ab
             print("   LoRA graph replay (ms), shrinks beside the GEMMs vs on one stream: "
+                  + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
+        if lora and args.priority_ab:
+            ab = priority_ab(engine, args.batch)
+            report[name]["priority_ab_replay_ms"] = ab
+            print("   LoRA graph replay (ms), side stream priority: "
                   + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
         if args.ablate:
             print("   timeline of one layer (start, duration, gap; us):")
