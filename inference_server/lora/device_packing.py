@@ -31,7 +31,7 @@ import torch
 from inference_server.errors import AdapterValidationError
 from inference_server.lora.packing import AdapterLayout, fold_ratio
 from inference_server.lora.peft_format import PROJECTIONS, WEIGHTS_FILE, AdapterSpec, LoraModuleSpec
-from inference_server.lora.safetensors_header import TensorInfo, read_header
+from inference_server.lora.safetensors_header import TensorInfo
 from inference_server.lora.tensor_views import TORCH_DTYPES
 from inference_server.model.config import ModelConfig
 
@@ -76,8 +76,9 @@ def plan_device_pack(
     spec: AdapterSpec, weights: bytes, layout: AdapterLayout, cfg: ModelConfig
 ) -> tuple[DevicePackPlan, torch.Tensor]:
     """The plan and its int64 table (gather index, then each non-whole group's layers and
-    ratios) for ``weights`` (the safetensors file whose header ``spec`` was parsed from)."""
-    header = read_header(weights)
+    ratios) for ``weights`` (the safetensors file whose header ``spec`` was parsed from: its
+    tensors are ``spec.tensors``)."""
+    header = spec.tensors
     dtype = TORCH_DTYPES[spec.dtype]
     elem = dtype.itemsize
     shapes = cfg.projection_shapes()

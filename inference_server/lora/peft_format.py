@@ -12,7 +12,8 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from inference_server.errors import AdapterValidationError
 from inference_server.lora.safetensors_header import TensorInfo, read_header
@@ -55,6 +56,9 @@ class AdapterSpec:
     modules: tuple[LoraModuleSpec, ...]
     num_bytes: int
     base_model_name: str | None
+    # the weights file's parsed header (name -> dtype, shape, data offsets), so the loader's
+    # plan does not parse it again
+    tensors: Mapping[str, TensorInfo] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def target_modules(self) -> tuple[str, ...]:
@@ -93,6 +97,7 @@ def parse_adapter_files(
         modules=modules,
         num_bytes=len(files[WEIGHTS_FILE]),
         base_model_name=config.get("base_model_name_or_path"),
+        tensors=MappingProxyType(tensors),
     )
 
 
