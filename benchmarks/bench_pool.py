@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from random_adapters import RandomAdapterSource  # noqa: E402
 from results import append_results  # noqa: E402
 
+from inference_server.engine import cpu_threads  # noqa: E402
 from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
 from inference_server.engine.config import EngineConfig  # noqa: E402
 from inference_server.engine.factory import assemble  # noqa: E402
@@ -126,21 +127,31 @@ def step_times(core, n: int) -> list[float]:
     return out
 
 
+IDLE_STEPS = 150  # each idle window between two loading phases
+
+
 def decode_rows(engine, mgr, split: bool) -> list[str]:
-    """Decode step time of 32 running requests, with and without 20 adapters loading; with
+    """Decode step time of 32 running requests while 20 adapters load, against the idle
+    windows before and after (the step grows with the context, so a
+    loading phase is compared with the mean of its two neighbours, not with the start); with
     ``split``, also while the loads' two halves run alone: the host's (source -> host tier:
-    sha256, validate, plan, staging memcpy; no GPU work) and the GPU's (host tier -> pool,
-    back to back: pinned H2D + layout kernels, little host work)."""
+    sha256, validate, plan, staging memcpy; no GPU work), with the loader's torch threads as
+    the engine sets them (one) and at torch's default, and the GPU's (host tier -> pool, back
+    to back: pinned H2D + layout kernels, little host work)."""
     core = engine._core
     for i in range(32):
         request = GenerationRequest(f"d{i}", tuple(range(5, 133)), f"run-{i % 4}",
-                                    stopping=StoppingCriteria(max_new_tokens=400, ignore_eos=True))
+                                    stopping=StoppingCriteria(max_new_tokens=1800, ignore_eos=True))
         core.add_request(request, mgr.acquire(request.adapter_id))
     step_times(core, 3)  # prefill + warm-up
-    idle = step_times(core, 30)
 
-    def while_running(work) -> list[float]:
-        loader = threading.Thread(target=work)
+    def while_running(work, one_thread: bool = True) -> list[float]:
+        def run() -> None:  # as the engine's loader threads (AsyncEngine): one intra-op thread
+            if one_thread:
+                cpu_threads.one_intra_op_thread()
+            work()
+
+        loader = threading.Thread(target=run)
         loader.start()
         busy = []
         while loader.is_alive():
@@ -148,26 +159,38 @@ def decode_rows(engine, mgr, split: bool) -> list[str]:
         loader.join()
         return busy
 
-    rows = [f"| decode step, batch 32, no loads | {ms(idle):.2f} ms | |"]
-    if split:
-        def to_host_tier(adapter_id: str) -> None:  # the first half of acquire (a diagnostic: private API)
-            leased = []
-            mgr._host_tier(adapter_id, leased)
-            for entry in leased:
-                mgr.host.release(entry)
+    def to_host_tier(adapter_id: str) -> None:  # the first half of acquire (a diagnostic: private API)
+        leased = []
+        mgr._host_tier(adapter_id, leased)
+        for entry in leased:
+            mgr.host.release(entry)
 
-        host = while_running(lambda: [to_host_tier(f"h-{i}") for i in range(20)])
+    def host_to_pool(ids: list[str]) -> None:  # all in the host tier, more than the pool's free places
+        for i in ids[20:]:
+            to_host_tier(i)
+        for _ in range(3):
+            for i in ids:
+                timed_acquire(mgr, i)
+
+    phases = [("20 adapters loading", lambda: [timed_acquire(mgr, f"load-{i}") for i in range(20)], True)]
+    if split:
         ids = [f"h-{i}" for i in range(20)] + [f"run-{i}" for i in range(4, 20)]  # > the pool's free places
-        [to_host_tier(i) for i in ids[20:]]
-        gpu = while_running(lambda: [timed_acquire(mgr, i) for _ in range(3) for i in ids])
-        rows += [f"| decode step, 20 adapters source -> host tier only ({len(host)} steps) | {ms(host):.2f} ms "
-                 f"| {(ms(host) / ms(idle) - 1) * 100:+.1f}% |",
-                 f"| decode step, host tier -> pool only, 108 loads back to back ({len(gpu)} steps) | {ms(gpu):.2f} ms "
-                 f"| {(ms(gpu) / ms(idle) - 1) * 100:+.1f}% |"]
-    busy = while_running(lambda: [timed_acquire(mgr, f"load-{i}") for i in range(20)])
-    rise = (ms(busy) / ms(idle) - 1) * 100
-    return rows + [f"| decode step, batch 32, 20 adapters loading ({len(busy)} steps) | {ms(busy):.2f} ms | |",
-                   f"| step time rise while loading | {rise:+.1f}% | <= +5% |"]
+        phases += [
+            ("20 adapters source -> host tier only", lambda: [to_host_tier(i) for i in ids[:20]], True),
+            ("20 adapters source -> host tier only, loader at torch's default threads",
+             lambda: [to_host_tier(f"h-{i}") for i in range(40, 60)], False),
+            ("host tier -> pool only, 108 loads back to back", lambda: host_to_pool(ids), True),
+        ]
+    idle = [step_times(core, IDLE_STEPS)]
+    rows = []
+    for k, (name, work, one_thread) in enumerate(phases):
+        busy = while_running(work, one_thread)
+        idle.append(step_times(core, IDLE_STEPS))
+        base = (ms(idle[-2]) + ms(idle[-1])) / 2
+        target = " (target <= +5%)" if k == 0 else ""
+        rows.append(f"| decode step, batch 32, {name} ({len(busy)} steps) | {ms(busy):.2f} ms "
+                    f"(idle around it {base:.2f} ms) | {(ms(busy) / base - 1) * 100:+.1f}%{target} |")
+    return [f"| decode step, batch 32, no loads (first idle window) | {ms(idle[0]):.2f} ms | |", *rows]
 
 
 def ms(xs: list[float]) -> float:
