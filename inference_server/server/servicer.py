@@ -107,7 +107,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
                 adapter_id, files = assembler.finish()
                 await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
-                writer = self._tenancy.writer(context, engine)
+                writer = self._tenancy.adapters_for(context, engine)
                 info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
             except Exception as exc:
                 self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
@@ -118,7 +118,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: grpc.aio.ServicerContext
                            ) -> pb.ListAdaptersResponse:
         engine = self._state.engine_or_raise()
-        infos = {i.adapter_id: i for i in await asyncio.to_thread(engine.adapters.list)}
+        infos = {i.adapter_id: i for i in await asyncio.to_thread(self._tenancy.adapters_for(context, engine).list)}
         ids, next_token = convert.list_page(sorted(self._tenancy.visible(context, infos.values())), request.prefix,
                                             request.page_size, request.page_token, self._config.list_page_size)
         held = _residency(engine)
@@ -130,7 +130,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
         info = await self._tenancy.check_read(context, engine, adapter_id)  # another tenant's: read here
         if info is None:
-            info = await asyncio.to_thread(engine.adapters.get, adapter_id)
+            info = await asyncio.to_thread(self._tenancy.adapters_for(context, engine).get, adapter_id)
         return convert.adapter_to_pb(info, _residency(engine)(adapter_id))
 
     async def DeleteAdapter(self, request: pb.DeleteAdapterRequest, context: grpc.aio.ServicerContext
@@ -139,7 +139,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
             try:
                 self._tenancy.check_write(context, adapter_id, "delete")
-                await asyncio.to_thread(self._tenancy.writer(context, engine).delete, adapter_id)
+                await asyncio.to_thread(self._tenancy.adapters_for(context, engine).delete, adapter_id)
             except Exception as exc:
                 self._tenancy.audit(context, "delete", adapter_id, exc)
                 raise

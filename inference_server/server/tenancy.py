@@ -87,7 +87,7 @@ class Tenancy:
         if not policy.reads_record(principal, adapter_id):
             return None
         try:
-            info = await asyncio.to_thread(engine.adapters.get, adapter_id)
+            info = await asyncio.to_thread(self.adapters_for(context, engine).get, adapter_id)
         except UnavailableError:
             raise
         except LoraplexError:  # corrupt, incomplete, ...: not the caller's to know that it exists
@@ -99,10 +99,11 @@ class Tenancy:
         """The ids of ``infos`` the caller may list: own, shared, and other tenants' public ones."""
         return policy.visible(principal_of(context), ((i.adapter_id, i.public) for i in infos))
 
-    def writer(self, context: Any, engine: Any) -> Any:
-        """The engine's adapters for an upload or delete: calls to an adapter store name the
-        caller, so the store checks the tenant rules again (a second line of defence; reads and
-        lists are the server's own calls, filtered here)."""
+    def adapters_for(self, context: Any, engine: Any) -> Any:
+        """The engine's adapters for a call made on a client's behalf (upload, delete, get, list):
+        calls to an adapter store name the caller, so the store applies the tenant rules again (a
+        second line of defence behind the checks here). Loading an adapter for a request stays
+        the server's own call: the pool is shared by every tenant."""
         principal = principal_of(context)
         make = getattr(engine.adapters, "for_caller", None)
         return engine.adapters if principal is None or make is None else make(principal)
@@ -117,7 +118,7 @@ class Tenancy:
         limits = self.security.limits
         if owner is None or not (limits.max_adapters or limits.max_adapter_bytes):
             return
-        infos = await asyncio.to_thread(engine.adapters.list)
+        infos = await asyncio.to_thread(self.adapters_for(context, engine).list)
         stored = [(i.adapter_id, i.size_bytes) for i in infos if policy.adapter_owner(i.adapter_id) == owner]
         try:
             self.security.quotas.check_upload(owner, adapter_id, sum(len(b) for b in files.values()), stored)
