@@ -134,14 +134,21 @@ def priority_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
 
 def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     """Replay ms of the LoRA graph of ``size`` rows re-captured with a LoRA stage left out
-    (the tables unchanged): what each stage costs on the step's critical path. The outputs
-    of the ablated graphs are wrong by design; the full graph is captured again at the end."""
+    (the tables unchanged): what each stage costs on the step's critical path. "no LoRA
+    kernels" keeps the side stream's fork and join around each base projection; "no fork/join"
+    leaves the bare base projections in the LoRA graph, so against the base graph it shows
+    whatever else the LoRA graph adds. The outputs of the ablated graphs are wrong by design;
+    the full graph is captured again at the end."""
     from inference_server.lora import batch as lora_batch
 
     graphs = engine._core.runner.graphs
-    original = lora_batch.LoraBatch._sgmv
-    variants = {"full": (), "no expand": ("expand",), "no shrink": ("shrink",), "no LoRA kernels": ("shrink", "expand")}
+    original, original_apply = lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply
+    variants = {"full": (), "no expand": ("expand",), "no shrink": ("shrink",), "no LoRA kernels": ("shrink", "expand"),
+                "no LoRA kernels, no fork/join": "plain"}
     out: dict[str, list[float]] = {name: [] for name in variants}
+
+    def plain(self, x, layer, group, base):  # the base projection alone, inside the LoRA graph
+        return base(x)
 
     def skipping(skip: tuple[str, ...]):
         def _sgmv(self, y, x, layer, group, stage):
@@ -154,11 +161,12 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     try:
         for _ in range(rounds):
             for name, skip in variants.items():
-                lora_batch.LoraBatch._sgmv = skipping(skip)
+                lora_batch.LoraBatch.apply = plain if skip == "plain" else original_apply
+                lora_batch.LoraBatch._sgmv = skipping(() if skip == "plain" else skip)
                 graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
                 out[name].append(replay_ms(engine, size, True, reps=50))
     finally:
-        lora_batch.LoraBatch._sgmv = original
+        lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply = original, original_apply
         graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
     out["base graph"] = [replay_ms(engine, size, False, reps=50) for _ in range(rounds)]
     return out
