@@ -172,7 +172,8 @@ def build_engine(args) -> AsyncEngine:
     adapter_bytes = len(adapters.files["adapter_model.safetensors"])
     config = EngineConfig(
         device="cuda", dtype="bfloat16", max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_len,
-        max_model_len=args.max_len, max_lora_rank=args.rank, kv_cache_memory_fraction=0.5,
+        max_model_len=args.max_len, max_lora_rank=getattr(args, "max_lora_rank", None) or args.rank,
+        kv_cache_memory_fraction=0.5,
         adapter_pool_bytes=int(adapter_bytes * (args.num_adapters + 8)),
         adapter_host_cache_bytes=int(adapter_bytes * 4), enforce_eager=args.eager,
         lora_side_stream=getattr(args, "lora_side_stream", "on") == "on",
@@ -257,6 +258,8 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--max-lora-rank", type=int, default=None,
+                    help="the engine's rank cap (default: --rank; the server's default is 128)")
     ap.add_argument("--num-adapters", type=int, default=64)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--hf-new-tokens", type=int, default=128, help="0 = skip the transformers + PEFT batch")

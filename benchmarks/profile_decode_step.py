@@ -224,6 +224,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--max-lora-rank", type=int, default=None,
+                    help="the engine's rank cap (default: --rank; the server's default is 128)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--side-stream-ab", action="store_true",
                     help="also time the Distinct graph with and without the LoRA side stream")
@@ -233,8 +235,8 @@ def main() -> None:
                     help="also time the LoRA graphs with the side stream at normal vs high priority")
     ap.add_argument("--workloads", default="base,distinct", help="of base, distinct, identical")
     args = ap.parse_args()
-    ns = argparse.Namespace(model=args.model, rank=args.rank, max_batch=args.batch, max_len=2048,
-                            num_adapters=args.batch, eager=False)
+    ns = argparse.Namespace(model=args.model, rank=args.rank, max_lora_rank=args.max_lora_rank, max_batch=args.batch,
+                            max_len=2048, num_adapters=args.batch, eager=False)
     engine = bench_textgen.build_engine(ns)
     report = {}
     rows = {"base": [None] * args.batch, "distinct": [f"a{i}" for i in range(args.batch)],
