@@ -130,61 +130,69 @@ def step_times(core, n: int) -> list[float]:
 IDLE_STEPS = 150  # each idle window between two loading phases
 
 
+def steps_while(core, work, one_thread: bool = True) -> list[float]:
+    """Step periods while ``work`` runs on a loader thread (with one intra-op thread, as the
+    engine's loader threads in AsyncEngine, unless ``one_thread`` is False)."""
+    def run() -> None:
+        if one_thread:
+            cpu_threads.one_intra_op_thread()
+        work()
+
+    loader = threading.Thread(target=run)
+    loader.start()
+    busy = []
+    while loader.is_alive():
+        busy += step_times(core, 1)
+    loader.join()
+    return busy
+
+
+def to_host_tier(mgr: AdapterManager, adapter_id: str) -> None:
+    """The first half of ``acquire`` alone: source -> host tier (a diagnostic; private API)."""
+    leased: list = []
+    mgr._host_tier(adapter_id, leased)
+    for entry in leased:
+        mgr.host.release(entry)
+
+
+def load_phases(mgr: AdapterManager, split: bool) -> list[tuple[str, object, bool]]:
+    """(name, work, one intra-op thread) of each loading phase: 20 full loads; with ``split``,
+    the host half alone (at one and at torch's default threads) and the GPU half alone (host
+    tier -> pool, back to back, over more adapters than the pool's free places)."""
+    phases = [("20 adapters loading", lambda: [timed_acquire(mgr, f"load-{i}") for i in range(20)], True)]
+    if not split:
+        return phases
+    ids = [f"h-{i}" for i in range(20)] + [f"run-{i}" for i in range(4, 20)]
+
+    def host_to_pool() -> None:
+        for i in ids[20:]:
+            to_host_tier(mgr, i)
+        for _ in range(3):
+            for i in ids:
+                timed_acquire(mgr, i)
+
+    return phases + [
+        ("20 adapters source -> host tier only", lambda: [to_host_tier(mgr, i) for i in ids[:20]], True),
+        ("20 adapters source -> host tier only, loader at torch's default threads",
+         lambda: [to_host_tier(mgr, f"h-{i}") for i in range(40, 60)], False),
+        ("host tier -> pool only, 108 loads back to back", host_to_pool, True),
+    ]
+
+
 def decode_rows(engine, mgr, split: bool) -> list[str]:
-    """Decode step time of 32 running requests while 20 adapters load, against the idle
-    windows before and after (the step grows with the context, so a
-    loading phase is compared with the mean of its two neighbours, not with the start); with
-    ``split``, also while the loads' two halves run alone: the host's (source -> host tier:
-    sha256, validate, plan, staging memcpy; no GPU work), with the loader's torch threads as
-    the engine sets them (one) and at torch's default, and the GPU's (host tier -> pool, back
-    to back: pinned H2D + layout kernels, little host work)."""
+    """Decode step time of 32 running requests during each loading phase (``load_phases``),
+    against the mean of the idle windows right before and after it: the step grows with the
+    context, so a phase is not compared with the first steps."""
     core = engine._core
     for i in range(32):
         request = GenerationRequest(f"d{i}", tuple(range(5, 133)), f"run-{i % 4}",
                                     stopping=StoppingCriteria(max_new_tokens=1800, ignore_eos=True))
         core.add_request(request, mgr.acquire(request.adapter_id))
     step_times(core, 3)  # prefill + warm-up
-
-    def while_running(work, one_thread: bool = True) -> list[float]:
-        def run() -> None:  # as the engine's loader threads (AsyncEngine): one intra-op thread
-            if one_thread:
-                cpu_threads.one_intra_op_thread()
-            work()
-
-        loader = threading.Thread(target=run)
-        loader.start()
-        busy = []
-        while loader.is_alive():
-            busy += step_times(core, 1)
-        loader.join()
-        return busy
-
-    def to_host_tier(adapter_id: str) -> None:  # the first half of acquire (a diagnostic: private API)
-        leased = []
-        mgr._host_tier(adapter_id, leased)
-        for entry in leased:
-            mgr.host.release(entry)
-
-    def host_to_pool(ids: list[str]) -> None:  # all in the host tier, more than the pool's free places
-        for i in ids[20:]:
-            to_host_tier(i)
-        for _ in range(3):
-            for i in ids:
-                timed_acquire(mgr, i)
-
-    phases = [("20 adapters loading", lambda: [timed_acquire(mgr, f"load-{i}") for i in range(20)], True)]
-    if split:
-        ids = [f"h-{i}" for i in range(20)] + [f"run-{i}" for i in range(4, 20)]  # > the pool's free places
-        phases += [
-            ("20 adapters source -> host tier only", lambda: [to_host_tier(i) for i in ids[:20]], True),
-            ("20 adapters source -> host tier only, loader at torch's default threads",
-             lambda: [to_host_tier(f"h-{i}") for i in range(40, 60)], False),
-            ("host tier -> pool only, 108 loads back to back", lambda: host_to_pool(ids), True),
-        ]
     idle = [step_times(core, IDLE_STEPS)]
     rows = []
-    for k, (name, work, one_thread) in enumerate(phases):
-        busy = while_running(work, one_thread)
+    for k, (name, work, one_thread) in enumerate(load_phases(mgr, split)):
+        busy = steps_while(core, work, one_thread)
         idle.append(step_times(core, IDLE_STEPS))
         base = (ms(idle[-2]) + ms(idle[-1])) / 2
         target = " (target <= +5%)" if k == 0 else ""
