@@ -276,75 +276,73 @@ def test_adapter_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> 
         srv.close()
 
 
-def test_the_store_holds_uploads_and_deletes_to_the_callers_rules_too(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def store_tenants(tmp_path: Path):
+    """A server with tenant tokens whose adapters live in a store sidecar (a real StoreThread)."""
+    tokens_path = tmp_path / "tokens.json"
+    write_tokens(tokens_path, TOKENS)
+    srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens_path))))
+    engine = FakeEngine(tmp_path / "adapters")
+    store = StoreThread(tmp_path / "store")
+    engine.adapters = StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10)
+    srv.attach(engine)
+    try:
+        yield srv
+    finally:
+        srv.close()
+        engine.adapters.close()
+        store.close()
+
+
+def test_the_store_holds_uploads_and_deletes_to_the_callers_rules_too(store_tenants, tmp_path: Path,
+                                                                        monkeypatch) -> None:
     """A second line of defence: the server names the caller when it writes to the store
     sidecar, so even if the server's own check let a cross-tenant write through (simulated
     here by disabling it), the store refuses it and nothing changes."""
     from inference_server.server.tenancy import Tenancy
 
-    tokens_path = tmp_path / "tokens.json"
-    write_tokens(tokens_path, TOKENS)
-    srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens_path))))
-    engine = FakeEngine(tmp_path / "adapters")
-    store = StoreThread(tmp_path / "store")
-    engine.adapters = StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10)
-    srv.attach(engine)
-    try:
-        folder, other = write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
-        with client(srv, "a") as a:
-            kept = a.upload_adapter("a/x", folder)
-        monkeypatch.setattr(Tenancy, "check_write", lambda self, context, adapter_id, action: None)
-        with client(srv, "b") as b:
-            with pytest.raises(PermissionDeniedError, match="tenant 'b' may not delete adapter 'a/x'"):
-                b.delete_adapter("a/x")
-            with pytest.raises(PermissionDeniedError, match="tenant 'b' may not upload adapter 'a/x'"):
-                b.upload_adapter("a/x", other)
-            assert b.upload_adapter("b/y", other).rank == 8  # its own namespace still works
-        with client(srv, "admin") as admin:
-            after = admin.get_adapter("a/x")
-            assert (after.version, after.rank) == (kept.version, 4)
-            admin.delete_adapter("a/x")  # an admin may, at the store too
-            assert [i.adapter_id for i in admin.list_adapters()] == ["b/y"]
-    finally:
-        srv.close()
-        engine.adapters.close()
-        store.close()
+    srv = store_tenants
+    folder, other = write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
+    with client(srv, "a") as a:
+        kept = a.upload_adapter("a/x", folder)
+    monkeypatch.setattr(Tenancy, "check_write", lambda self, context, adapter_id, action: None)
+    with client(srv, "b") as b:
+        with pytest.raises(PermissionDeniedError, match="tenant 'b' may not delete adapter 'a/x'"):
+            b.delete_adapter("a/x")
+        with pytest.raises(PermissionDeniedError, match="tenant 'b' may not upload adapter 'a/x'"):
+            b.upload_adapter("a/x", other)
+        assert b.upload_adapter("b/y", other).rank == 8  # its own namespace still works
+    with client(srv, "admin") as admin:
+        after = admin.get_adapter("a/x")
+        assert (after.version, after.rank) == (kept.version, 4)
+        admin.delete_adapter("a/x")  # an admin may, at the store too
+        assert [i.adapter_id for i in admin.list_adapters()] == ["b/y"]
 
 
-def test_the_store_holds_reads_and_lists_to_the_callers_rules_too(tmp_path: Path, monkeypatch) -> None:
+def test_the_store_holds_reads_and_lists_to_the_callers_rules_too(store_tenants, tmp_path: Path,
+                                                                  monkeypatch) -> None:
     """The same second line for reads: GetAdapter and ListAdapters name the caller to the store
     sidecar, so with the server's own read checks disabled (simulated here), tenant b still
     sees neither a's private adapter nor its record, and still sees a's public one."""
     from inference_server.server.tenancy import Tenancy
 
-    tokens_path = tmp_path / "tokens.json"
-    write_tokens(tokens_path, TOKENS)
-    srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens_path))))
-    engine = FakeEngine(tmp_path / "adapters")
-    store = StoreThread(tmp_path / "store")
-    engine.adapters = StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10)
-    srv.attach(engine)
-    try:
-        folder = write_fake_adapter(tmp_path / "peft")
-        with client(srv, "a") as a:
-            a.upload_adapter("a/private", folder)
-            a.upload_adapter("a/shared", folder, public=True)
-        with client(srv, "b") as b:
-            b.upload_adapter("b/own", folder)
+    srv = store_tenants
+    folder = write_fake_adapter(tmp_path / "peft")
+    with client(srv, "a") as a:
+        a.upload_adapter("a/private", folder)
+        a.upload_adapter("a/shared", folder, public=True)
+    with client(srv, "b") as b:
+        b.upload_adapter("b/own", folder)
 
-        async def no_read_check(self, context, engine, adapter_id):
-            return None  # the server reads the record itself, unchecked
+    async def no_read_check(self, context, engine, adapter_id):
+        return None  # the server reads the record itself, unchecked
 
-        monkeypatch.setattr(Tenancy, "check_read", no_read_check)
-        monkeypatch.setattr(Tenancy, "visible", lambda self, context, infos: [i.adapter_id for i in infos])
-        with client(srv, "b") as b:
-            assert [i.adapter_id for i in b.list_adapters()] == ["a/shared", "b/own"]
-            with pytest.raises(NotFoundError, match="a/private"):
-                b.get_adapter("a/private")
-            assert b.get_adapter("a/shared").public
-        with client(srv, "admin") as admin:  # the records are all there
-            assert [i.adapter_id for i in admin.list_adapters()] == ["a/private", "a/shared", "b/own"]
-    finally:
-        srv.close()
-        engine.adapters.close()
-        store.close()
+    monkeypatch.setattr(Tenancy, "check_read", no_read_check)
+    monkeypatch.setattr(Tenancy, "visible", lambda self, context, infos: [i.adapter_id for i in infos])
+    with client(srv, "b") as b:
+        assert [i.adapter_id for i in b.list_adapters()] == ["a/shared", "b/own"]
+        with pytest.raises(NotFoundError, match="a/private"):
+            b.get_adapter("a/private")
+        assert b.get_adapter("a/shared").public
+    with client(srv, "admin") as admin:  # the records are all there
+        assert [i.adapter_id for i in admin.list_adapters()] == ["a/private", "a/shared", "b/own"]
