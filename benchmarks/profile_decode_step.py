@@ -105,31 +105,37 @@ def replay_ms(engine, size: int, lora: bool, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def side_stream_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
-    """Replay ms of the LoRA graph of ``size`` rows captured with the shrinks on a side stream
-    (beside the base GEMMs) and without, alternating; the last capture keeps the side stream."""
+def stream_ab(engine, size: int, variants: dict, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph of ``size`` rows captured with each LoRA side stream of
+    ``variants`` (name -> a function making it, or None: the shrinks on the main stream),
+    in turn for ``rounds`` rounds; the last variant's capture is kept."""
     graphs = engine._core.runner.graphs
-    out: dict[str, list[float]] = {"side stream": [], "one stream": []}
-    for i in range(2 * rounds):
-        on = i % 2 == 1
-        graphs.lora_stream = torch.cuda.Stream(graphs.device) if on else None
-        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-        out["side stream" if on else "one stream"].append(replay_ms(engine, size, True, reps=50))
+    out: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, make in variants.items():
+            graphs.lora_stream = make()
+            graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+            out[name].append(replay_ms(engine, size, True, reps=50))
     return out
 
 
-def priority_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
-    """Replay ms of the LoRA graph captured with its side stream at high and at normal priority
-    (lower numbers are higher; PyTorch clamps to the device's range), alternating; the last
-    capture keeps normal priority (the engine's)."""
-    graphs = engine._core.runner.graphs
-    out: dict[str, list[float]] = {"high priority": [], "normal priority": []}
-    for i in range(2 * rounds):
-        high = i % 2 == 0
-        graphs.lora_stream = torch.cuda.Stream(graphs.device, priority=-1 if high else 0)
-        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-        out["high priority" if high else "normal priority"].append(replay_ms(engine, size, True, reps=50))
-    return out
+def side_stream_ab(engine, size: int) -> dict[str, list[float]]:
+    """The shrinks on one stream vs on a side stream beside the base GEMMs (the engine's, kept)."""
+    dev = engine._core.runner.graphs.device
+    return stream_ab(engine, size, {"one stream": lambda: None, "side stream": lambda: torch.cuda.Stream(dev)})
+
+
+def priority_ab(engine, size: int) -> dict[str, list[float]]:
+    """The side stream at high vs normal priority (the engine's, kept); lower numbers are
+    higher, PyTorch clamps to the device's range."""
+    dev = engine._core.runner.graphs.device
+    return stream_ab(engine, size, {"high priority": lambda: torch.cuda.Stream(dev, priority=-1),
+                                    "normal priority": lambda: torch.cuda.Stream(dev, priority=0)})
+
+
+def print_replays(title: str, replays: dict[str, list[float]]) -> None:
+    print(f"   {title}: " + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in replays.items()),
+          flush=True)
 
 
 def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
@@ -257,13 +263,11 @@ def main() -> None:
         if lora and args.side_stream_ab:
             ab = side_stream_ab(engine, args.batch)
             report[name]["side_stream_ab_replay_ms"] = ab
-            print("   LoRA graph replay (ms), shrinks beside the GEMMs vs on one stream: "
-                  + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
+            print_replays("LoRA graph replay (ms), shrinks beside the GEMMs vs on one stream", ab)
         if lora and args.priority_ab:
             ab = priority_ab(engine, args.batch)
             report[name]["priority_ab_replay_ms"] = ab
-            print("   LoRA graph replay (ms), side stream priority: "
-                  + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
+            print_replays("LoRA graph replay (ms), side stream priority", ab)
         if args.ablate:
             print("   timeline of one layer (start, duration, gap; us):")
             for line in timeline(engine, args.batch, lora):
@@ -271,8 +275,7 @@ def main() -> None:
         if lora and args.ablate:
             ab = ablation(engine, args.batch)
             report[name]["ablation_replay_ms"] = ab
-            print("   LoRA graph replay (ms) with stages left out: "
-                  + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in ab.items()), flush=True)
+            print_replays("LoRA graph replay (ms) with stages left out", ab)
         for rid in list(engine._core._seqs):
             engine._core.abort(rid)
         engine._core.step()
