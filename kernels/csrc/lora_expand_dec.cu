@@ -25,29 +25,57 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
 
-// acc = v[0:NR, k] @ B_tile[k, 8c:8c+8] over this thread's k (kt, kt + KT, ...), summed over
-// the KT k-threads, then y[m, 8 columns] += scale * acc[m] (one rounding), for m < nrows <= NR.
-template <int DT, int RMAX, int KT, int NR, int COLS>
-__device__ __forceinline__ void accumulate_store(const u16* bsh, const float* vsh, int c, int kt, int r, int nrows,
-                                                 const uint4* yv, u16* ybase, i64 y_stride, bool y_vec, int valid,
-                                                 float scale) {
+// Stage B rows [k0, k1) of this block's columns into bsh[0 : k1 - k0] (cp.async; element-wise
+// where B is misaligned, zeros past the slice's last column): thread tid stages 16-byte piece
+// tid % CHUNKS of rows k0 + tid / CHUNKS, + KT, ...
+template <int KT, int COLS>
+__device__ __forceinline__ void stage_rows(u16* bsh, const u16* B, i64 w, int n0, bool b_vec, int k0, int k1) {
+  constexpr int CHUNKS = COLS / 8;
+  const int tid = threadIdx.x, pc = tid % CHUNKS, valid = min(8, (int)(w - n0 - 8 * pc));
+  const u16* src = B + 8 * pc;
+  for (int k = k0 + tid / CHUNKS; k < k1; k += KT) {
+    u16* dst = bsh + (k - k0) * COLS + 8 * pc;
+    if (b_vec && valid >= 8)
+      cp_async16(dst, src + (i64)k * w);
+    else
+      *(uint4*)dst = load8(src + (i64)k * w, false, valid);
+  }
+}
+
+// acc = v[0:NR, k] @ B[k, 8c:8c+8] over this thread's k (kt, kt + KT, ...), walking the rank
+// in chunks of CR rows through the shared tile (the first chunk is already staged and in
+// flight), summed over the KT k-threads, then y[m, 8 columns] += scale * acc[m] (one
+// rounding), for m < nrows <= NR.
+template <int DT, int KT, int NR, int COLS, int CR, int RV>
+__device__ __forceinline__ void accumulate_store(u16* bsh, const float* vsh, const u16* B, i64 w, int n0, bool b_vec,
+                                                 int c, int kt, int r, int nrows, const uint4* yv, u16* ybase,
+                                                 i64 y_stride, bool y_vec, int valid, float scale) {
   float acc[NR][8];
 #pragma unroll
   for (int m = 0; m < NR; ++m)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[m][e] = 0.f;
+  for (int k0 = 0; k0 < r; k0 += CR) {  // r is uniform in the block: every thread takes each turn
+    if (k0 > 0) {
+      __syncthreads();  // everyone is done with the previous chunk
+      stage_rows<KT, COLS>(bsh, B, w, n0, b_vec, k0, min(r, k0 + CR));
+    }
+    cp_async_wait_all();
+    __syncthreads();  // the chunk, staged by other threads (and v, on the first turn)
+    const int k1 = min(r, k0 + CR);
 #pragma unroll 4
-  for (int k = kt; k < r; k += KT) {
-    const uint4 bv = *(const uint4*)(bsh + k * COLS + 8 * c);
-    float b[8];
+    for (int k = k0 + kt; k < k1; k += KT) {
+      const uint4 bv = *(const uint4*)(bsh + (k - k0) * COLS + 8 * c);
+      float b[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) b[e] = to_f32<DT>(u4_get(bv, e));
+      for (int e = 0; e < 8; ++e) b[e] = to_f32<DT>(u4_get(bv, e));
 #pragma unroll
-    for (int m = 0; m < NR; ++m) {
-      if (m < nrows) {
-        const float vv = vsh[m * RMAX + k];
+      for (int m = 0; m < NR; ++m) {
+        if (m < nrows) {
+          const float vv = vsh[m * RV + k];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[m][e] = fmaf(vv, b[e], acc[m][e]);
+          for (int e = 0; e < 8; ++e) acc[m][e] = fmaf(vv, b[e], acc[m][e]);
+        }
       }
     }
   }
@@ -84,17 +112,19 @@ __device__ __forceinline__ void accumulate_store(const u16* bsh, const float* vs
   }
 }
 
-// RMAX: the largest rank; KT: threads splitting k per group of 8 columns. A block covers
-// COLS = LORA_THREADS / KT * 8 columns: its B tile is RMAX x COLS values in shared memory.
-template <int DT, int RMAX, int KT>
+// KT: threads splitting k per group of 8 columns; a block covers COLS = LORA_THREADS / KT * 8
+// columns and walks the rank in chunks of CR rows through one CR x COLS tile of shared memory,
+// so the tile (and the grid) does not depend on the largest rank the engine accepts: rank-16
+// adapters cost the same under a rank cap of 128 as under 16.
+template <int DT, int KT, int CR>
 __device__ __forceinline__ void expand_dec_body(
     const float* __restrict__ part, int ksplit, int R, const u16* __restrict__ pool,
     const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
     const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
     i64 y_stride, int nslices, const SliceTable& sl, int mode) {
-  constexpr int COLS = LORA_THREADS / KT * 8, CHUNKS = COLS / 8;  // CHUNKS: 16-byte pieces of a B row
-  __shared__ __align__(16) u16 bsh[RMAX][COLS];
-  __shared__ float vsh[DEC_ROWS][RMAX];
+  constexpr int COLS = LORA_THREADS / KT * 8;
+  __shared__ __align__(16) u16 bsh[CR][COLS];
+  __shared__ float vsh[DEC_ROWS][LORA_MAX_RANK];
   const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, kt = tid % KT;
   int p = 0;
 #pragma unroll
@@ -116,20 +146,11 @@ __device__ __forceinline__ void expand_dec_body(
     boff = b_off[p * nslots + it.slot];
     scale = scales[p * nslots + it.slot];
   }
-  if (r <= 0 || r > min(R, RMAX)) return;
+  if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
   const int w = sl.width[p], n0 = (tile - sl.tile0[p]) * COLS;
   const u16* B = pool + boff + (i64)layer * r * w + n0;
   const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
-  {  // B[0:r, n0:n0+COLS] -> shared: thread tid stages piece tid % CHUNKS of rows k0, k0 + KT, ...
-    const int pc = tid % CHUNKS, valid = min(8, w - n0 - 8 * pc);
-    const u16* src = B + 8 * pc;
-    for (int k = tid / CHUNKS; k < r; k += KT) {
-      if (b_vec && valid >= 8)
-        cp_async16(&bsh[k][8 * pc], src + (i64)k * w);
-      else
-        *(uint4*)&bsh[k][8 * pc] = load8(src + (i64)k * w, false, valid);  // zeros past the last column
-    }
-  }
+  stage_rows<KT, COLS>(bsh[0], B, w, n0, b_vec, 0, min(r, CR));  // the first chunk, in flight from here
 
   const int c = tid / KT, n = n0 + 8 * c, valid = min(8, w - n);
   u16* ybase = y + (i64)it.row0 * y_stride + sl.col[p] + n;
@@ -144,35 +165,27 @@ __device__ __forceinline__ void expand_dec_body(
     const float s = sum_partials(part, p, ksplit, rows, R, it.row0 + m, k);
     vsh[m][k] = to_f32<DT>(from_f32<DT>(s));  // v is rounded to x's dtype, as the reference
   }
-  cp_async_wait_all();
-  __syncthreads();
-
   if (it.nrows == 1)  // Distinct batches: one row per item, a quarter of the FMAs issued
-    accumulate_store<DT, RMAX, KT, 1, COLS>(bsh[0], vsh[0], c, kt, r, 1, yv, ybase, y_stride, y_vec, valid, scale);
+    accumulate_store<DT, KT, 1, COLS, CR, LORA_MAX_RANK>(bsh[0], vsh[0], B, w, n0, b_vec, c, kt, r, 1, yv, ybase,
+                                                         y_stride, y_vec, valid, scale);
   else
-    accumulate_store<DT, RMAX, KT, DEC_ROWS, COLS>(bsh[0], vsh[0], c, kt, r, it.nrows, yv, ybase, y_stride, y_vec,
-                                                   valid, scale);
+    accumulate_store<DT, KT, DEC_ROWS, COLS, CR, LORA_MAX_RANK>(bsh[0], vsh[0], B, w, n0, b_vec, c, kt, r, it.nrows,
+                                                                yv, ybase, y_stride, y_vec, valid, scale);
 }
 
-#define LORA_EXPAND_DEC_KERNEL(NAME, DT, RMAX, KT)                                            \
+#define LORA_EXPAND_DEC_KERNEL(NAME, DT)                                                      \
   extern "C" __global__ void __launch_bounds__(LORA_THREADS, 6) NAME(                         \
       const float* part, int ksplit, int R, const u16* pool, const i64* b_off,                \
       const int* ranks, const float* scales, const int* table, int ntable, int nslots,        \
       int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3, \
       int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode) {                     \
     const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};           \
-    expand_dec_body<DT, RMAX, KT>(part, ksplit, R, pool, b_off, ranks, scales, table, ntable,   \
-                                  nslots, rows, layer, y, y_stride, nslices, sl, mode);       \
+    expand_dec_body<DT, 1, 16>(part, ksplit, R, pool, b_off, ranks, scales, table, ntable,      \
+                               nslots, rows, layer, y, y_stride, nslices, sl, mode);          \
   }
 
-// r<N>: ranks <= N, N / 16 k-threads per 8 columns (16384 / N columns per block, a 32 KB B
-// tile). Measured at the 7B decode widths: fewer k-threads (wider tiles) are faster for
-// Distinct batches, where the B bytes dominate (benchmarks/RESULTS.md).
-#define LORA_EXPAND_DEC_DTYPE(TAG, DT)                              \
-  LORA_EXPAND_DEC_KERNEL(lora_expand_dec_##TAG##_m4_r16, DT, 16, 1)   \
-  LORA_EXPAND_DEC_KERNEL(lora_expand_dec_##TAG##_m4_r32, DT, 32, 2)   \
-  LORA_EXPAND_DEC_KERNEL(lora_expand_dec_##TAG##_m4_r64, DT, 64, 4)   \
-  LORA_EXPAND_DEC_KERNEL(lora_expand_dec_##TAG##_m4_r128, DT, 128, 8)
-
-LORA_EXPAND_DEC_DTYPE(bf16, 0)
-LORA_EXPAND_DEC_DTYPE(fp16, 1)
+// One k-thread per 8 columns (1024 columns per block), the rank in chunks of 16 rows (a 32 KB
+// tile): measured at the 7B decode widths, the widest tiles are the fastest for Distinct
+// batches, where the B bytes dominate (benchmarks/RESULTS.md).
+LORA_EXPAND_DEC_KERNEL(lora_expand_dec_bf16_m4, 0)
+LORA_EXPAND_DEC_KERNEL(lora_expand_dec_fp16_m4, 1)

@@ -22,7 +22,7 @@ K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
 DEC_ROWS = 4  # decode expand: rows per item
-DEC_VARIANTS = (16, 32, 64, 128)  # decode expand: rank caps; r<N>: 16384 / N columns per block
+DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank in 16-row chunks)
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -32,11 +32,6 @@ def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def dec_cols(variant: str) -> int:
-    """Output columns per block of decode expand variant r<N>: a B tile of 16384 values (32 KB)."""
-    return 16384 // int(variant[1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +126,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
     ws_pstride = i64(c.workspace.shape[1] * cap)
     common = (i32(plan.ntable), i32(problem.nslots), i32(rows))
-    expand_variant = rank_variant(cap, DEC_VARIANTS)
-    bn = dec_cols(expand_variant) if plan.decode else EXPAND_BN[plan.bm]
+    bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
     ntiles, slices = _slice_args(plan, problem, bn)
     meta = (_ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), *common, i32(c.layer),
             _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode))
@@ -149,7 +143,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
         if only == "shrink":
             return
         if plan.decode:
-            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}_{expand_variant}")
+            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
             head = (_ptr(partials), i32(plan.ksplit), i32(cap))
         else:
             expand = rt.function("expand", c.x.dtype, f"m{plan.bm}")
