@@ -51,25 +51,25 @@ def add_lora_slices(
     workspace: torch.Tensor,
     cache: object | None = None,
     stage: str = "both",
+    row_slot: torch.Tensor | None = None,
 ) -> None:
     """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices.
 
     ``cache``: what ``step_cache(pool)`` returned for this pool (kept by the caller across
     steps), or None. ``stage``: "both"; or, where ``can_stage(x)``, "shrink" then "expand"
-    (two calls, same arguments; see ``kernels.cuda.add_lora_slices``)."""
-    if stage != "both":
-        if not _use_cuda(x):
-            raise ValueError(f"stage {stage!r} needs the CUDA kernels (16-bit CUDA tensors), got {x.dtype} on {x.device}")
-        _cuda_ops().add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, stage)
-        return
+    (two calls, same arguments; see ``kernels.cuda.add_lora_slices``). ``row_slot``: the
+    same layout as ``seg`` row by row, which the CUDA decode expand may use instead (same
+    result); the other backends do not need it."""
     if _use_cuda(x):
-        impl = _cuda_ops().add_lora_slices
-    elif not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
-        cpu.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, cache)
+        _cuda_ops().add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, stage,
+                                    row_slot)
         return
+    if stage != "both":
+        raise ValueError(f"stage {stage!r} needs the CUDA kernels (16-bit CUDA tensors), got {x.dtype} on {x.device}")
+    if not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
+        cpu.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, cache)
     else:
-        impl = reference.add_lora_slices
-    impl(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
+        reference.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
 
 
 def can_stage(x: torch.Tensor) -> bool:

@@ -89,7 +89,7 @@ class LoraBatch:
         rows = slice(first, first + count)
         kernels.add_lora_slices(y, x, self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
                                 self.scales[rows], self.seg, layer, self.widths[group], self.workspace[:count],
-                                self.cache, stage)
+                                self.cache, stage, self.row_slot[: x.shape[0]])
 
 
 class LoraBatchBuilder:

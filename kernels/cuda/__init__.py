@@ -34,6 +34,7 @@ def add_lora_slices(
     out_widths: Sequence[int],
     workspace: torch.Tensor,
     stage: str = "both",
+    row_slot: torch.Tensor | None = None,
 ) -> None:
     """SGMV: y[seg_i, c_p:c_p+w_p] += scales[p,i] * (x[seg_i] @ A_pi(layer)) @ B_pi(layer)
 
@@ -50,17 +51,22 @@ def add_lora_slices(
     stage: "both", or "shrink" then "expand" as two calls with the same arguments, so a
     caller can run the shrink (which reads x only) beside other work, e.g. on a side stream
     next to the base projection that produces y; nothing else may use the kernels between
-    the two. Raises ValueError on a dtype, device, shape or stride mismatch.
+    the two. row_slot: optional int32 [T], the same layout as seg (row t of segment i -> i, -1
+    past seg[S]); on the decode path the expand then works one row per item (no segment scan
+    for rows past a segment's first tile), with bitwise the same result. Raises ValueError on
+    a dtype, device, shape or stride mismatch.
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
     check_seg(seg, problem, x.device)
+    if row_slot is not None:
+        check_row_slot(row_slot, problem, x.device)
     if problem.rows == 0:
         return
     rt = default_cache().get(x.device)
     plan = make_plan(problem, 0, problem.nslots)
-    call = Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace)
+    call = Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace, row_slot)
     launch(rt, plan, problem, call, None if stage == "both" else stage)
 
 

@@ -104,6 +104,7 @@ class Call:
     table: torch.Tensor
     layer: int
     workspace: torch.Tensor
+    row_slot: torch.Tensor | None = None  # SGMV decode: the expand takes one row per item from it
 
 
 def _slice_args(plan: Plan, problem: Problem, bn: int) -> tuple[int, tuple]:
@@ -142,10 +143,14 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
             )
         if only == "shrink":
             return
+        items = plan.expand_items
         if plan.decode:
             expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
             head = (_ptr(partials), i32(plan.ksplit), i32(cap))
+            if c.row_slot is not None:  # BGMV items (a row each) over the shrink's per-row partials
+                items = rows
+                meta = (*meta[:4], _ptr(c.row_slot), i32(rows), *meta[6:-1], i32(1))
         else:
             expand = rt.function("expand", c.x.dtype, f"m{plan.bm}")
             head = (_ptr(c.workspace), ws_pstride, i32(cap))
-        expand((ntiles, plan.expand_items), (THREADS,), (*head, *meta))
+        expand((ntiles, items), (THREADS,), (*head, *meta))

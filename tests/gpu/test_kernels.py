@@ -7,6 +7,7 @@ must stay bit-identical.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -253,3 +254,31 @@ def test_decode_expand_walks_every_rank_in_chunks(cap, bgmv, dtype):
                            widths=(1100, 300, 300), ranks=ranks, table=table, dtype=dtype, misalign=misalign,
                            rank_cap=cap)
         _run(batch, bgmv)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(4))
+def test_decode_expand_by_rows_is_bitwise_the_segment_expand(seed, dtype):
+    """With row_slot (the same layout as seg, row by row) the decode expand takes one row per
+    item instead of walking segments: the result must not change by a bit, for one-row and
+    long segments, empty ones and rows past seg[S]."""
+    gen = torch.Generator().manual_seed(4000 + seed)
+    lengths = torch.randint(0, 12, (9,), generator=gen)
+    lengths[torch.rand(9, generator=gen) < 0.3] = 1
+    lengths[2] = 0
+    table = seg_from_lengths(lengths.tolist())
+    rows = int(table[-1]) + 2  # two rows past seg[S]: no adapter
+    row_slot = torch.full((rows,), -1, dtype=torch.int32)
+    for i in range(9):
+        row_slot[int(table[i]):int(table[i + 1])] = i
+    batch = make_batch(gen, rows=rows, h_in=int(torch.randint(64, 1500, (1,), generator=gen)),
+                       widths=_random_widths(gen, 1 + seed % 3), ranks=_random_ranks(gen, 1 + seed % 3, 9),
+                       table=table, dtype=dtype, misalign=seed % 2 == 1, rank_cap=128 if seed % 2 else None)
+    y0 = batch.y.clone()
+    kcuda.add_lora_slices(*batch.args())
+    by_segments = batch.y.clone()
+    batch.y.copy_(y0)
+    kcuda.add_lora_slices(*batch.args(), row_slot=row_slot.cuda())
+    torch.cuda.synchronize()
+    assert torch.equal(batch.y, by_segments)
+    assert_close_rows(by_segments, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
