@@ -177,12 +177,61 @@ __device__ __forceinline__ int direct_slot(int mode, int ntable, int item) {
   return (mode == 0 && item < ntable) ? item : -1;
 }
 
+// What one expand block works on: column tile `tile` of the launch falls in slice p; item
+// `item` is rows [it.row0, it.row0 + it.nrows) of the adapter in it.slot, whose rank, B offset
+// and scale for slice p are r, boff and scale.
+struct ExpandWork {
+  LoraItem it;
+  int p, width, col, tile0;  // the slice: index, columns, first column in y, first column tile
+  int r;
+  i64 boff;
+  float scale;
+};
+
+// The prologue the expand kernels share. Slice fields are read with compile-time indices (a
+// runtime index into the kernel-argument struct would put it in local memory); a direct SGMV
+// item's tables are read in parallel with its segment bounds. False: nothing to do (no adapter,
+// or a rank outside [1, min(R, LORA_MAX_RANK)]).
+__device__ __forceinline__ bool expand_work(ExpandWork& wk, const SliceTable& sl, int nslices, int tile, int item,
+                                            int bm, int mode, const int* table, int ntable, int rows, int nslots,
+                                            const int* ranks, const i64* b_off, const float* scales, int R) {
+  wk.p = 0;
+  wk.width = sl.width[0];
+  wk.col = sl.col[0];
+  wk.tile0 = 0;
+#pragma unroll
+  for (int q = 1; q < LORA_MAX_SLICES; ++q)
+    if (q < nslices && tile >= sl.tile0[q]) {
+      wk.p = q;
+      wk.width = sl.width[q];
+      wk.col = sl.col[q];
+      wk.tile0 = sl.tile0[q];
+    }
+  const int guess = direct_slot(mode, ntable, item);
+  const int base = wk.p * nslots;
+  if (guess >= 0) {
+    wk.r = ranks[base + guess];
+    wk.boff = b_off[base + guess];
+    wk.scale = scales[base + guess];
+  }
+  wk.it = find_item(mode, table, ntable, rows, item, bm, nslots);
+  if (wk.it.slot < 0) return false;
+  if (wk.it.slot != guess) {
+    wk.r = ranks[base + wk.it.slot];
+    wk.boff = b_off[base + wk.it.slot];
+    wk.scale = scales[base + wk.it.slot];
+  }
+  return wk.r > 0 && wk.r <= min(R, LORA_MAX_RANK);
+}
+
 // Eight consecutive 16-bit values from global memory: one 16-byte load when `vec` (caller
 // checked alignment) and all eight are in range, else element loads of the first `valid`
-// values and zeros after (out of line: rare, and it keeps the kernels' code small).
-__device__ __noinline__ uint4 load8_slow(const u16* src, int valid) {
+// values and zeros after (compile-time lanes: no local-memory array, no call).
+__device__ __forceinline__ uint4 load8_slow(const u16* src, int valid) {
   u32 w[4] = {0, 0, 0, 0};
-  for (int e = 0; e < valid && e < 8; ++e) w[e >> 1] |= ((u32)src[e]) << ((e & 1) * 16);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (e < valid) w[e >> 1] |= ((u32)src[e]) << ((e & 1) * 16);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 

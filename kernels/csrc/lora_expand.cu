@@ -33,32 +33,16 @@ __device__ __forceinline__ void expand_body(
 
   const int tile = blockIdx.x, item = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int p = 0;
-#pragma unroll
-  for (int q = 1; q < LORA_MAX_SLICES; ++q)
-    if (q < nslices && tile >= sl.tile0[q]) p = q;
-  const int guess = direct_slot(mode, ntable, item);
-  int r = 0;
-  i64 boff = 0;
-  float scale = 0.f;
-  if (guess >= 0) {  // loads in flight together with the segment bounds
-    r = ranks[p * nslots + guess];
-    boff = b_off[p * nslots + guess];
-    scale = scales[p * nslots + guess];
-  }
-  const LoraItem it = find_item(mode, table, ntable, rows, item, BM, nslots);
-  if (it.slot < 0) return;
-  if (it.slot != guess) {
-    r = ranks[p * nslots + it.slot];
-    boff = b_off[p * nslots + it.slot];
-    scale = scales[p * nslots + it.slot];
-  }
-  if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-  const int w = sl.width[p], n0 = (tile - sl.tile0[p]) * BN;
-  const u16* B = pool + boff + (i64)layer * r * w;
+  ExpandWork wk;
+  if (!expand_work(wk, sl, nslices, tile, item, BM, mode, table, ntable, rows, nslots, ranks, b_off, scales, R))
+    return;
+  const int p = wk.p, r = wk.r, w = wk.width, n0 = (tile - wk.tile0) * BN;
+  const float scale = wk.scale;
+  const LoraItem it = wk.it;
+  const u16* B = pool + wk.boff + (i64)layer * r * w;
   constexpr int VPR = BN / 8, YV = (BM * VPR + LORA_THREADS - 1) / LORA_THREADS;
   // y tile loads go out first: the read-modify-write at the end then waits on nothing.
-  u16* ybase = y + (i64)it.row0 * y_stride + sl.col[p] + n0;
+  u16* ybase = y + (i64)it.row0 * y_stride + wk.col + n0;
   const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0);
   uint4 yv[YV];
 #pragma unroll

@@ -126,34 +126,18 @@ __device__ __forceinline__ void expand_dec_body(
   __shared__ __align__(16) u16 bsh[CR][COLS];
   __shared__ float vsh[DEC_ROWS][LORA_MAX_RANK];
   const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, kt = tid % KT;
-  int p = 0;
-#pragma unroll
-  for (int q = 1; q < LORA_MAX_SLICES; ++q)
-    if (q < nslices && tile >= sl.tile0[q]) p = q;
-  const int guess = direct_slot(mode, ntable, item);
-  int r = 0;
-  i64 boff = 0;
-  float scale = 0.f;
-  if (guess >= 0) {  // loads in flight together with the segment bounds
-    r = ranks[p * nslots + guess];
-    boff = b_off[p * nslots + guess];
-    scale = scales[p * nslots + guess];
-  }
-  const LoraItem it = find_item(mode, table, ntable, rows, item, DEC_ROWS, nslots);
-  if (it.slot < 0) return;
-  if (it.slot != guess) {
-    r = ranks[p * nslots + it.slot];
-    boff = b_off[p * nslots + it.slot];
-    scale = scales[p * nslots + it.slot];
-  }
-  if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-  const int w = sl.width[p], n0 = (tile - sl.tile0[p]) * COLS;
-  const u16* B = pool + boff + (i64)layer * r * w + n0;
+  ExpandWork wk;
+  if (!expand_work(wk, sl, nslices, tile, item, DEC_ROWS, mode, table, ntable, rows, nslots, ranks, b_off, scales, R))
+    return;
+  const int p = wk.p, r = wk.r, w = wk.width, n0 = (tile - wk.tile0) * COLS;
+  const float scale = wk.scale;
+  const LoraItem it = wk.it;
+  const u16* B = pool + wk.boff + (i64)layer * r * w + n0;
   const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
   stage_rows<KT, COLS>(bsh[0], B, w, n0, b_vec, 0, min(r, CR));  // the first chunk, in flight from here
 
   const int c = tid / KT, n = n0 + 8 * c, valid = min(8, w - n);
-  u16* ybase = y + (i64)it.row0 * y_stride + sl.col[p] + n;
+  u16* ybase = y + (i64)it.row0 * y_stride + wk.col + n;
   const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0) && valid == 8;
   uint4 yv[DEC_ROWS];
 #pragma unroll
