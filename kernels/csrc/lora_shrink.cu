@@ -2,14 +2,16 @@
 //
 // Grid (ksplit, items, P): block (ks, item, p) multiplies the item's rows (bm of them at
 // most) by the k-range [ks*kc, ks*kc + kc) of slice p's A on tensor cores (mma.sync,
-// fp32 accumulate). A is staged flat ([k][r] as in memory, 16-byte loads). Each block
+// fp32 accumulate), in chunks of the rank. A's chunk is staged with 16-byte loads, flat ([k][r]
+// as in memory) when the chunk is the whole rank. Each block
 // stores an fp32 partial [P][ksplit][T][R]. Then either
 //  - partial_only (decode path): the decode expand (lora_expand_dec.cu) sums the partials;
 //  - else the last block of an item (an atomic counter that it resets to 0, so counters
 //    are zero between launches and a captured graph replays) sums them in fixed order
 //    (deterministic) and writes v rounded to x's dtype into the workspace. With ksplit = 1
 //    the block writes the workspace directly.
-// NTM: the most n-tiles of 8 (rank <= 8*NTM); a smaller NTM keeps registers low.
+// NTM: n-tiles of 8 per rank chunk; larger ranks take several chunks (x staged again for
+// each), a smaller NTM keeps registers low.
 #include "lora_common.cuh"
 
 template <int BM>
@@ -26,43 +28,25 @@ struct ShrinkShape {
   static constexpr int SMEM = STAGE_BYTES > RED_BYTES ? STAGE_BYTES : RED_BYTES;
 };
 
+// Ranks [c0, c0 + cw) of v for the item's rows over k in [kb, ke): stages of x and of A's
+// chunk in shared memory, mma.sync on tensor cores, a fixed-order cross-warp reduction, then
+// the fp32 partial of this k-range (or, store_ws: v rounded to x's dtype) into row * R + c0 + n.
+// A's chunk is staged as [k][ld] with 16-byte pieces: flat as in memory when it is all of A's
+// columns (ld = r), else row by row (ld = cw rounded up to 8, zeros past cw).
 template <int DT, int BM, int NTM>
-__device__ __forceinline__ void shrink_body(
-    const u16* __restrict__ x, i64 x_stride, const u16* __restrict__ pool,
-    const i64* __restrict__ a_off, const int* __restrict__ ranks, const int* __restrict__ table,
-    int ntable, int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride,
-    int R, float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc,
-    int items, int mode, int partial_only) {
+__device__ __forceinline__ void shrink_chunk(unsigned char* smem, const u16* x, i64 x_stride, bool x_vec,
+                                             const u16* A, int r, int c0, int kb, int ke, const LoraItem& it,
+                                             u16* wsp, int R, float* part, int rows, bool store_ws) {
   typedef ShrinkShape<BM> S;
-  __shared__ __align__(16) unsigned char smem[S::SMEM];
-  __shared__ int s_last;
   u16* xs = (u16*)smem;
   u16* as = xs + S::XS;
   float* red = (float*)smem;
-
-  const int ks = blockIdx.x, item = blockIdx.y, p = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int guess = direct_slot(mode, ntable, item);
-  int r = 0;
-  i64 aoff = 0;
-  if (guess >= 0) {  // loads in flight together with the segment bounds
-    r = ranks[p * nslots + guess];
-    aoff = a_off[p * nslots + guess];
-  }
-  const LoraItem it = find_item(mode, table, ntable, rows, item, BM, nslots);
-  if (it.slot < 0) return;
-  if (it.slot != guess) {
-    r = ranks[p * nslots + it.slot];
-    aoff = a_off[p * nslots + it.slot];
-  }
-  if (r <= 0 || r > min(min(R, LORA_MAX_RANK), NTM * 8)) return;
-
-  const u16* A = pool + aoff + (i64)layer * h_in * r;
-  const int kb = ks * kc, ke = min(h_in, kb + kc);
-  const int rp16 = (r + 15) & ~15, ntiles = (r + 7) >> 3;
+  const int cw = min(NTM * 8, r - c0), flat = cw == r, ld = flat ? r : (cw + 7) & ~7, ppr = ld >> 3;
+  const int rp16 = (ld + 15) & ~15, ntiles = (cw + 7) >> 3;
   const int ksd = min((8192 / rp16) & ~15, S::KSD_MAX);
   const int wm = warp % S::WM, wk = warp / S::WM;
-  const bool x_vec = ((((u64)x) & 15) == 0) && ((x_stride & 7) == 0);
+  const bool a_vec = (((u64)A) & 15) == 0 && (flat || ((r & 7) == 0 && (c0 & 7) == 0));
 
   float acc[NTM][4];
 #pragma unroll
@@ -74,9 +58,7 @@ __device__ __forceinline__ void shrink_body(
     // never stored. All loads of the stage are issued before any shared-memory store.
     const int mstep = LORA_THREADS / vpr, m0 = tid / vpr, kk = (tid - m0 * vpr) * 8;
     const u16* xsrc = x + (i64)(it.row0 + m0) * x_stride + k0 + kk;
-    const u16* asrc = A + (i64)k0 * r;
-    const bool a_vec = (((u64)asrc) & 15) == 0;
-    const int ne = depth * r, ntot = dpad * r;
+    const int ne = depth * r, ntot = dpad * ld;
     const bool xt = tid < mstep * vpr;  // threads past mstep*vpr load no x
     uint4 xv[8], av[8];
 #pragma unroll
@@ -86,9 +68,16 @@ __device__ __forceinline__ void shrink_body(
                   : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int e0 = (tid + u * LORA_THREADS) * 8;
-      av[u] = e0 < ntot ? load8(asrc + e0, a_vec, ne - e0) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 8; ++u) {  // piece pc lands at as + 8 * pc: row pc / ppr, columns 8 * (pc % ppr)
+      const int pc = tid + u * LORA_THREADS, e0 = pc * 8;
+      if (e0 >= ntot) {
+        av[u] = make_uint4(0, 0, 0, 0);
+      } else if (flat) {
+        av[u] = load8(A + (i64)k0 * r + e0, a_vec, ne - e0);
+      } else {
+        const int k = pc / ppr, j = (pc - k * ppr) * 8;
+        av[u] = load8(A + (i64)(k0 + k) * r + c0 + j, a_vec, k < depth ? cw - j : 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
@@ -96,7 +85,7 @@ __device__ __forceinline__ void shrink_body(
       if (xt && m < it.nrows) *(uint4*)(xs + m * S::LDX + kk) = xv[u];
     }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {  // A stays flat [k][r] (as in memory): no transposition
+    for (int u = 0; u < 8; ++u) {
       const int e0 = (tid + u * LORA_THREADS) * 8;
       if (e0 < ntot) *(uint4*)(as + e0) = av[u];
     }
@@ -109,7 +98,7 @@ __device__ __forceinline__ void shrink_body(
         for (int nt = 0; nt < NTM; ++nt) {
           if (nt < ntiles) {
             u32 bf[2];
-            load_b_frag(bf, as, r, kstep * 16, nt * 8);
+            load_b_frag(bf, as, ld, kstep * 16, nt * 8);
             mma16816<DT>(acc[nt], af, bf);
           }
         }
@@ -132,18 +121,55 @@ __device__ __forceinline__ void shrink_body(
     }
   }
   __syncthreads();
-  u16* wsp = ws + p * ws_pstride;
-  const int nout = it.nrows * r;
+  const int nout = it.nrows * cw;
   for (int i = tid; i < nout; i += LORA_THREADS) {
-    const int m = i / r, n = i - m * r;
+    const int m = i / cw, n = i - m * cw;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < S::WK; ++w) s += red[(w * BM + m) * S::LDR + n];
-    const i64 row = it.row0 + m;
-    if (ksplit == 1 && !partial_only)
-      wsp[row * R + n] = from_f32<DT>(s);
+    const i64 at = (it.row0 + m) * (i64)R + c0 + n;
+    if (store_ws)
+      wsp[at] = from_f32<DT>(s);
     else
-      part[(((i64)p * ksplit + ks) * rows + row) * R + n] = s;
+      part[at] = s;
+  }
+}
+
+template <int DT, int BM, int NTM>
+__device__ __forceinline__ void shrink_body(
+    const u16* __restrict__ x, i64 x_stride, const u16* __restrict__ pool,
+    const i64* __restrict__ a_off, const int* __restrict__ ranks, const int* __restrict__ table,
+    int ntable, int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride,
+    int R, float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc,
+    int items, int mode, int partial_only) {
+  typedef ShrinkShape<BM> S;
+  __shared__ __align__(16) unsigned char smem[S::SMEM];
+  __shared__ int s_last;
+  const int ks = blockIdx.x, item = blockIdx.y, p = blockIdx.z, tid = threadIdx.x;
+  const int guess = direct_slot(mode, ntable, item);
+  int r = 0;
+  i64 aoff = 0;
+  if (guess >= 0) {  // loads in flight together with the segment bounds
+    r = ranks[p * nslots + guess];
+    aoff = a_off[p * nslots + guess];
+  }
+  const LoraItem it = find_item(mode, table, ntable, rows, item, BM, nslots);
+  if (it.slot < 0) return;
+  if (it.slot != guess) {
+    r = ranks[p * nslots + it.slot];
+    aoff = a_off[p * nslots + it.slot];
+  }
+  if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
+
+  const u16* A = pool + aoff + (i64)layer * h_in * r;
+  const int kb = ks * kc, ke = min(h_in, kb + kc);
+  const bool x_vec = ((((u64)x) & 15) == 0) && ((x_stride & 7) == 0);
+  // The rank in chunks of NTM * 8 (the accumulators' width): one chunk for ranks up to it, so
+  // the kernel variant bounds registers, not the ranks it serves.
+  for (int c0 = 0; c0 < r; c0 += NTM * 8) {
+    if (c0 > 0) __syncthreads();  // the previous chunk's reduction buffer aliases the tiles
+    shrink_chunk<DT, BM, NTM>(smem, x, x_stride, x_vec, A, r, c0, kb, ke, it, ws + p * ws_pstride, R,
+                              part + (i64)(p * ksplit + ks) * rows * R, rows, ksplit == 1 && !partial_only);
   }
   if (ksplit == 1 || partial_only) return;
 
@@ -158,6 +184,8 @@ __device__ __forceinline__ void shrink_body(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
+  u16* wsp = ws + p * ws_pstride;
+  const int nout = it.nrows * r;
   for (int i = tid; i < nout; i += LORA_THREADS) {
     const int m = i / r, n = i - m * r;
     const i64 row = it.row0 + m;
@@ -176,15 +204,13 @@ __device__ __forceinline__ void shrink_body(
                              items, mode, partial_only);                                     \
   }
 
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m16_r32, 0, 16, 4)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m16_r64, 0, 16, 8)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m16_r128, 0, 16, 16)
+// Decode (16-row items): one variant for every rank, in chunks of 32, so a CUDA graph's
+// kernels do not depend on the engine's rank cap. Prefill: the chunk width by rank cap.
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m16, 0, 16, 4)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r32, 0, 64, 4)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r64, 0, 64, 8)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r128, 0, 64, 16)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m16_r32, 1, 16, 4)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m16_r64, 1, 16, 8)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m16_r128, 1, 16, 16)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m16, 1, 16, 4)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r32, 1, 64, 4)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r64, 1, 64, 8)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r128, 1, 64, 16)

@@ -22,6 +22,9 @@ K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
 DEC_ROWS = 4  # decode expand: rows per item
+# The decode grids are planned for this rank whatever the engine's rank cap, so a captured
+# graph costs what its adapters' ranks cost: larger ranks take more shrink stages per block.
+DECODE_PLAN_RANK = 16
 DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank in 16-row chunks)
 
 
@@ -64,9 +67,9 @@ def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
     return rows if mode == 1 else ntable + _ceil(rows, bm)
 
 
-def _stage_depth(rank_cap: int) -> int:
-    """k depth of one 16-row shrink stage for the largest rank (as in lora_shrink.cu)."""
-    rp16 = _ceil(min(rank_cap, 128), 16) * 16
+def _stage_depth(rank: int) -> int:
+    """k depth of one 16-row shrink stage for this rank (as in lora_shrink.cu)."""
+    rp16 = _ceil(min(rank, 128), 16) * 16
     return min((8192 // rp16) & ~15, 512)
 
 
@@ -78,12 +81,18 @@ def make_plan(problem: Problem, mode: int, ntable: int) -> Plan:
     items = _item_bound(mode, rows, ntable, bm)
     expected = (rows if mode == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
     ksplit = _ceil(TARGET_BLOCKS if decode else TARGET_BLOCKS_PREFILL, max(1, expected) * nslices)
-    if decode:  # one shrink stage per block where possible: one memory round trip
-        ksplit = max(ksplit, _ceil(h_in, _stage_depth(problem.rank_cap)))
+    if decode:  # one shrink stage per block for ranks up to DECODE_PLAN_RANK: one memory round
+        ksplit = max(ksplit, _ceil(h_in, _stage_depth(DECODE_PLAN_RANK)))  # trip; larger take more
     ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
     kc = _ceil(_ceil(h_in, ksplit), K_GRAIN) * K_GRAIN
     expand_items = _item_bound(mode, rows, ntable, DEC_ROWS) if decode else items
     return Plan(mode, ntable, decode, bm, items, expand_items, _ceil(h_in, kc), kc)
+
+
+def _shrink_variant(plan: Plan, rank_cap: int) -> str:
+    """Decode: the one variant for every rank (its grid may be captured in a graph); prefill:
+    the widest rank chunk the cap needs."""
+    return "m16" if plan.decode else f"m{plan.bm}_{rank_variant(rank_cap, (32, 64, 128))}"
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:
@@ -133,7 +142,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
             _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode))
     with rt.launching():
         if only != "expand":
-            rt.function("shrink", c.x.dtype, f"m{plan.bm}_{rank_variant(cap, (32, 64, 128))}")(
+            rt.function("shrink", c.x.dtype, _shrink_variant(plan, cap))(
                 (plan.ksplit, plan.items, nslices),
                 (THREADS,),
                 (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table),

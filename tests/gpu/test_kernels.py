@@ -239,9 +239,10 @@ def test_launches_with_nothing_to_do_leave_y_and_later_launches_correct():
 @pytest.mark.parametrize("cap", [16, 32, 64, 128])
 @pytest.mark.parametrize("bgmv", [False, True])
 def test_decode_expand_walks_every_rank_in_chunks(cap, bgmv, dtype):
-    """The decode expand stages the rank in 16-row chunks: ranks up to each workspace cap (one
-    to eight chunks, partial last chunks), one- and multi-row items, widths off the tile
-    size, misaligned B (the element-wise staging path) and three slices."""
+    """The decode expand stages the rank in 16-row chunks, the decode shrink in 32-column
+    chunks: ranks up to each workspace cap (one to eight chunks, partial last chunks), one-
+    and multi-row items, widths off the tile size, misaligned A and B (the element-wise
+    staging paths) and three slices."""
     gen = torch.Generator().manual_seed(3000 + cap)
     for misalign in (False, True):
         lengths = [1, 1, 5, 0, 1, 9, 3]
@@ -254,6 +255,29 @@ def test_decode_expand_walks_every_rank_in_chunks(cap, bgmv, dtype):
                            widths=(1100, 300, 300), ranks=ranks, table=table, dtype=dtype, misalign=misalign,
                            rank_cap=cap)
         _run(batch, bgmv)
+
+
+@pytest.mark.parametrize("bgmv", [False, True])
+def test_decode_result_does_not_depend_on_the_rank_cap(bgmv):
+    """The decode grids are planned for the adapters, not for the engine's rank cap: the same
+    batch under workspace caps 32 and 128 gives bitwise the same y (the server's default cap
+    is 128; graphs captured under it must cost and compute what the adapters' ranks do)."""
+    gen = torch.Generator().manual_seed(77)
+    lengths = [1, 3, 1, 1, 6, 1]
+    table = seg_from_lengths(lengths) if not bgmv else torch.tensor([i % 6 for i in range(13)], dtype=torch.int32)
+    ranks = torch.randint(1, 33, (2, 6), generator=gen)
+    batch = make_batch(gen, rows=13, h_in=4096, widths=(2000, 900), ranks=ranks, table=table, rank_cap=128)
+    fn = kcuda.add_lora_slices_bgmv if bgmv else kcuda.add_lora_slices
+    y0 = batch.y.clone()
+    fn(*batch.args())
+    under_128 = batch.y.clone()
+    batch.y.copy_(y0)
+    narrow = dataclasses.replace(batch, workspace=torch.full((2, 16, 32), float("nan"), dtype=batch.x.dtype,
+                                                             device="cuda"))
+    fn(*narrow.args())
+    torch.cuda.synchronize()
+    assert torch.equal(batch.y, under_128)
+    assert_close_rows(under_128, reference64(dataclasses.replace(batch, y=y0.clone()), bgmv), y0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
