@@ -1,14 +1,16 @@
-"""Adapter pool: load latency per tier, where a source load goes, and (GPU) decode step time
-while adapters load.
+"""Adapter pool: load latency per tier, where a source load goes, and (GPU) time to first
+token per tier and decode step time while adapters load.
 
     python benchmarks/bench_pool.py [--layers 32] [--results benchmarks/RESULTS.md]
+    python benchmarks/bench_pool.py --redis-url redis://127.0.0.1:6379/0   # + TTFT of Redis-only adapters
     python benchmarks/bench_pool.py --device cpu --threads 1   # the loader's CPU work alone
 
 7B-shaped Llama (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab 32000),
 rank-16 adapters on all 7 projections (~80 MB each in bf16). The adapter source is in
 memory (the bytes a Redis hit would hand over; resolving hashes them, as the store client
 checks its sha256), so "source" rows time sha256 + validation + staging into the host tier
-+ the host-to-device copy and the layout on the device, without network. On the GPU the
++ the host-to-device copy and the layout on the device, without network; ``--redis-url``
+adds adapters that only a real Redis holds (benchmarks/pool_ttft.py). On the GPU the
 model has random bf16 weights and the decode rows run the engine (CUDA-graph decode steps
 unless ``--eager``); ``--device cpu`` builds only the adapter manager (pool and host tier
 on the CPU, the "device" is the CPU).
@@ -27,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pool_ttft import RoutedSource, redis_source, ttft_rows  # noqa: E402
 from random_adapters import RandomAdapterSource  # noqa: E402
 from results import append_results  # noqa: E402
 
@@ -45,7 +48,10 @@ from inference_server.model.config import ModelConfig  # noqa: E402
 from inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
 from inference_server.model.llama import LlamaForCausalLM  # noqa: E402
 
-def build(cfg: ModelConfig, rank: int, eager: bool) -> AsyncEngine:
+REDIS_ADAPTERS = 5  # adapters stored only in Redis, with --redis-url
+
+
+def build(cfg: ModelConfig, rank: int, eager: bool, redis_url: str | None) -> AsyncEngine:
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     for name, p in model.named_parameters():
@@ -56,6 +62,8 @@ def build(cfg: ModelConfig, rank: int, eager: bool) -> AsyncEngine:
                           adapter_pool_bytes=2 << 30, adapter_host_cache_bytes=6 << 30, num_kv_blocks=4096,
                           max_lora_rank=rank, enforce_eager=eager)
     source = RandomAdapterSource(cfg, rank)
+    if redis_url:
+        source = RoutedSource(source, redis_source(redis_url, cfg, source.files, REDIS_ADAPTERS))
     return assemble(AsyncEngine, config, model, cfg, byte_level_tokenizer(cfg.vocab_size), source)
 
 
@@ -214,6 +222,8 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="GPU: no CUDA graphs for decode steps")
     parser.add_argument("--split-loads", action="store_true",
                         help="GPU: also time steps while only the host half or only the GPU half of loads runs")
+    parser.add_argument("--redis-url", default=None,
+                        help="GPU: also time the first token of adapters stored only in this Redis (redis://...)")
     parser.add_argument("--results", default=None)
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="Python's GIL switch interval (default: the server's, inference_server.main)")
@@ -228,7 +238,7 @@ def main() -> None:
                       num_layers=args.layers, num_heads=32, num_kv_heads=32, head_dim=128,
                       max_position_embeddings=4096, name="llama-7b-dummy")
     if args.device == "cuda":
-        engine = build(cfg, args.rank, args.eager)
+        engine = build(cfg, args.rank, args.eager, args.redis_url)
         mgr, loads = engine._manager, 30
     else:  # the manager alone: pool for 3 adapters, host tier for 6
         engine, source, loads = None, RandomAdapterSource(cfg, args.rank), 12
@@ -249,6 +259,7 @@ def main() -> None:
         f"| acquire, host tier -> pool ({where}) | {ms(host_s):.2f} ms | {host_target} |",
         f"| acquire, source bytes -> sha256, validate, stage -> pool | {ms(source_s):.1f} ms | {source_target} |",
         *[f"| source load stage: {k} | {v * 1e3:.1f} ms | |" for k, v in stages.items()],
+        *(ttft_rows(engine, mgr, REDIS_ADAPTERS if args.redis_url else 0) if engine is not None else []),
         *(decode_rows(engine, mgr, args.split_loads) if engine is not None else []),
     ]
     print("\n".join(table))
