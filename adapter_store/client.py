@@ -218,8 +218,8 @@ class StoreClient:
     def _from_cache(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]] | None:
         record = self.stat(adapter_id)
         try:
-            blob = self._cache.get(record.blob_key)
-            return (record, record.unpack(blob)) if blob is not None else None
+            pieces = self._cache.pieces(record.blob_key)
+            return (record, record.unpack_pieces(pieces)) if pieces is not None else None
         except (BackendUnavailable, AdapterCorruptError):
             return None  # the store's Get reads the blob store (and repairs the cache)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -75,22 +75,49 @@ class StoredRecord:
 
     def unpack(self, blob: bytes) -> dict[str, bytes]:
         """Split a blob into files, checking its size and every file's sha256."""
-        if len(blob) != self.blob_size:
+        return self.unpack_pieces([blob])
+
+    def unpack_pieces(self, pieces: Iterable[bytes]) -> dict[str, bytes]:
+        """``unpack`` of the blob given as consecutive pieces (e.g. ranges still being read):
+        each piece is hashed as it comes, so checking overlaps the reads of later pieces; each
+        file is joined once (no copy for a file that is one whole piece)."""
+        entries = iter(self.files)
+        f = next(entries, None)
+        parts: list[memoryview] = []
+        held, total = 0, 0
+        digest = hashlib.sha256()
+        out: dict[str, bytes] = {}
+        for piece in pieces:
+            view = memoryview(piece)
+            total += len(view)
+            while len(view) and f is not None:
+                take = view[: f.size - held]
+                view = view[len(take):]
+                digest.update(take)
+                parts.append(take)
+                held += len(take)
+                if held == f.size:
+                    out[f.name] = self._checked_file(f, parts, digest, piece)
+                    f, parts, held, digest = next(entries, None), [], 0, hashlib.sha256()
+        while f is not None and f.size == 0 and held == 0:  # empty files after the last byte
+            out[f.name] = self._checked_file(f, [], digest, b"")
+            f, digest = next(entries, None), hashlib.sha256()
+        if f is not None or total != self.blob_size:
             raise AdapterCorruptError(
-                f"adapter {self.adapter_id!r} version {self.version}: stored blob has {len(blob)} bytes, "
+                f"adapter {self.adapter_id!r} version {self.version}: stored blob has {total} bytes, "
                 f"its record says {self.blob_size}"
             )
-        out, pos = {}, 0
-        for f in self.files:
-            data = blob[pos : pos + f.size]
-            pos += f.size
-            if hashlib.sha256(data).hexdigest() != f.sha256:
-                raise AdapterCorruptError(
-                    f"adapter {self.adapter_id!r} version {self.version}: {f.name} fails its sha256 check "
-                    "(stored bytes are corrupt; not served)"
-                )
-            out[f.name] = data
         return out
+
+    def _checked_file(self, f: FileEntry, parts: list[memoryview], digest: "hashlib._Hash", piece: bytes) -> bytes:
+        if digest.hexdigest() != f.sha256:
+            raise AdapterCorruptError(
+                f"adapter {self.adapter_id!r} version {self.version}: {f.name} fails its sha256 check "
+                "(stored bytes are corrupt; not served)"
+            )
+        if len(parts) == 1 and len(parts[0]) == len(piece) and isinstance(piece, bytes):
+            return piece  # the file is the whole piece: no copy
+        return b"".join(parts)
 
     def to_json(self) -> bytes:
         body = asdict(self.info)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
 from inference_server.errors import AdapterNotFoundError, InvalidRequestError, UnavailableError
@@ -216,21 +216,23 @@ class Store:
         return record
 
     def _from_cache(self, record: StoredRecord) -> dict[str, bytes] | None:
-        blob = self._cache_call(self.cache.get, record.blob_key)
-        if blob is None:
+        pieces = self._cache_call(self.cache.pieces, record.blob_key)
+        if pieces is None:
             return None
-        try:
-            files = self._checked(record, blob, "cache")
+        try:  # the pieces are read as they are checked: a cache outage can surface here too
+            files = self._cache_call(self._checked, record, pieces, "cache")
         except AdapterCorruptError:
             self._cache_call(self.cache.discard, record.blob_key)
             return None  # read it from the blob store instead
+        if files is None:
+            return None
         self.metrics.reads.labels("cache").inc()
-        self.metrics.bytes_read.inc(len(blob))
+        self.metrics.bytes_read.inc(record.blob_size)
         return files
 
-    def _checked(self, record: StoredRecord, blob: bytes, where: str) -> dict[str, bytes]:
+    def _checked(self, record: StoredRecord, blob: bytes | Iterable[bytes], where: str) -> dict[str, bytes]:
         try:
-            return record.unpack(blob)
+            return record.unpack(blob) if isinstance(blob, bytes) else record.unpack_pieces(blob)
         except AdapterCorruptError as e:
             self.metrics.checksum_failures.labels(where).inc()
             log.error("checksum failure in the %s: %s", where, e)

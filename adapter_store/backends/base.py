@@ -10,7 +10,7 @@ thread-safe; an unreachable dependency raises BackendUnavailable, never its clie
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -77,6 +77,11 @@ class BlobCache(Protocol):
 
     def get(self, key: str) -> bytes | None:
         """The cached blob (and mark it recently used), or None."""
+
+    def pieces(self, key: str) -> Iterator[bytes] | None:
+        """The cached blob as consecutive pieces, read ahead while the caller consumes them (and
+        mark it recently used), or None. A piece comes short if the blob is evicted meanwhile:
+        the caller checks the total (StoredRecord.unpack_pieces does)."""
 
     def put(self, key: str, data: bytes) -> bool:
         """Cache ``data``, evicting least recently used blobs until the total fits;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 
 class MemoryBlobCache:
@@ -33,6 +34,10 @@ class MemoryBlobCache:
             if data is not None:
                 self._blobs.move_to_end(key)
             return data
+
+    def pieces(self, key: str) -> Iterator[bytes] | None:
+        data = self.get(key)
+        return None if data is None else iter((data,))
 
     def put(self, key: str, data: bytes) -> bool:
         if len(data) > self.capacity:

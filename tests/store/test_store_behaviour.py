@@ -124,7 +124,10 @@ def test_watch_sees_puts_and_deletes(env, adapters):
     assert changes == [(KIND_PUT, "acme/w", v1), (KIND_PUT, "acme/w", v2), (KIND_DELETE, "acme/w", v2)]
 
 
-def test_redis_hit_serves_without_touching_the_blob_store(make_env, shared_redis, shared_moto, adapters):
+def test_redis_hit_serves_without_touching_the_blob_store(make_env, shared_redis, shared_moto, adapters, monkeypatch):
+    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+
+    monkeypatch.setattr(redis_cache, "RANGE_BYTES", 4096)  # the hit is read as many ranges at once
     env = make_env("s3-redis", redis_proc=shared_redis, moto_proc=shared_moto)
     env.client.put("acme/hot", adapters["r16-bf16"])
     env.client.resolve("acme/hot")
@@ -172,11 +175,13 @@ def test_watcher_invalidates_held_copies_that_changed(env, adapters):
         watcher.stop()
 
 
-def test_client_reads_cached_blobs_straight_from_redis(make_env, shared_redis, shared_moto, adapters):
+def test_client_reads_cached_blobs_straight_from_redis(make_env, shared_redis, shared_moto, adapters, monkeypatch):
+    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
     from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
     from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
     from adapter_store.client import StoreClient  # noqa: PLC0415
 
+    monkeypatch.setattr(redis_cache, "RANGE_BYTES", 4096)  # ranged reads, the corrupt one included
     env = make_env("s3-redis", redis_proc=shared_redis, moto_proc=shared_moto)
     info = env.client.put("acme/direct", adapters["r16-bf16"])
     cache = RedisBlobCache(connect(env.settings.redis), env.settings.redis.namespace, 0)

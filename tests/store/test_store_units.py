@@ -53,6 +53,65 @@ def test_cache_refuses_a_blob_larger_than_itself_and_replaces_in_place(make_cach
     assert cache.total_bytes == 0 and cache.keys() == []
 
 
+def test_cache_pieces_are_the_blob_in_order_and_none_when_missing(make_cache, monkeypatch):
+    """pieces() hands the blob over as consecutive pieces (several GETRANGEs in flight on
+    Redis; ranges made small here so a small blob takes many), and marks it recently used."""
+    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+
+    monkeypatch.setattr(redis_cache, "RANGE_BYTES", 7)
+    cache = make_cache(1000)
+    blob = bytes(range(256)) * 2 + b"tail"
+    assert cache.put("a", blob) and cache.put("b", b"b" * 10)
+    pieces = list(cache.pieces("a"))
+    assert b"".join(pieces) == blob
+    if isinstance(cache, MemoryBlobCache):
+        assert pieces == [blob]
+    else:
+        assert len(pieces) == -(-len(blob) // 7)
+    assert cache.keys() == ["b", "a"]  # a read by pieces is a use
+    assert cache.pieces("never-there") is None
+
+
+@pytest.mark.slow  # needs the shared redis-server
+def test_redis_pieces_come_short_when_the_blob_goes_while_being_read(shared_redis, monkeypatch):
+    """An eviction in the middle of a ranged read leaves the later pieces empty: the record's
+    check then refuses the blob (the store reads it again from the blob store), never half a
+    file. The reader threads are held until the blob is gone."""
+    import hashlib  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    import redis  # noqa: PLC0415
+
+    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+
+    monkeypatch.setattr(redis_cache, "RANGE_BYTES", 16)
+    gate, getrange = threading.Event(), redis.Redis.getrange
+
+    def held(self, *args, **kwargs):  # only the read-ahead threads wait; the first range does not
+        if threading.current_thread().name.startswith("redis-blob-read"):
+            assert gate.wait(10)
+        return getrange(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "getrange", held)
+    client = connect(RedisSettings(url=shared_redis.url))
+    cache = redis_cache.RedisBlobCache(client, f"unit:{uuid.uuid4().hex[:8]}", 10_000)
+    data = bytes(range(200)) * 5
+    entry = FileEntry("adapter_model.safetensors", len(data), hashlib.sha256(data).hexdigest())
+    record = StoredRecord(_record("t/a").info, (entry,))
+    assert cache.put("k", data)
+    gate.set()
+    assert record.unpack_pieces(cache.pieces("k")) == {"adapter_model.safetensors": data}
+    gate.clear()
+    pieces = cache.pieces("k")
+    first = next(pieces)
+    cache.discard("k")
+    gate.set()
+    with pytest.raises(AdapterCorruptError, match="stored blob has 16 bytes"):
+        record.unpack_pieces(iter([first, *pieces]))
+    client.close()
+
+
 def _record(adapter_id: str, created_at: float = 1.0, version: str = "v") -> StoredRecord:
     info = AdapterInfo(adapter_id, version, "0" * 64, 4, 8.0, ("q_proj",), "F32", 3, created_at)
     return StoredRecord(info, (FileEntry("adapter_config.json", 2, "a" * 64),))
@@ -110,6 +169,33 @@ def test_record_round_trips_and_checks_its_files():
         record.unpack(blob[:-1] + b"X")
     with pytest.raises(AdapterCorruptError, match="stored blob has 8 bytes"):
         record.unpack(blob[:8])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_record_unpacks_any_split_of_its_blob_into_pieces(seed):
+    """unpack_pieces (hashing each piece as it comes) equals unpack for every way the blob is
+    cut, empty files and empty pieces included; a flipped byte or a short or long blob is
+    refused whichever piece it falls in."""
+    import hashlib  # noqa: PLC0415
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    files = {f"f{i}": rng.randbytes(rng.choice([0, 1, 5, 40])) for i in range(rng.randint(1, 4))}
+    entries = tuple(FileEntry(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in files.items())
+    record = StoredRecord(_record("t/a").info, entries)
+    blob = record.pack(files)
+    cuts = sorted(rng.randint(0, len(blob)) for _ in range(rng.randint(0, 6)))
+    pieces = [blob[a:b] for a, b in zip([0, *cuts], [*cuts, len(blob)])]
+    assert record.unpack_pieces(pieces) == files
+    if blob:
+        i = rng.randrange(len(blob))
+        bad = blob[:i] + bytes([blob[i] ^ 1]) + blob[i + 1:]
+        with pytest.raises(AdapterCorruptError):
+            record.unpack_pieces([bad[a:b] for a, b in zip([0, *cuts], [*cuts, len(bad)])])
+        with pytest.raises(AdapterCorruptError, match="stored blob has"):
+            record.unpack_pieces(pieces[:-1] + [pieces[-1][:-1]] if pieces[-1] else [blob[:-1]])
+    with pytest.raises(AdapterCorruptError, match="stored blob has"):
+        record.unpack_pieces([*pieces, b"x"])
 
 
 @pytest.mark.parametrize("kwargs, message", [
