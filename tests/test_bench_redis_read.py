@@ -1,0 +1,34 @@
+"""benchmarks/bench_redis_read.py runs end to end against a real redis-server (a small blob),
+so a broken script is found here and not on the device."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from store.store_services import RedisProcess, redis_binary
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_redis_read.py"
+
+
+@pytest.mark.slow  # starts redis-server
+def test_bench_redis_read_prints_every_row() -> None:
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed (scripts/ci_services.sh installs it)")
+    redis = RedisProcess(binary).start()
+    try:
+        out = subprocess.run([sys.executable, str(SCRIPT), "--redis-url", redis.url, "--mb", "2", "--reps", "1"],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        redis.kill()
+    assert out.returncode == 0, out.stderr
+    rows = re.findall(r"^\| (.+) \| ([\d.]+) \|$", out.stdout, re.M)
+    names = [name for name, _ in rows]
+    assert names[:2] == ["one GET", "sha256 of the bytes alone"]
+    assert sum("ranged GETs" in n for n in names) == 4 and "the store's read" in names[-1]
+    assert all(float(ms) > 0 for _, ms in rows)
