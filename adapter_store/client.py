@@ -229,10 +229,7 @@ class StoreClient:
         if first is None or first.WhichOneof("kind") != "record":
             raise AdapterCorruptError(f"adapter store sent no record for {adapter_id!r}")
         record = record_from_pb(first.record)
-        blob = bytearray()
-        for msg in stream:
-            blob += msg.chunk
-        return record, record.unpack(bytes(blob))
+        return record, record.unpack_pieces(msg.chunk for msg in stream)  # hashed as the chunks arrive
 
     def watch(self, tenant: str = "", prefix: str = "") -> "Watch":
         """Follow changes; iterate the result, ``cancel()`` it to stop."""
