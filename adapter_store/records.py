@@ -17,7 +17,7 @@ from typing import Any
 
 from inference_server.errors import AdapterValidationError
 from inference_server.lora.peft_format import AdapterSpec
-from inference_server.lora.source import ADAPTER_FILES, AdapterInfo, make_info
+from inference_server.lora.source import ADAPTER_FILES, WEIGHTS_FILE, AdapterInfo, make_info
 
 from adapter_store.errors import AdapterCorruptError
 
@@ -61,13 +61,15 @@ class StoredRecord:
 
     @classmethod
     def build(
-        cls, adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False
+        cls, adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False,
+        digests: Mapping[str, str] | None = None,
     ) -> "StoredRecord":
-        """The record of a validated upload; only the PEFT files are kept, in a fixed order."""
-        entries = tuple(
-            FileEntry(name, len(files[name]), hashlib.sha256(files[name]).hexdigest()) for name in ADAPTER_FILES
-        )
-        return cls(make_info(adapter_id, files, spec, created_at, public), entries)
+        """The record of a validated upload; only the PEFT files are kept, in a fixed order.
+        ``digests``: sha256 hex of files already hashed from these bytes (the others are hashed here)."""
+        digests = digests or {}
+        shas = {name: digests.get(name) or hashlib.sha256(files[name]).hexdigest() for name in ADAPTER_FILES}
+        entries = tuple(FileEntry(name, len(files[name]), shas[name]) for name in ADAPTER_FILES)
+        return cls(make_info(adapter_id, files, spec, created_at, public, weights_sha256=shas[WEIGHTS_FILE]), entries)
 
     def pack(self, files: Mapping[str, bytes]) -> bytes:
         """The blob: the manifest's files back to back."""

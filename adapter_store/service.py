@@ -125,7 +125,8 @@ class AdapterStoreService:
         caller = _caller(context)
         upload = await receive_upload(requests, self._store.max_adapter_bytes,
                                       lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
-        record = await asyncio.to_thread(self._store.put, upload.adapter_id, upload.files, upload.public)
+        record = await asyncio.to_thread(self._store.put, upload.adapter_id, upload.files, upload.public,
+                                         upload.digests)
         return record_to_pb(record)
 
     async def _readable(self, caller: Principal | None, adapter_id: str) -> StoredRecord | None:

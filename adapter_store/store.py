@@ -62,9 +62,13 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> StoredRecord:
+    def put(
+        self, adapter_id: str, files: Mapping[str, bytes], public: bool = False, digests: Mapping[str, str] | None = None
+    ) -> StoredRecord:
         """Validate ``files`` (a PEFT folder) and make them the adapter's new version, readable by
-        every tenant when ``public`` (the flag is part of the record: each put sets it anew)."""
+        every tenant when ``public`` (the flag is part of the record: each put sets it anew).
+        ``digests``: the files' sha256, hashed from these very bytes by the caller (an upload
+        does, to check them), so they are not hashed again."""
         try:
             validate_adapter_id(adapter_id)
             check_upload_files(files, self.max_adapter_bytes)
@@ -72,7 +76,7 @@ class Store:
         except InvalidRequestError:
             self.metrics.uploads.labels("invalid").inc()
             raise
-        record = StoredRecord.build(adapter_id, files, spec, self._clock(), public)
+        record = StoredRecord.build(adapter_id, files, spec, self._clock(), public, digests)
         blob = record.pack(files)
         with self._write_lock(adapter_id):
             old = self._head_for_write(adapter_id, "store")

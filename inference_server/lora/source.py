@@ -65,17 +65,19 @@ class AdapterSource(Protocol):
     def delete(self, adapter_id: str) -> None: ...
 
 
-def content_version(files: Mapping[str, bytes]) -> tuple[str, str]:
-    """(version, sha256 of the weights): the version hashes config and weights together."""
-    weights_sha = hashlib.sha256(files[WEIGHTS_FILE]).hexdigest()
+def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:
+    """(version, sha256 of the weights): the version hashes config and weights together.
+    ``weights_sha256``: the weights' digest when the caller already hashed these bytes."""
+    weights_sha = weights_sha256 or hashlib.sha256(files[WEIGHTS_FILE]).hexdigest()
     version = hashlib.sha256(files[CONFIG_FILE] + weights_sha.encode()).hexdigest()[:16]
     return version, weights_sha
 
 
 def make_info(
-    adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False
+    adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False,
+    weights_sha256: str | None = None,
 ) -> AdapterInfo:
-    version, sha = content_version(files)
+    version, sha = content_version(files, weights_sha256)
     return AdapterInfo(
         adapter_id=adapter_id,
         version=version,

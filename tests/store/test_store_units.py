@@ -171,6 +171,22 @@ def test_record_round_trips_and_checks_its_files():
         record.unpack(blob[:8])
 
 
+def test_record_built_from_an_uploads_digests_is_the_record_hashed_here(adapters, base_config):
+    """An upload hashes each file once to check it; the record reuses those digests (the store
+    does not hash 80 MB twice more) and must come out exactly as if it had hashed them itself."""
+    import hashlib  # noqa: PLC0415
+
+    from inference_server.lora.peft_format import parse_adapter_files  # noqa: PLC0415
+    from store_adapters import peft_files  # noqa: PLC0415
+
+    files = peft_files(adapters["r16-bf16"])
+    spec = parse_adapter_files(files, base_config)
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    hashed_here = StoredRecord.build("t/a", files, spec, 5.0)
+    assert StoredRecord.build("t/a", files, spec, 5.0, digests=digests) == hashed_here
+    assert hashed_here.unpack(hashed_here.pack(files)) == {f.name: files[f.name] for f in hashed_here.files}
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_record_unpacks_any_split_of_its_blob_into_pieces(seed):
     """unpack_pieces (hashing each piece as it comes) equals unpack for every way the blob is
