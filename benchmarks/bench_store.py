@@ -37,11 +37,13 @@ from safetensors.numpy import save
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: E402
 from adapter_store.backends.redis_conn import connect  # noqa: E402
 from adapter_store.client import StoreClient  # noqa: E402
 from adapter_store.settings import RedisSettings  # noqa: E402
+from results import append_section  # noqa: E402
 
 # Llama-2-7B projection shapes (in, out); rank 16 on all 7 in 32 layers is ~80 MB in bf16.
 SHAPES = {"q_proj": (4096, 4096), "k_proj": (4096, 4096), "v_proj": (4096, 4096), "o_proj": (4096, 4096),
@@ -136,7 +138,7 @@ def report(rows: list[dict[str, float]], repeats: int) -> list[str]:
     return lines
 
 
-def append_section(path: Path, table: list[str]) -> None:
+def write_results(path: Path, table: list[str]) -> None:
     """'## Adapter store ...' with date, commit, machine and command, then the table."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -151,8 +153,7 @@ def append_section(path: Path, table: list[str]) -> None:
         f"- command: `python benchmarks/bench_store.py {' '.join(sys.argv[1:])}`",
         "",
     ]
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("\n".join(head + table) + "\n\n")
+    append_section(path, "\n".join(head + table) + "\n\n")
 
 
 def main() -> int:
@@ -200,7 +201,7 @@ def main() -> int:
         table = report(rows, args.repeats)
         print("\n".join(table))
         if args.results is not None:
-            append_section(args.results, table)
+            write_results(args.results, table)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -41,5 +41,12 @@ def append_results(path: Path, title: str, command: str, lines: list[str], notes
         "",
     ]
     body = head + lines + ([""] + [notes] if notes else []) + ["", ""]
+    append_section(path, "\n".join(body))
+
+
+def append_section(path: Path, text: str) -> None:
+    """Append ``text`` as a section of its own: a blank line before it whatever the file ends with."""
+    tail = path.read_bytes()[-2:] if path.exists() else b"\n\n"
+    gap = "" if tail == b"\n\n" else ("\n" if tail.endswith(b"\n") else "\n\n")
     with open(path, "a", encoding="utf-8") as f:
-        f.write("\n".join(body))
+        f.write(gap + text)
