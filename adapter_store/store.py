@@ -189,7 +189,7 @@ class Store:
                     f"adapter {adapter_id!r} is not cached and the blob store ({e.backend}) is unreachable "
                     f"({e.detail})"
                 ) from e
-            files = self._checked(record, blob, "blobs")
+            files = self._checked(record, [blob], "blobs")
             self._cache_call(self.cache.put, record.blob_key, blob)
             self.metrics.reads.labels("blobs").inc()
             self.metrics.bytes_read.inc(len(blob))
@@ -234,9 +234,9 @@ class Store:
         self.metrics.bytes_read.inc(record.blob_size)
         return files
 
-    def _checked(self, record: StoredRecord, blob: bytes | Iterable[bytes], where: str) -> dict[str, bytes]:
+    def _checked(self, record: StoredRecord, pieces: Iterable[bytes], where: str) -> dict[str, bytes]:
         try:
-            return record.unpack(blob) if isinstance(blob, bytes) else record.unpack_pieces(blob)
+            return record.unpack_pieces(pieces)
         except AdapterCorruptError as e:
             self.metrics.checksum_failures.labels(where).inc()
             log.error("checksum failure in the %s: %s", where, e)

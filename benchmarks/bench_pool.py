@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pool_ttft import RoutedSource, redis_source, ttft_rows  # noqa: E402
+from pool_ttft import RoutedSource, ms, redis_source, ttft_rows  # noqa: E402
 from random_adapters import RandomAdapterSource  # noqa: E402
 from results import append_results  # noqa: E402
 
@@ -207,10 +207,6 @@ def decode_rows(engine, mgr, split: bool) -> list[str]:
         rows.append(f"| decode step, batch 32, {name} ({len(busy)} steps) | {ms(busy):.2f} ms "
                     f"(idle around it {base:.2f} ms) | {(ms(busy) / base - 1) * 100:+.1f}%{target} |")
     return [f"| decode step, batch 32, no loads (first idle window) | {ms(idle[0]):.2f} ms | |", *rows]
-
-
-def ms(xs: list[float]) -> float:
-    return statistics.median(xs) * 1e3
 
 
 def main() -> None:

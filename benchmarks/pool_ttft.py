@@ -108,4 +108,5 @@ def ttft_rows(engine, mgr, redis_count: int = 0, pool_places: int = 30, reps: in
 
 
 def ms(xs: list[float]) -> float:
+    """Median of ``xs`` (seconds) in milliseconds (bench_pool's rows use it too)."""
     return statistics.median(xs) * 1e3

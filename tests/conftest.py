@@ -79,3 +79,17 @@ def tiny_qwen2_dir(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPat
 
     out = tmp_path_factory.mktemp("tiny-qwen2")
     return save_tiny_model(Qwen2ForCausalLM, Qwen2Config(**TINY_QWEN2), smollm2_tokenizer_dir, out, seed=4321)
+
+
+@pytest.fixture
+def redis_url():
+    """A real redis-server on loopback for this test (skipped where it is not installed; the
+    store tests share theirs through tests/store/conftest.py)."""
+    from store.store_services import RedisProcess, redis_binary  # noqa: PLC0415
+
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed (scripts/ci_services.sh installs it)")
+    redis = RedisProcess(binary).start()
+    yield redis.url
+    redis.kill()

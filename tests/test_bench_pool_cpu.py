@@ -64,23 +64,14 @@ def test_decode_rows_bracket_every_loading_phase(tiny_engine, monkeypatch) -> No
 TTFT = re.compile(r"\| TTFT, ([^|]+) \| ([\d.]+) ms \|")
 
 
-def test_ttft_rows_time_every_tier_including_a_real_redis(tiny_engine) -> None:
+def test_ttft_rows_time_every_tier_including_a_real_redis(tiny_engine, redis_url) -> None:
     """The TTFT rows run end to end: each tier's requests really hit that tier (pool_ttft
     checks the pool's counters), and the Redis-only adapters come from a real redis-server
     through the store with their blob files gone."""
-    from store.store_services import RedisProcess, redis_binary
-
-    binary = redis_binary()
-    if binary is None:
-        pytest.skip("redis-server is not installed (scripts/ci_services.sh installs it)")
-    redis = RedisProcess(binary).start()
-    try:
-        mgr = tiny_engine._manager
-        cfg, memory = mgr.config, mgr.source
-        mgr.source = pool_ttft.RoutedSource(memory, pool_ttft.redis_source(redis.url, cfg, memory.files, 3))
-        rows = pool_ttft.ttft_rows(tiny_engine, mgr, redis_count=3)
-    finally:
-        redis.kill()
+    mgr = tiny_engine._manager
+    cfg, memory = mgr.config, mgr.source
+    mgr.source = pool_ttft.RoutedSource(memory, pool_ttft.redis_source(redis_url, cfg, memory.files, 3))
+    rows = pool_ttft.ttft_rows(tiny_engine, mgr, redis_count=3)
     found = dict(TTFT.search(r).groups() for r in rows)
     assert len(found) == 4 and all(float(v) > 0 for v in found.values())
     assert any("only in Redis" in k for k in found)

@@ -10,22 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from store.store_services import RedisProcess, redis_binary
-
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_redis_read.py"
 
 
 @pytest.mark.slow  # starts redis-server
-def test_bench_redis_read_prints_every_row() -> None:
-    binary = redis_binary()
-    if binary is None:
-        pytest.skip("redis-server is not installed (scripts/ci_services.sh installs it)")
-    redis = RedisProcess(binary).start()
-    try:
-        out = subprocess.run([sys.executable, str(SCRIPT), "--redis-url", redis.url, "--mb", "2", "--reps", "1"],
-                             capture_output=True, text=True, timeout=120)
-    finally:
-        redis.kill()
+def test_bench_redis_read_prints_every_row(redis_url) -> None:
+    out = subprocess.run([sys.executable, str(SCRIPT), "--redis-url", redis_url, "--mb", "2", "--reps", "1"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = re.findall(r"^\| (.+) \| ([\d.]+) \|$", out.stdout, re.M)
     names = [name for name, _ in rows]

@@ -95,12 +95,11 @@ class RedisBlobCache:
             return [k.decode()[cut:] for k in self._r.zrange(self._lru, 0, -1)]
 
     def get(self, key: str) -> bytes | None:
+        pieces = self.pieces(key)
+        if pieces is None:
+            return None
         with translated(self.description):
-            pipe = self._r.pipeline(transaction=False)
-            pipe.get(self._blob(key))
-            self._touch(keys=[self._blob(key), self._lru], client=pipe)
-            data, _ = pipe.execute()
-        return data
+            return b"".join(pieces)
 
     def pieces(self, key: str) -> Iterator[bytes] | None:
         blob = self._blob(key)
