@@ -166,6 +166,28 @@ def test_a_lora_side_stream_is_refused_for_a_cpu_pool() -> None:
         builder.static_batch(side_stream=object())
 
 
+def test_an_eager_steps_workspace_rank_is_its_largest_adapter_rank() -> None:
+    """An eager step's workspace R (which picks the kernels' prefill variant) follows the
+    step's adapters, rounded up to 16, not the engine's rank cap; it is the same memory."""
+    from inference_server.lora.batch import LoraBatchBuilder  # noqa: PLC0415
+    from inference_server.lora.manager import ResidentAdapter  # noqa: PLC0415
+    from inference_server.lora.packing import AdapterLayout  # noqa: PLC0415
+    from inference_server.model.config import ModelConfig  # noqa: PLC0415
+
+    cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=4)
+    builder = LoraBatchBuilder(cfg, torch.zeros(64), max_slots=4, max_rows=8, max_rank=128)
+
+    def adapter(rank: int) -> ResidentAdapter:
+        return ResidentAdapter("a", "v", 0, AdapterLayout((rank,) * 7, (1.0,) * 7, (0,) * 7, (0,) * 7, 0))
+
+    for ranks, want in (((8,), 16), ((16, 4), 16), ((8, 40), 48), ((128,), 128), ((0, 17), 32)):
+        batch = builder.build([(2, adapter(r)) for r in ranks])
+        assert batch.workspace.shape == (3, 8, want)
+        assert batch.workspace.is_contiguous() and batch.workspace.data_ptr() == builder.workspace.data_ptr()
+    assert builder.static_batch().workspace.shape == (3, 8, 128)  # graphs: the cap
+
+
 def test_step_cache_only_for_the_cpu_backend() -> None:
     assert isinstance(kernels.step_cache(torch.zeros(4)), cpu.DecodeStacks)
     assert kernels.step_cache(torch.zeros(4, dtype=torch.bfloat16)) is None

@@ -23,6 +23,7 @@ from inference_server.lora.packing import NUM_PROJECTIONS
 from inference_server.model.config import ModelConfig
 
 MAX_LORA_RANK = 128
+RANK_GRAIN = 16  # an eager step's workspace rank: its largest adapter rank, rounded up to this
 
 
 class ProjGroup(enum.Enum):
@@ -120,7 +121,8 @@ class LoraBatchBuilder:
         self.seg, self.row_slot = tables["seg"], tables["row_slot"]
         self.a_off, self.b_off, self.ranks, self.scales = (tables[k] for k in ("a_off", "b_off", "ranks", "scales"))
         self.row_slot.fill_(-1)
-        # its last dim bounds the ranks the kernels handle: the smallest kernel variant that fits
+        # its last dim bounds the ranks the kernels handle (and picks their prefill variant): the
+        # engine's cap for captured graphs, the step's largest rank for an eager step
         self.workspace = torch.zeros(3, max_rows, max_rank, dtype=pool.dtype, device=dev)
         self.cache = kernels.step_cache(pool)
         self.widths = {
@@ -150,7 +152,7 @@ class LoraBatchBuilder:
             self._copied.record()
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
-            ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
+            ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)), widths=self.widths,
             active=active, use_bgmv=kernels.prefer_bgmv(total, len(segments)),
             cache=self.cache,
         )
@@ -166,6 +168,15 @@ class LoraBatchBuilder:
             ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
             active=frozenset(ProjGroup), use_bgmv=False, side_stream=side_stream,
         )
+
+    def _step_workspace(self, nsegments: int) -> torch.Tensor:
+        """The workspace as [3, max_rows, R] with R the step's largest rank rounded up to
+        RANK_GRAIN (a view of the same memory): an eager prefill of rank-16 adapters runs the
+        kernels' rank-16 variant whatever the engine's cap. Captured graphs keep the cap."""
+        full = self.workspace
+        top = int(self._np["ranks"][:, :nsegments].max())
+        rank = min(full.shape[2], max(RANK_GRAIN, -(-top // RANK_GRAIN) * RANK_GRAIN))
+        return full.view(-1)[: full.shape[0] * full.shape[1] * rank].view(full.shape[0], full.shape[1], rank)
 
     def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[ProjGroup]:
         """Write the host tables (the previous step's copy has completed: ``build`` waited)."""
