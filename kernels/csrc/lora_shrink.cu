@@ -28,102 +28,115 @@ struct ShrinkShape {
   static constexpr int SMEM = STAGE_BYTES > RED_BYTES ? STAGE_BYTES : RED_BYTES;
 };
 
-// Ranks [c0, c0 + cw) of v for the item's rows over k in [kb, ke): stages of x and of A's
-// chunk in shared memory, mma.sync on tensor cores, a fixed-order cross-warp reduction, then
-// the fp32 partial of this k-range (or, store_ws: v rounded to x's dtype) into row * R + c0 + n.
-// A's chunk is staged as [k][ld] with 16-byte pieces: flat as in memory when it is all of A's
-// columns (ld = r), else row by row (ld = cw rounded up to 8, zeros past cw).
-template <int DT, int BM, int NTM>
-__device__ __forceinline__ void shrink_chunk(unsigned char* smem, const u16* x, i64 x_stride, bool x_vec,
-                                             const u16* A, int r, int c0, int kb, int ke, const LoraItem& it,
-                                             u16* wsp, int R, float* part, int rows, bool store_ws) {
+// One rank chunk's geometry: columns [c0, c0 + cw) of A, staged as [k][ld] with 16-byte pieces:
+// flat as in memory when the chunk is all of A's columns (ld = r), else row by row (ld = cw
+// rounded up to 8, zeros past cw); ksd: the k depth of one stage.
+struct ChunkShape {
+  int cw, ld, ppr, ntiles, ksd;
+  bool flat, a_vec;
+};
+
+template <int BM, int NTM>
+__device__ __forceinline__ ChunkShape chunk_shape(const u16* A, int r, int c0) {
+  ChunkShape c;
+  c.cw = min(NTM * 8, r - c0);
+  c.flat = c.cw == r;
+  c.ld = c.flat ? r : (c.cw + 7) & ~7;
+  c.ppr = c.ld >> 3;
+  c.ntiles = (c.cw + 7) >> 3;
+  c.ksd = min((8192 / ((c.ld + 15) & ~15)) & ~15, ShrinkShape<BM>::KSD_MAX);
+  c.a_vec = (((u64)A) & 15) == 0 && (c.flat || ((r & 7) == 0 && (c0 & 7) == 0));
+  return c;
+}
+
+// Stage k in [k0, k0 + depth) of the item's x rows into xs and of A's chunk into as. Only the
+// item's rows of x are loaded: rows past nrows only feed output rows that are never stored. All
+// loads of the stage are issued before any shared-memory store.
+template <int BM>
+__device__ __forceinline__ void stage_x_and_a(u16* xs, u16* as, const u16* x, i64 x_stride, bool x_vec,
+                                              const u16* A, int r, int c0, const ChunkShape& c, int k0, int depth,
+                                              const LoraItem& it) {
   typedef ShrinkShape<BM> S;
-  u16* xs = (u16*)smem;
-  u16* as = xs + S::XS;
-  float* red = (float*)smem;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int cw = min(NTM * 8, r - c0), flat = cw == r, ld = flat ? r : (cw + 7) & ~7, ppr = ld >> 3;
-  const int rp16 = (ld + 15) & ~15, ntiles = (cw + 7) >> 3;
-  const int ksd = min((8192 / rp16) & ~15, S::KSD_MAX);
-  const int wm = warp % S::WM, wk = warp / S::WM;
-  const bool a_vec = (((u64)A) & 15) == 0 && (flat || ((r & 7) == 0 && (c0 & 7) == 0));
+  const int tid = threadIdx.x;
+  const int dpad = (depth + 15) & ~15, vpr = dpad >> 3;
+  const int mstep = LORA_THREADS / vpr, m0 = tid / vpr, kk = (tid - m0 * vpr) * 8;
+  const u16* xsrc = x + (i64)(it.row0 + m0) * x_stride + k0 + kk;
+  const int ne = depth * r, ntot = dpad * c.ld;
+  const bool xt = tid < mstep * vpr;  // threads past mstep*vpr load no x
+  uint4 xv[8], av[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {  // rows m0 + u*mstep: 8 steps cover BM (mstep >= BM/8)
+    xv[u] = (xt && m0 + u * mstep < it.nrows) ? load8(xsrc + (i64)u * mstep * x_stride, x_vec, depth - kk)
+                                              : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {  // piece pc lands at as + 8 * pc: row pc / ppr, columns 8 * (pc % ppr)
+    const int pc = tid + u * LORA_THREADS, e0 = pc * 8;
+    if (e0 >= ntot) {
+      av[u] = make_uint4(0, 0, 0, 0);
+    } else if (c.flat) {
+      av[u] = load8(A + (i64)k0 * r + e0, c.a_vec, ne - e0);
+    } else {
+      const int k = pc / c.ppr, j = (pc - k * c.ppr) * 8;
+      av[u] = load8(A + (i64)(k0 + k) * r + c0 + j, c.a_vec, k < depth ? c.cw - j : 0);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int m = m0 + u * mstep;
+    if (xt && m < it.nrows) *(uint4*)(xs + m * S::LDX + kk) = xv[u];
+  }
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int e0 = (tid + u * LORA_THREADS) * 8;
+    if (e0 < ntot) *(uint4*)(as + e0) = av[u];
+  }
+}
 
-  float acc[NTM][4];
+// acc += xs @ as over one stage's kpad16 / 16 k-steps (warp (wm, wk): rows wm*16.., k-steps
+// wk, wk + WK, ...), on tensor cores.
+template <int DT, int BM, int NTM>
+__device__ __forceinline__ void mma_stage(float (&acc)[NTM][4], const u16* xs, const u16* as, const ChunkShape& c,
+                                          int ksteps, int wm, int wk, int nrows) {
+  typedef ShrinkShape<BM> S;
+  for (int kstep = wk; kstep < ksteps; kstep += S::WK) {
+    if (wm * 16 < nrows) {
+      u32 af[4];
+      load_a_frag(af, xs, S::LDX, wm * 16, kstep * 16);
 #pragma unroll
-  for (int i = 0; i < NTM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-
-  for (int k0 = kb; k0 < ke; k0 += ksd) {
-    const int depth = min(ksd, ke - k0), dpad = (depth + 15) & ~15, vpr = dpad >> 3;
-    // Only the item's rows of x are loaded: rows past nrows only feed output rows that are
-    // never stored. All loads of the stage are issued before any shared-memory store.
-    const int mstep = LORA_THREADS / vpr, m0 = tid / vpr, kk = (tid - m0 * vpr) * 8;
-    const u16* xsrc = x + (i64)(it.row0 + m0) * x_stride + k0 + kk;
-    const int ne = depth * r, ntot = dpad * ld;
-    const bool xt = tid < mstep * vpr;  // threads past mstep*vpr load no x
-    uint4 xv[8], av[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {  // rows m0 + u*mstep: 8 steps cover BM (mstep >= BM/8)
-      xv[u] = (xt && m0 + u * mstep < it.nrows)
-                  ? load8(xsrc + (i64)u * mstep * x_stride, x_vec, depth - kk)
-                  : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {  // piece pc lands at as + 8 * pc: row pc / ppr, columns 8 * (pc % ppr)
-      const int pc = tid + u * LORA_THREADS, e0 = pc * 8;
-      if (e0 >= ntot) {
-        av[u] = make_uint4(0, 0, 0, 0);
-      } else if (flat) {
-        av[u] = load8(A + (i64)k0 * r + e0, a_vec, ne - e0);
-      } else {
-        const int k = pc / ppr, j = (pc - k * ppr) * 8;
-        av[u] = load8(A + (i64)(k0 + k) * r + c0 + j, a_vec, k < depth ? cw - j : 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int m = m0 + u * mstep;
-      if (xt && m < it.nrows) *(uint4*)(xs + m * S::LDX + kk) = xv[u];
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int e0 = (tid + u * LORA_THREADS) * 8;
-      if (e0 < ntot) *(uint4*)(as + e0) = av[u];
-    }
-    __syncthreads();
-    for (int kstep = wk; kstep < (dpad >> 4); kstep += S::WK) {
-      if (wm * 16 < it.nrows) {
-        u32 af[4];
-        load_a_frag(af, xs, S::LDX, wm * 16, kstep * 16);
-#pragma unroll
-        for (int nt = 0; nt < NTM; ++nt) {
-          if (nt < ntiles) {
-            u32 bf[2];
-            load_b_frag(bf, as, ld, kstep * 16, nt * 8);
-            mma16816<DT>(acc[nt], af, bf);
-          }
+      for (int nt = 0; nt < NTM; ++nt) {
+        if (nt < c.ntiles) {
+          u32 bf[2];
+          load_b_frag(bf, as, c.ld, kstep * 16, nt * 8);
+          mma16816<DT>(acc[nt], af, bf);
         }
       }
     }
-    __syncthreads();
   }
+}
 
-  // Cross-warp (k-split inside the block) reduction through shared memory, fixed order.
-  {
-    const int g = lane >> 2, t = lane & 3;
-    float* rw = red + (wk * BM + wm * 16) * S::LDR;
+// The warps' accumulators (k split inside the block) summed in a fixed order through shared
+// memory, then the fp32 partial of this k-range (or, store_ws: v rounded to x's dtype) into
+// row * R + c0 + n.
+template <int DT, int BM, int NTM>
+__device__ __forceinline__ void reduce_store(float* red, const float (&acc)[NTM][4], const ChunkShape& c, int c0,
+                                             int wm, int wk, const LoraItem& it, u16* wsp, int R, float* part,
+                                             bool store_ws) {
+  typedef ShrinkShape<BM> S;
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  float* rw = red + (wk * BM + wm * 16) * S::LDR;
 #pragma unroll
-    for (int nt = 0; nt < NTM; ++nt) {
-      if (nt < ntiles) {
-        const int c = nt * 8 + 2 * t;
-        *(float2*)(rw + g * S::LDR + c) = make_float2(acc[nt][0], acc[nt][1]);
-        *(float2*)(rw + (g + 8) * S::LDR + c) = make_float2(acc[nt][2], acc[nt][3]);
-      }
+  for (int nt = 0; nt < NTM; ++nt) {
+    if (nt < c.ntiles) {
+      const int col = nt * 8 + 2 * t;
+      *(float2*)(rw + g * S::LDR + col) = make_float2(acc[nt][0], acc[nt][1]);
+      *(float2*)(rw + (g + 8) * S::LDR + col) = make_float2(acc[nt][2], acc[nt][3]);
     }
   }
   __syncthreads();
-  const int nout = it.nrows * cw;
+  const int nout = it.nrows * c.cw;
   for (int i = tid; i < nout; i += LORA_THREADS) {
-    const int m = i / cw, n = i - m * cw;
+    const int m = i / c.cw, n = i - m * c.cw;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < S::WK; ++w) s += red[(w * BM + m) * S::LDR + n];
@@ -133,6 +146,30 @@ __device__ __forceinline__ void shrink_chunk(unsigned char* smem, const u16* x, 
     else
       part[at] = s;
   }
+}
+
+// Ranks [c0, c0 + cw) of v for the item's rows over k in [kb, ke): stages of x and of A's
+// chunk in shared memory, mma.sync on tensor cores, then the fixed-order reduction and store.
+template <int DT, int BM, int NTM>
+__device__ __forceinline__ void shrink_chunk(unsigned char* smem, const u16* x, i64 x_stride, bool x_vec,
+                                             const u16* A, int r, int c0, int kb, int ke, const LoraItem& it,
+                                             u16* wsp, int R, float* part, bool store_ws) {
+  typedef ShrinkShape<BM> S;
+  u16* xs = (u16*)smem;
+  u16* as = xs + S::XS;
+  const int warp = threadIdx.x >> 5, wm = warp % S::WM, wk = warp / S::WM;
+  const ChunkShape c = chunk_shape<BM, NTM>(A, r, c0);
+  float acc[NTM][4];
+#pragma unroll
+  for (int i = 0; i < NTM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int k0 = kb; k0 < ke; k0 += c.ksd) {
+    const int depth = min(c.ksd, ke - k0);
+    stage_x_and_a<BM>(xs, as, x, x_stride, x_vec, A, r, c0, c, k0, depth, it);
+    __syncthreads();
+    mma_stage<DT, BM, NTM>(acc, xs, as, c, (depth + 15) >> 4, wm, wk, it.nrows);
+    __syncthreads();
+  }
+  reduce_store<DT, BM, NTM>((float*)smem, acc, c, c0, wm, wk, it, wsp, R, part, store_ws);
 }
 
 template <int DT, int BM, int NTM>
@@ -169,7 +206,7 @@ __device__ __forceinline__ void shrink_body(
   for (int c0 = 0; c0 < r; c0 += NTM * 8) {
     if (c0 > 0) __syncthreads();  // the previous chunk's reduction buffer aliases the tiles
     shrink_chunk<DT, BM, NTM>(smem, x, x_stride, x_vec, A, r, c0, kb, ke, it, ws + p * ws_pstride, R,
-                              part + (i64)(p * ksplit + ks) * rows * R, rows, ksplit == 1 && !partial_only);
+                              part + (i64)(p * ksplit + ks) * rows * R, ksplit == 1 && !partial_only);
   }
   if (ksplit == 1 || partial_only) return;
 
