@@ -155,14 +155,6 @@ def steps_while(core, work, one_thread: bool = True) -> list[float]:
     return busy
 
 
-def to_host_tier(mgr: AdapterManager, adapter_id: str) -> None:
-    """The first half of ``acquire`` alone: source -> host tier (a diagnostic; private API)."""
-    leased: list = []
-    mgr._host_tier(adapter_id, leased)
-    for entry in leased:
-        mgr.host.release(entry)
-
-
 def load_phases(mgr: AdapterManager, split: bool) -> list[tuple[str, object, bool]]:
     """(name, work, one intra-op thread) of each loading phase: 20 full loads; with ``split``,
     the host half alone (at one and at torch's default threads) and the GPU half alone (host
@@ -174,15 +166,15 @@ def load_phases(mgr: AdapterManager, split: bool) -> list[tuple[str, object, boo
 
     def host_to_pool() -> None:
         for i in ids[20:]:
-            to_host_tier(mgr, i)
+            mgr.prefetch(i)
         for _ in range(3):
             for i in ids:
                 timed_acquire(mgr, i)
 
     return phases + [
-        ("20 adapters source -> host tier only", lambda: [to_host_tier(mgr, i) for i in ids[:20]], True),
+        ("20 adapters source -> host tier only", lambda: [mgr.prefetch(i) for i in ids[:20]], True),
         ("20 adapters source -> host tier only, loader at torch's default threads",
-         lambda: [to_host_tier(mgr, f"h-{i}") for i in range(40, 60)], False),
+         lambda: [mgr.prefetch(f"h-{i}") for i in range(40, 60)], False),
         ("host tier -> pool only, 108 loads back to back", host_to_pool, True),
     ]
 

@@ -151,6 +151,17 @@ def test_host_tier_serves_a_reload_without_refetching(adapter_root: Path) -> Non
     assert counters["source_fetches"] == 2 and counters["host_hits"] == 1 and counters["gpu_evictions"] == 2
 
 
+def test_prefetch_stages_in_the_host_tier_without_a_pool_place(adapter_root: Path) -> None:
+    mgr = _manager(adapter_root, 1)
+    mgr.prefetch("a2")
+    assert mgr.resident_ids() == [] and mgr.stats().counters["source_fetches"] == 1
+    mgr.release(mgr.acquire("a2"))  # from the host tier: no second fetch
+    counters = mgr.stats().counters
+    assert counters["source_fetches"] == 1 and counters["host_hits"] == 1
+    with pytest.raises(AdapterNotFoundError):
+        mgr.prefetch("nope")
+
+
 def test_no_starvation_with_many_more_adapters_than_slots(tmp_path: Path) -> None:
     """64 adapters over 8 slots, 16 threads hammering a Zipf mix: every acquisition completes
     within a bound, and waiters are served in arrival order (resident adapters rotate out)."""
@@ -237,3 +248,25 @@ def test_host_arena_never_overwrites_a_leased_entry() -> None:
     assert cache.reserve(64, torch.float32)[1] == -1  # arena full: a standalone buffer, not cached
     cache.release(entries[0])
     assert cache.reserve(64, torch.float32)[1] == entries[0].start
+
+
+def test_a_cold_load_checks_the_adapter_once_when_the_source_checked_it_against_this_base(
+    adapter_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source validates an adapter against its base model; the manager checks it again
+    only when that base is not its own (a cold load parsed every adapter twice)."""
+    import inference_server.lora.manager as manager_module
+
+    calls: list[ModelConfig] = []
+    parse = manager_module.parse_adapter_files
+    monkeypatch.setattr(manager_module, "parse_adapter_files", lambda files, base: calls.append(base) or parse(files, base))
+    mgr = _manager(adapter_root, 3)
+    mgr.release(mgr.acquire("a0"))
+    assert calls == []
+    other = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5 / 2)
+    assert other != CFG
+    checked_elsewhere = AdapterManager(LocalAdapterDirectory(adapter_root, other), CFG, mgr._alloc.capacity,
+                                       torch.float32, "cpu")
+    checked_elsewhere.release(checked_elsewhere.acquire("a1"))
+    assert calls == [CFG]

@@ -140,6 +140,17 @@ class AdapterManager:
                 self.host.release(entry)
         return self._wait_ready(ra)
 
+    def prefetch(self, adapter_id: str) -> None:
+        """Fetch, check and stage ``adapter_id`` in the host tier without taking a pool place
+        (acquire's first step): a later acquire then costs the host -> GPU copy. Raises as
+        acquire does for an unknown or invalid adapter (blocking; not on the step loop)."""
+        leased: list[PackedAdapter] = []
+        try:
+            self._host_tier(adapter_id, leased)
+        finally:
+            for entry in leased:
+                self.host.release(entry)
+
     def release(self, ra: ResidentAdapter) -> None:
         with self._cond:
             ra.refcount -= 1
@@ -169,7 +180,9 @@ class AdapterManager:
             return PackedAdapter(adapter_id, ra.version, torch.empty(0, dtype=self.dtype), ra.layout)
         self.metrics.count("source_fetches")
         files = self.source.resolve(adapter_id)
-        spec = parse_adapter_files(files.files, self.config)  # the base model decides what fits
+        spec = files.spec  # the base model decides what fits: checked again unless against this one
+        if spec.checked_base != self.config:
+            spec = parse_adapter_files(files.files, self.config)
         layout = self._pool_layout(spec)
         if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(

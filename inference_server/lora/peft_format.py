@@ -59,6 +59,9 @@ class AdapterSpec:
     # the weights file's parsed header (name -> dtype, shape, data offsets), so the loader's
     # plan does not parse it again
     tensors: Mapping[str, TensorInfo] = field(default_factory=dict, repr=False, compare=False)
+    # the base model the shapes were checked against (None: none), so a later check against
+    # the same base can reuse this spec
+    checked_base: ModelConfig | None = field(default=None, repr=False, compare=False)
 
     @property
     def target_modules(self) -> tuple[str, ...]:
@@ -98,6 +101,7 @@ def parse_adapter_files(
         num_bytes=len(files[WEIGHTS_FILE]),
         base_model_name=config.get("base_model_name_or_path"),
         tensors=MappingProxyType(tensors),
+        checked_base=base,
     )
 
 
