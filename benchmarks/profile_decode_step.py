@@ -143,18 +143,40 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     (the tables unchanged): what each stage costs on the step's critical path. "no LoRA
     kernels" keeps the side stream's fork and join around each base projection; "no fork/join"
     leaves the bare base projections in the LoRA graph, so against the base graph it shows
-    whatever else the LoRA graph adds. The outputs of the ablated graphs are wrong by design;
-    the full graph is captured again at the end."""
+    whatever else the LoRA graph adds. "forks only" forks each shrink off as the engine does but
+    joins the side stream once, before the logits, instead of before each expand: what the
+    joins cost apart from the forks. The outputs of the ablated graphs are wrong by design; the
+    full graph is captured again at the end."""
     from inference_server.lora import batch as lora_batch
 
     graphs = engine._core.runner.graphs
     original, original_apply = lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply
-    variants = {"full": (), "no expand": ("expand",), "no shrink": ("shrink",), "no LoRA kernels": ("shrink", "expand"),
-                "no LoRA kernels, no fork/join": "plain"}
-    out: dict[str, list[float]] = {name: [] for name in variants}
 
     def plain(self, x, layer, group, base):  # the base projection alone, inside the LoRA graph
         return base(x)
+
+    def forks_only(self, x, layer, group, base):  # the shrink forked beside the GEMM, never joined
+        if self.side_stream is None or group not in self.active:
+            return original_apply(self, x, layer, group, base)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(x.device))
+        y = base(x)
+        self.side_stream.wait_event(ready)
+        with torch.cuda.stream(self.side_stream):
+            if "shrink" not in self.skip:
+                original(self, y, x, layer, group, "shrink")
+        if "expand" not in self.skip:
+            original(self, y, x, layer, group, "expand")  # does not wait for its shrink: timing only
+        return y
+
+    # name -> (apply, stages left out); "forks only" joins the side stream once, before the logits
+    variants = {"full": (original_apply, ()), "no expand": (original_apply, ("expand",)),
+                "no shrink": (original_apply, ("shrink",)),
+                "no LoRA kernels": (original_apply, ("shrink", "expand")),
+                "no LoRA kernels, no fork/join": (plain, ()),
+                "forks only, one join at the end": (forks_only, ()),
+                "no LoRA kernels, forks only": (forks_only, ("shrink", "expand"))}
+    out: dict[str, list[float]] = {name: [] for name in variants}
 
     def skipping(skip: tuple[str, ...]):
         def _sgmv(self, y, x, layer, group, stage):
@@ -164,15 +186,27 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
                     original(self, y, x, layer, group, st)
         return _sgmv
 
+    model, logits = graphs.model, graphs.model.compute_logits
+
+    def joined_logits(hidden):  # every side-stream branch joins the main stream here
+        if graphs.lora_stream is not None:
+            torch.cuda.current_stream(hidden.device).wait_stream(graphs.lora_stream)
+        return logits(hidden)
+
+    model.compute_logits = joined_logits
+    lora_batch.LoraBatch.skip = ()
     try:
         for _ in range(rounds):
-            for name, skip in variants.items():
-                lora_batch.LoraBatch.apply = plain if skip == "plain" else original_apply
-                lora_batch.LoraBatch._sgmv = skipping(() if skip == "plain" else skip)
+            for name, (apply, skip) in variants.items():
+                lora_batch.LoraBatch.apply = apply
+                lora_batch.LoraBatch._sgmv = skipping(skip)
+                lora_batch.LoraBatch.skip = skip
                 graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
                 out[name].append(replay_ms(engine, size, True, reps=50))
     finally:
+        del model.compute_logits
         lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply = original, original_apply
+        del lora_batch.LoraBatch.skip
         graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
     out["base graph"] = [replay_ms(engine, size, False, reps=50) for _ in range(rounds)]
     return out
