@@ -32,6 +32,7 @@ from inference_server.lora.device_packing import plan_device_pack, stage
 from inference_server.lora.packing import AdapterLayout, plan_layout
 from inference_server.lora.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
 from inference_server.lora.pool_stats import PoolMetrics, PoolStats
+from inference_server.lora.pool_writes import PoolWrites, WriteListener
 from inference_server.lora.range_allocator import RangeAllocator
 from inference_server.lora.source import AdapterSource
 from inference_server.lora.tensor_views import tensor_views
@@ -84,6 +85,7 @@ class AdapterManager:
         self.pool = torch.zeros(pool_elements, dtype=dtype, device=device)
         self._alloc = RangeAllocator(pool_elements)
         self._copier = PoolCopier(self.pool.device)
+        self._writes = PoolWrites(self.pool, self._copier)
         self.metrics = PoolMetrics()
         self.host = HostAdapterCache(host_cache_bytes, pin=self._copier.wants_pinned,
                                      on_evict=lambda _: self.metrics.count("host_evictions"))
@@ -91,26 +93,16 @@ class AdapterManager:
         self._queue: deque[object] = deque()  # tickets of acquisitions waiting for the pool
         self._cond = threading.Condition()
         self._timeout = acquire_timeout_s
-        # told (start, end, write count before, after) of every copy into the pool; the copies
-        # are serialized while any listener exists, so each window holds one copy only
-        self._write_listeners: list[Callable[[torch.Tensor, int, int, int, int], None]] = []
-        self._write_lock = threading.Lock()
 
     @property
     def counts_pool_writes(self) -> bool:
         """Whether the pool has a write count (``_version``; not for inference-mode tensors)."""
-        try:
-            self.pool._version  # noqa: B018
-        except RuntimeError:
-            return False
-        return True
+        return self._writes.counted
 
-    def add_write_listener(self, listener: Callable[[torch.Tensor, int, int, int, int], None]) -> None:
+    def add_write_listener(self, listener: WriteListener) -> None:
         """Call ``listener(pool, start, end, before, after)`` after each adapter copied into the
         pool (elements [start, end); the pool's ``_version`` before and after that copy alone)."""
-        if not self.counts_pool_writes:
-            raise ValueError("the adapter pool was made in inference mode: it has no write count to announce")
-        self._write_listeners.append(listener)
+        self._writes.add_listener(listener)
 
     # -- acquire / release -----------------------------------------------------------------
     def try_acquire_resident(self, adapter_id: str) -> ResidentAdapter | None:
@@ -302,17 +294,7 @@ class AdapterManager:
 
     def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
         try:
-            n = packed.layout.num_elements
-            dst = self.pool[ra.start : ra.start + n]
-            if not self._write_listeners:
-                self._write(dst, packed)
-            else:
-                with self._write_lock:
-                    before = self.pool._version
-                    self._write(dst, packed)
-                    after = self.pool._version
-                for listener in self._write_listeners:
-                    listener(self.pool, ra.start, ra.start + n, before, after)
+            self._writes.write(ra.start, packed)
         except BaseException:
             with self._cond:
                 self._resident.pop(ra.adapter_id, None)
@@ -322,12 +304,6 @@ class AdapterManager:
         with self._cond:
             ra.ready = True
             self._cond.notify_all()
-
-    def _write(self, dst: torch.Tensor, packed: PackedAdapter) -> None:
-        if packed.plan is None:  # packed on the host already
-            self._copier.copy(dst, packed.flat[:packed.layout.num_elements])
-        else:
-            self._copier.unpack(dst, packed.flat, packed.plan, packed.layout)
 
     def _wait_ready(self, ra: ResidentAdapter) -> ResidentAdapter:
         with self._cond:
