@@ -138,6 +138,39 @@ def print_replays(title: str, replays: dict[str, list[float]]) -> None:
           flush=True)
 
 
+def _ablated_applies(original, original_apply):
+    """LoraBatch.apply replacements: the bare base projection, and the shrink forked beside the
+    GEMM as the engine does but never joined back (the expand does not wait for it)."""
+
+    def plain(self, x, layer, group, base):
+        return base(x)
+
+    def forks_only(self, x, layer, group, base):
+        if self.side_stream is None or group not in self.active:
+            return original_apply(self, x, layer, group, base)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(x.device))
+        y = base(x)
+        self.side_stream.wait_event(ready)
+        with torch.cuda.stream(self.side_stream):
+            if "shrink" not in self.skip:
+                original(self, y, x, layer, group, "shrink")
+        if "expand" not in self.skip:
+            original(self, y, x, layer, group, "expand")  # timing only: it does not wait for its shrink
+        return y
+
+    return plain, forks_only
+
+
+def _skipping(original, skip: tuple[str, ...]):
+    """LoraBatch._sgmv without the stages in ``skip``."""
+    def _sgmv(self, y, x, layer, group, stage):
+        for st in ("shrink", "expand") if stage == "both" else (stage,):
+            if st not in skip:
+                original(self, y, x, layer, group, st)
+    return _sgmv
+
+
 def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     """Replay ms of the LoRA graph of ``size`` rows re-captured with a LoRA stage left out
     (the tables unchanged): what each stage costs on the step's critical path. "no LoRA
@@ -151,41 +184,14 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
 
     graphs = engine._core.runner.graphs
     original, original_apply = lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply
-
-    def plain(self, x, layer, group, base):  # the base projection alone, inside the LoRA graph
-        return base(x)
-
-    def forks_only(self, x, layer, group, base):  # the shrink forked beside the GEMM, never joined
-        if self.side_stream is None or group not in self.active:
-            return original_apply(self, x, layer, group, base)
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(x.device))
-        y = base(x)
-        self.side_stream.wait_event(ready)
-        with torch.cuda.stream(self.side_stream):
-            if "shrink" not in self.skip:
-                original(self, y, x, layer, group, "shrink")
-        if "expand" not in self.skip:
-            original(self, y, x, layer, group, "expand")  # does not wait for its shrink: timing only
-        return y
-
-    # name -> (apply, stages left out); "forks only" joins the side stream once, before the logits
-    variants = {"full": (original_apply, ()), "no expand": (original_apply, ("expand",)),
+    plain, forks_only = _ablated_applies(original, original_apply)
+    variants = {"full": (original_apply, ()), "no expand": (original_apply, ("expand",)),  # name -> (apply, skip)
                 "no shrink": (original_apply, ("shrink",)),
                 "no LoRA kernels": (original_apply, ("shrink", "expand")),
                 "no LoRA kernels, no fork/join": (plain, ()),
                 "forks only, one join at the end": (forks_only, ()),
                 "no LoRA kernels, forks only": (forks_only, ("shrink", "expand"))}
     out: dict[str, list[float]] = {name: [] for name in variants}
-
-    def skipping(skip: tuple[str, ...]):
-        def _sgmv(self, y, x, layer, group, stage):
-            stages = ("shrink", "expand") if stage == "both" else (stage,)
-            for st in stages:
-                if st not in skip:
-                    original(self, y, x, layer, group, st)
-        return _sgmv
-
     model, logits = graphs.model, graphs.model.compute_logits
 
     def joined_logits(hidden):  # every side-stream branch joins the main stream here
@@ -198,15 +204,13 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     try:
         for _ in range(rounds):
             for name, (apply, skip) in variants.items():
-                lora_batch.LoraBatch.apply = apply
-                lora_batch.LoraBatch._sgmv = skipping(skip)
+                lora_batch.LoraBatch.apply, lora_batch.LoraBatch._sgmv = apply, _skipping(original, skip)
                 lora_batch.LoraBatch.skip = skip
                 graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
                 out[name].append(replay_ms(engine, size, True, reps=50))
     finally:
-        del model.compute_logits
+        del model.compute_logits, lora_batch.LoraBatch.skip
         lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply = original, original_apply
-        del lora_batch.LoraBatch.skip
         graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
     out["base graph"] = [replay_ms(engine, size, False, reps=50) for _ in range(rounds)]
     return out
