@@ -22,6 +22,10 @@ batch (32 requests x 128 prompt + 128 new tokens, 4 adapters mixed through
 
     python benchmarks/bench_textgen.py [--num-requests 1000] [--model llama-7b] \
         [--results benchmarks/RESULTS.md]
+
+Longer than one call on a lent GPU may run: split the workloads over calls made back to back
+on the same machine with ``--parts-dir`` (a folder outside the working tree, e.g. /tmp/textgen);
+each call's table, and its ``--results`` section, is built from every part so far.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import textgen_parts  # noqa: E402
 from random_adapters import PROJ, RandomAdapterSource  # noqa: E402
 from results import append_results  # noqa: E402
 
@@ -272,6 +277,9 @@ def main() -> None:
                          "twice, on then off (same engine, for an A/B in one run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=None)
+    ap.add_argument("--parts-dir", type=Path, default=None,
+                    help="keep each workload's row (and the fixed batch) there, and build the table from every "
+                         "part there: runs made back to back add up to one table (benchmarks/textgen_parts.py)")
     args = ap.parse_args()
     command = "python benchmarks/bench_textgen.py " + " ".join(sys.argv[1:])
 
@@ -296,29 +304,42 @@ def main() -> None:
         label = workload if ahead or args.launch_ahead == "off" else f"{workload} (no launch-ahead)"
         r.update(workload=label, roof=roof, roof_lora=roof_lora)
         rows.append(r)
+        if args.parts_dir:
+            textgen_parts.save_row(args.parts_dir, r, command)
         print(f"{workload:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
               f"tpot p50/p99 {r['tpot_p50']:.2f}/{r['tpot_p99']:.2f} ms  ttft p50 {r['ttft_p50']:.1f} s  "
               f"step@{r['full_batch']} {r['full_step_ms']:.2f} ms (roofline {roof:.2f} ms, x{r['full_step_ms'] / roof:.2f})",
               flush=True)
-    fixed = {}
+    fixed = None
     if args.hf_new_tokens:
-        for name, ids in (("4 adapters mixed", [f"a{i % args.hf_adapters}" for i in range(args.max_batch)]),
-                          ("32 distinct adapters", [f"a{i}" for i in range(args.max_batch)]),
+        fixed = dict(new_tokens=args.hf_new_tokens, adapters=args.hf_adapters, hf=list(hf), loraplex={})
+        for name, ids in ((f"{args.hf_adapters} adapters mixed", [f"a{i % args.hf_adapters}" for i in range(args.max_batch)]),
+                          (f"{args.max_batch} distinct adapters", [f"a{i}" for i in range(args.max_batch)]),
                           ("base model", [None] * args.max_batch)):
-            fixed[name] = fixed_batch_loraplex(engine, ids, args.hf_new_tokens, 128)
-            print(f"loraplex fixed batch, {name}: {fixed[name]:.0f} tok/s", flush=True)
-    lines = table(rows, args, hf, fixed)
-    print("\n".join(lines))
+            fixed["loraplex"][name] = fixed_batch_loraplex(engine, ids, args.hf_new_tokens, 128)
+            print(f"loraplex fixed batch, {name}: {fixed['loraplex'][name]:.0f} tok/s", flush=True)
+        if args.parts_dir:
+            textgen_parts.save_fixed(args.parts_dir, fixed, command)
+    notes = ""
+    if args.parts_dir:
+        parts = textgen_parts.load(args.parts_dir, WORKLOADS)
+        rows, fixed, command = parts.rows, parts.fixed, " ; ".join(parts.commands)
+        notes = f"Built from {len(parts.commands)} run(s)' parts on: {'; '.join(parts.hosts)}."
+    lines = table(rows, args.max_batch, fixed)
+    print("\n".join(lines + ([notes] if notes else [])))
     if args.results:
         title = (f"Text generation (Punica workload), {args.model} dummy bf16, rank {args.rank}, "
                  f"{args.num_requests} requests, max batch {args.max_batch}")
-        append_results(args.results, title, command, lines)
+        append_results(args.results, title, command, lines, notes)
 
 
-def table(rows: list[dict], args, hf, fixed) -> list[str]:
+def table(rows: list[dict], max_batch: int, fixed: dict | None) -> list[str]:
+    """The markdown table of the workloads (against base, when a base row is there) and of the
+    fixed batch (``fixed``: new_tokens, adapters, hf [base, mixed], loraplex {name: tokens/s})."""
     base = next((r for r in rows if r["workload"] == "base"), None)
     lines = ["| workload | tokens/s | generated tok/s | vs base | per-token p50 / p99 (ms) | TTFT p50 / p99 (s) "
-             "| decode step at batch 32 (ms) | roofline weights+KV (ms) | step / roofline | roofline + adapters (ms) |",
+             f"| decode step at batch {max_batch} (ms) | roofline weights+KV (ms) | step / roofline "
+             "| roofline + adapters (ms) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         rel = f"{r['throughput'] / base['throughput'] - 1:+.1%}" if base else "-"
@@ -326,12 +347,13 @@ def table(rows: list[dict], args, hf, fixed) -> list[str]:
             f"| {r['workload']} | {r['throughput']:.0f} | {r['decode_tps']:.0f} | {rel} | {r['tpot_p50']:.2f} / "
             f"{r['tpot_p99']:.2f} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['full_step_ms']:.2f} | "
             f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} |")
-    if hf:
-        lines += ["", f"Fixed batch: {args.max_batch} requests x 128 prompt + {args.hf_new_tokens} new tokens "
+    if fixed:
+        hf_base, hf_mixed = fixed["hf"]
+        lines += ["", f"Fixed batch: {max_batch} requests x 128 prompt + {fixed['new_tokens']} new tokens "
                       "(generated tokens/s):", "", "| system | tokens/s |", "| --- | ---: |",
-                  f"| transformers, base model | {hf[0]:.0f} |",
-                  f"| transformers + PEFT, {args.hf_adapters} adapters mixed (adapter_names) | {hf[1]:.0f} |"]
-        lines += [f"| loraplex, {name} | {v:.0f} |" for name, v in fixed.items()]
+                  f"| transformers, base model | {hf_base:.0f} |",
+                  f"| transformers + PEFT, {fixed['adapters']} adapters mixed (adapter_names) | {hf_mixed:.0f} |"]
+        lines += [f"| loraplex, {name} | {v:.0f} |" for name, v in fixed["loraplex"].items()]
     return lines
 
 
