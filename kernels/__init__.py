@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels import cpu, reference
+from kernels import checks, cpu, reference
 from kernels.dense import linear
 
 __all__ = ["add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "prefer_bgmv", "reference", "step_cache"]
@@ -66,6 +66,8 @@ def add_lora_slices(
         return
     if stage != "both":
         raise ValueError(f"stage {stage!r} needs the CUDA kernels (16-bit CUDA tensors), got {x.dtype} on {x.device}")
+    checks.check_seg(seg, checks.check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace),
+                     x.device)
     if not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
         cpu.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, cache)
     else:
@@ -98,8 +100,12 @@ def add_lora_slices_bgmv(
     workspace: torch.Tensor,
 ) -> None:
     """BGMV: y[t, slice p] += scale_ps * (x[t] @ A_ps) @ B_ps, s = row_slot[t]. See the reference."""
-    impl = _cuda_ops().add_lora_slices_bgmv if _use_cuda(x) else reference.add_lora_slices_bgmv
-    impl(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
+    if _use_cuda(x):
+        _cuda_ops().add_lora_slices_bgmv(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
+        return
+    checks.check_row_slot(row_slot, checks.check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths,
+                                                      workspace), x.device)
+    reference.add_lora_slices_bgmv(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
 
 
 def prefer_bgmv(num_rows: int, num_segments: int) -> bool:

@@ -29,9 +29,35 @@ def test_entry_point_takes_the_cpu_backend_for_float32_and_the_reference_for_bfl
     monkeypatch.setattr(cpu, "add_lora_slices", lambda *a: calls.append("cpu"))
     monkeypatch.setattr(reference, "add_lora_slices", lambda *a: calls.append("reference"))
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.zeros(1, 1, dtype=dtype)
-        kernels.add_lora_slices(x, x, x, None, None, None, None, None, 0, (1,), None)
+        kernels.add_lora_slices(*_tiny_args(dtype))
     assert calls == ["cpu", "reference"]
+
+
+def _tiny_args(dtype: torch.dtype = torch.float32) -> list:
+    """A valid one-row, one-slot add_lora_slices call (y, x, pool, a_off, b_off, ranks, scales,
+    seg, layer, out_widths, workspace)."""
+    table = {"dtype": torch.int64}
+    return [torch.zeros(1, 2, dtype=dtype), torch.zeros(1, 4, dtype=dtype), torch.zeros(64, dtype=dtype),
+            torch.zeros(1, 1, **table), torch.full((1, 1), 8, **table), torch.ones(1, 1, dtype=torch.int32),
+            torch.ones(1, 1), torch.tensor([0, 1], dtype=torch.int32), 0, (2,), torch.zeros(1, 1, 1, dtype=dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the CPU backend, the reference
+def test_bad_arguments_raise_value_errors_naming_them_on_the_cpu(dtype: torch.dtype) -> None:
+    """The CPU backends check shapes, dtypes and devices as the CUDA wrapper does."""
+    args = _tiny_args(dtype)
+    kernels.add_lora_slices(*args)  # valid as it is
+    cases = [(0, torch.zeros(1, 3, dtype=dtype), "y: must be"), (1, torch.zeros(4, dtype=dtype), "x: must be 2-D"),
+             (2, torch.zeros(64, dtype=torch.float64), "pool: dtype"), (3, torch.zeros(1, 1, dtype=torch.int32), "a_off"),
+             (5, torch.ones(2, 1, dtype=torch.int32), "ranks: shape"), (7, torch.zeros(3, dtype=torch.int32), "seg"),
+             (8, -1, "layer"), (10, torch.zeros(1, 1, dtype=dtype), "workspace")]
+    for index, value, message in cases:
+        bad = list(args)
+        bad[index] = value
+        with pytest.raises(ValueError, match=message):
+            kernels.add_lora_slices(*bad)
+    with pytest.raises(ValueError, match="row_slot: shape"):
+        kernels.add_lora_slices_bgmv(*args[:7], torch.zeros(2, dtype=torch.int32), *args[8:])
 
 
 def _decode_case(h_in: int = 64, widths: tuple[int, ...] = (96, 32, 32), rank: int = 8, rows: int = 6, slots: int = 8,
