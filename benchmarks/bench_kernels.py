@@ -182,7 +182,7 @@ def breakdown(gen) -> None:
     """Per-kernel device time: an empty CuPy kernel, then shrink alone / expand alone."""
     import cupy  # noqa: PLC0415
 
-    from kernels.cuda._checks import check_args  # noqa: PLC0415
+    from kernels.checks import check_args  # noqa: PLC0415
     from kernels.cuda._launch import Call, launch, make_plan  # noqa: PLC0415
 
     rt = kcuda.default_cache().get(torch.device("cuda", torch.cuda.current_device()))

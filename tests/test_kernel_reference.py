@@ -111,7 +111,7 @@ def test_bf16_reference_rounds_shrink_result_once():
 
 
 def test_launch_plan_covers_every_work_item():
-    from kernels.cuda._checks import Problem
+    from kernels.checks import Problem
     from kernels.cuda._launch import DEC_ROWS, MAX_KSPLIT, make_plan
 
     gen = torch.Generator().manual_seed(0)

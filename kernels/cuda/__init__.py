@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.cuda._checks import check_args, check_row_slot, check_seg
+from kernels.checks import check_args, check_row_slot, check_seg
+from kernels.cuda._checks import check_cuda
 from kernels.cuda._launch import Call, launch, make_plan
 from kernels.cuda._runtime import RuntimeCache, default_cache
 
@@ -58,6 +59,7 @@ def add_lora_slices(
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    check_cuda(x)
     problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
     check_seg(seg, problem, x.device)
     if row_slot is not None:
@@ -88,6 +90,7 @@ def add_lora_slices_bgmv(
     As add_lora_slices, with row_slot: int32 [T] (-1 = no adapter for that row) instead of
     seg; the tables are [P, N_slots] and indexed by slot.
     """
+    check_cuda(x)
     problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
     check_row_slot(row_slot, problem, x.device)
     if problem.rows == 0:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.cuda._checks import Problem
+from kernels.checks import Problem
 from kernels.cuda._runtime import DeviceRuntime
 
 THREADS = 128
