@@ -37,6 +37,7 @@ class DeferredRunner:
         self._runner = runner
         self.launches = 0
         self.fed = 0  # placeholder inputs taken from a launched step
+        self.sampled = 0  # launched steps with a row drawn from its generator
 
     def __getattr__(self, name: str):
         return getattr(self._runner, name)
@@ -58,6 +59,7 @@ class DeferredRunner:
                 s.token_ids[-1] = PLACEHOLDER
         self.launches += 1
         self.fed += len(patched)
+        self.sampled += any(not s.request.sampling.greedy for s in seqs)
         tokens = torch.tensor(out.result.token_ids if out.result else [], dtype=torch.int64)
         return LaunchedStep(list(seqs), list(num_tokens), list(out.sampled_seqs), tokens, tokens.clone(), _Ready())
 
@@ -83,10 +85,11 @@ def _summary(events) -> dict:
                 usage=last.usage)
 
 
-def _mixed_requests(engine, stops: dict[str, tuple[int, str]], sampled: int | None = None) -> list[GenerationRequest]:
+def _mixed_requests(engine, stops: dict[str, tuple[int, str]], sampled: int | None = None,
+                    penalty: float = 1.0) -> list[GenerationRequest]:
     """Adapters and base rows; some stop on a token id or a string the plain engine produced
-    mid-stream; each has its own length; request ``sampled`` samples (the steps it is in
-    run on the host)."""
+    mid-stream; each has its own length; request ``sampled`` samples (seeded; with a
+    repetition ``penalty`` other than 1 the steps it is in run the plain way)."""
     names = [None, *ADAPTER_CONFIGS]
     out = []
     for i in range(12):
@@ -96,32 +99,38 @@ def _mixed_requests(engine, stops: dict[str, tuple[int, str]], sampled: int | No
         stopping = StoppingCriteria(max_new_tokens=6 + 3 * i, ignore_eos=True,
                                     stop_token_ids=(token,) if token is not None and i % 3 == 0 else (),
                                     stop_strings=(text,) if text and i % 3 == 1 else ())
-        sampling = SamplingParams(temperature=0.8, seed=7) if i == sampled else SamplingParams()
+        sampling = (SamplingParams(temperature=0.8, top_p=0.9, seed=7, repetition_penalty=penalty) if i == sampled
+                    else SamplingParams())
         out.append(GenerationRequest(rid, prompt, names[i % len(names)], sampling, stopping))
     return out
 
 
-def _stops_from_a_free_run(tiny_llama_dir: Path, adapter_dir: Path, sampled: int | None) -> dict[str, tuple[int, str]]:
+def _stops_from_a_free_run(tiny_llama_dir: Path, adapter_dir: Path, sampled: int | None,
+                           penalty: float = 1.0) -> dict[str, tuple[int, str]]:
     """Per request, a token id and a string its unstopped output has mid-stream (4th token)."""
     plain = load_engine(tiny_llama_dir, adapter_dir, max_num_seqs=6)
     stops = {}
-    for rid, events in run_all(plain, _mixed_requests(plain, {}, sampled)).items():
+    for rid, events in run_all(plain, _mixed_requests(plain, {}, sampled, penalty)).items():
         toks = tokens_of(events)
         if len(toks) > 4:
             stops[rid] = (toks[3], "".join(e.text for e in events[2:4]).strip()[:3] or None)
     return stops
 
 
-@pytest.mark.parametrize("sampled", [None, 4])
-def test_launched_steps_give_the_plain_engines_outputs(tiny_llama_dir: Path, adapter_dir: Path, sampled) -> None:
-    """Greedy requests only: nearly every step launched ahead; with a sampling request the
-    steps it is in run on the host, and the loop switches between the two ways."""
-    stops = _stops_from_a_free_run(tiny_llama_dir, adapter_dir, sampled)
+@pytest.mark.parametrize("sampled, penalty", [(None, 1.0), (4, 1.0), (4, 1.3)],
+                         ids=["greedy", "a sampling request", "a sampling request with a penalty"])
+def test_launched_steps_give_the_plain_engines_outputs(tiny_llama_dir: Path, adapter_dir: Path, sampled,
+                                                       penalty) -> None:
+    """Every step launched ahead, a sampling request's too (its draws on the device, from its
+    own generator: the same tokens); with a repetition penalty the steps it is in run the
+    plain way, and the loop switches between the two ways."""
+    stops = _stops_from_a_free_run(tiny_llama_dir, adapter_dir, sampled, penalty)
     plain, ahead = _engines(tiny_llama_dir, adapter_dir, max_num_seqs=6)
-    expected = run_all(plain, _mixed_requests(plain, stops, sampled))
-    got = run_all(ahead, _mixed_requests(ahead, stops, sampled))
+    expected = run_all(plain, _mixed_requests(plain, stops, sampled, penalty))
+    got = run_all(ahead, _mixed_requests(ahead, stops, sampled, penalty))
     runner = ahead._core.runner
     assert runner.launches >= 10 and runner.fed >= 20, (runner.launches, runner.fed)
+    assert (runner.sampled > 0) == (sampled is not None and penalty == 1.0), runner.sampled
     assert {k: _summary(v) for k, v in got.items()} == {k: _summary(v) for k, v in expected.items()}
     stopped = [k for k, v in expected.items() if v[-1].finish_reason.name == "STOP"]
     assert len(stopped) >= 3, "the case must stop some requests mid-stream"

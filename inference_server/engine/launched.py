@@ -4,7 +4,10 @@ The engine launches step N+1 before it reads step N's tokens (LLMEngine.step), s
 never waits for the host's per-step Python (token bookkeeping, detokenization, streaming,
 scheduling, planning). What makes that possible: step N+1's rows that need a token of step
 N (a sequence's next input) take it on the device, from N's sampled-token tensor, and
-step N's sampling needs nothing from the host (greedy, no penalties, no log-probabilities).
+step N's sampling needs nothing from the host: greedy rows take an argmax, sampled rows draw
+from their request's own generator on the device (``sampler.choose``); a repetition penalty
+(it reads the sequence's tokens so far, the newest still on the device) or log-probabilities
+(read back per token) make a step run the plain way.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from inference_server.engine.sequence import Sequence
 
 
 def samples_on_device(params: SamplingParams) -> bool:
-    """Whether a row's next token is chosen on the device alone (a batched argmax)."""
-    return params.greedy and params.repetition_penalty == 1.0 and not params.logprobs and params.top_logprobs == 0
+    """Whether a row's next token is chosen on the device alone (``sampler.choose``)."""
+    return params.repetition_penalty == 1.0 and not params.logprobs and params.top_logprobs == 0
 
 
 @dataclass(eq=False, slots=True)

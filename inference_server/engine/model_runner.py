@@ -20,7 +20,7 @@ from torch import nn
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
 from inference_server.engine.launched import LaunchedStep, samples_on_device
-from inference_server.engine.sampler import SampleResult, SampleRow, sample
+from inference_server.engine.sampler import SampleResult, SampleRow, choose, sample
 from inference_server.engine.sequence import PLACEHOLDER, Sequence
 from inference_server.engine.step_plan import plan_step, run_forward
 from inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
@@ -116,7 +116,7 @@ class ModelRunner:
         if fed is None:
             return None
         logits = self.graphs.replay(plan, size, fed)
-        tokens = logits.float().argmax(dim=-1)  # as ``sample`` does for greedy rows
+        tokens = choose(logits.float(), self._sample_rows(sample_seqs))  # as ``sample`` does
         host = self._token_host[self._token_turn][: len(sample_seqs)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=True)

@@ -33,14 +33,20 @@ class SampleResult:
 def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
     """logits: [N, V] (any float dtype) for N rows -> one token id per row."""
     logits = logits.float()
-    processed = _apply_penalties(logits, rows)
-    tokens = processed.argmax(dim=-1)
-    for i, row in enumerate(rows):
-        if not row.params.greedy:
-            tokens[i] = _draw(processed[i], row.params, row.generator)
-    token_list = tokens.tolist()
+    token_list = choose(_apply_penalties(logits, rows), rows).tolist()  # the step's one read-back
     logprobs, tops = _logprobs(logits, token_list, rows)
     return SampleResult(token_list, logprobs, tops)
+
+
+def choose(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    """int64 [N] token ids on ``scores``' device (float32 [N, V], penalties applied), with
+    nothing read back to the host: greedy rows by one batched argmax, the others drawn one by
+    one from their own generators (temperature, top-k, top-p), so a launched step can sample."""
+    tokens = scores.argmax(dim=-1)
+    for i, row in enumerate(rows):
+        if not row.params.greedy:
+            tokens[i] = _draw(scores[i], row.params, row.generator)
+    return tokens
 
 
 def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
@@ -57,7 +63,7 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.T
     return out
 
 
-def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     scores = logits / params.temperature
     if params.top_k:
         k = min(params.top_k, scores.numel())
@@ -70,7 +76,7 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
         remove[-1] = False  # always keep the most likely token
         scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
     probs = scores.softmax(dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    return torch.multinomial(probs, 1, generator=generator)[0]  # stays on the device
 
 
 def _logprobs(
