@@ -288,6 +288,10 @@ def main() -> None:
                     help="keep each workload's row (and the fixed batch) there, and build the table from every "
                          "part there: runs made back to back add up to one table (benchmarks/textgen_parts.py)")
     args = ap.parse_args()
+    workloads = [w for w in args.workloads.split(",") if w]  # "" = none: only the fixed batch
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        ap.error(f"--workloads: unknown {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     command = "python benchmarks/bench_textgen.py " + " ".join(sys.argv[1:])
 
     hf = None
@@ -302,7 +306,7 @@ def main() -> None:
     vocab = engine._core.runner.config.vocab_size
     rows = []
     modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.launch_ahead]
-    for workload, ahead in ((w, a) for w in args.workloads.split(",") for a in modes):
+    for workload, ahead in ((w, a) for w in workloads for a in modes):
         engine._core._launch_ahead = ahead and engine._core.runner.can_launch
         ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
         r = run_workload(engine, reqs, ids, vocab, args.seed, log, args.sampled_share)

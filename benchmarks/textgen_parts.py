@@ -23,7 +23,11 @@ def host() -> str:
     try:
         import torch
 
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+        if torch.cuda.is_available():  # the uuid tells apart the GPUs of one host
+            props = torch.cuda.get_device_properties(0)
+            gpu = f"{props.name}, GPU-{str(getattr(props, 'uuid', '?'))[:8]}"
+        else:
+            gpu = "no GPU"
     except ImportError:
         gpu = "no torch"
     return f"{socket.gethostname()} ({gpu})"
