@@ -40,3 +40,46 @@ def test_draws_keep_to_top_k_and_follow_the_generator() -> None:
     assert set(drawn) <= top and len(set(drawn)) > 3
     again = _rows([11])
     assert [int(choose(scores, again)[0]) for _ in range(200)] == drawn
+
+
+def _row(seed: int | None = None, **params) -> SampleRow:
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    return SampleRow(SamplingParams(seed=seed, **params), (), generator)
+
+
+def test_draws_follow_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03])
+    rows = [_row(temperature=1.0)] * 8000  # unseeded rows: the default generator
+    torch.manual_seed(0)
+    drawn = choose(probs.log().expand(len(rows), -1).contiguous(), rows)
+    freq = torch.bincount(drawn, minlength=5).double() / len(rows)
+    assert torch.allclose(freq, probs.double(), atol=0.02), freq  # ~4 standard errors
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_it() -> None:
+    probs = torch.tensor([0.05, 0.4, 0.3, 0.2, 0.05])
+    scores = probs.log().expand(300, -1).contiguous()
+    rows = [_row(seed=i, temperature=1.0, top_p=0.65) for i in range(300)]
+    drawn = set(choose(scores, rows).tolist())
+    assert drawn == {1, 2}  # 0.4 < 0.65 <= 0.4 + 0.3: the third most likely token is out
+
+
+def test_rows_of_one_batch_keep_their_own_parameters() -> None:
+    scores = torch.randn(1, 400, generator=torch.Generator().manual_seed(2)) * 2
+    best = int(scores.argmax())
+    rows = [_row(seed=1, temperature=1.5, top_k=1), _row(seed=2, temperature=1.5, top_p=1e-6),
+            _row(seed=3, temperature=1.5), _row(seed=4, temperature=1.5, top_k=5)]
+    top5 = set(scores[0].topk(5).indices.tolist())
+    seen: list[set[int]] = [set() for _ in rows]
+    for _ in range(50):
+        for j, token in enumerate(choose(scores.expand(len(rows), -1).contiguous(), rows).tolist()):
+            seen[j].add(token)
+    assert seen[0] == {best} and seen[1] == {best}
+    assert len(seen[2]) > 10 and seen[3] <= top5 and len(seen[3]) > 1
+
+
+def test_a_seeded_row_draws_the_same_whatever_shares_its_batch() -> None:
+    scores = torch.randn(3, 300, generator=torch.Generator().manual_seed(3))
+    alone = choose(scores[2:], [_row(seed=9, temperature=0.8, top_p=0.9)])
+    shared = choose(scores, [_row(), _row(temperature=1.0), _row(seed=9, temperature=0.8, top_p=0.9)])
+    assert int(shared[2]) == int(alone[0])

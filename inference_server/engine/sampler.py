@@ -8,6 +8,7 @@ distribution (before penalties and temperature).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,13 +41,24 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
 
 def choose(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     """int64 [N] token ids on ``scores``' device (float32 [N, V], penalties applied), with
-    nothing read back to the host: greedy rows by one batched argmax, the others drawn one by
-    one from their own generators (temperature, top-k, top-p), so a launched step can sample."""
+    nothing read back to the host, so a launched step can sample: greedy rows by one batched
+    argmax, the sampled rows by one batched draw (``_draw``)."""
     tokens = scores.argmax(dim=-1)
-    for i, row in enumerate(rows):
-        if not row.params.greedy:
-            tokens[i] = _draw(scores[i], row.params, row.generator)
+    drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
+    if drawn:
+        index = _to_device(drawn, scores.device)
+        tokens[index] = _draw(scores[index], [rows[i] for i in drawn])
     return tokens
+
+
+def _to_device(values: list[int] | list[float], device: torch.device) -> torch.Tensor:
+    """A small host list on ``device`` without a stream sync (a blocking copy would wait for
+    the step in flight: what a launched step must not do). On CUDA through pinned memory, which
+    torch's host allocator keeps until the copy is done."""
+    host = torch.tensor(values)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
@@ -63,20 +75,38 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.T
     return out
 
 
-def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    scores = logits / params.temperature
-    if params.top_k:
-        k = min(params.top_k, scores.numel())
-        kth = torch.topk(scores, k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove = cumulative <= (1 - params.top_p)
-        remove[-1] = False  # always keep the most likely token
-        scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+def _draw(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    """One token per row of ``scores`` (float32 [n, V]), each row with its own temperature,
+    top-k and top-p. The draw is the exponential race: argmax(p / q), q ~ Exp(1) from the
+    row's generator, picks token t with probability p_t; it is what torch.multinomial does for
+    one sample, without multinomial's check of p, which reads a value back to the host."""
+    device, vocab = scores.device, scores.shape[-1]
+    scores = scores / _to_device([r.params.temperature for r in rows], device)[:, None]
+    top_k = [min(r.params.top_k, vocab) or vocab for r in rows]
+    top_p = [r.params.top_p if r.params.top_p < 1.0 else math.inf for r in rows]
+    if min(top_k) < vocab or min(top_p) < 1.0:
+        scores = _nucleus(scores, top_k, top_p)
     probs = scores.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[0]  # stays on the device
+    race = torch.empty_like(probs)
+    if any(r.generator is None for r in rows):
+        race.exponential_()
+    for j, row in enumerate(rows):
+        if row.generator is not None:
+            race[j].exponential_(generator=row.generator)
+    return (probs / race.clamp_min_(torch.finfo(race.dtype).tiny)).argmax(dim=-1)
+
+
+def _nucleus(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """``scores`` with -inf outside each row's top-k, then outside the smallest set of most
+    likely tokens whose probability reaches top-p (the most likely token always stays)."""
+    device = scores.device
+    ordered, order = scores.sort(dim=-1, descending=True)
+    kth = ordered.gather(1, _to_device(top_k, device)[:, None] - 1)
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    probs = ordered.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # the mass of the tokens more likely than each
+    cut = ordered.isneginf() | (before >= _to_device(top_p, device)[:, None])
+    return scores.masked_fill(cut.scatter(1, order, cut), float("-inf"))
 
 
 def _logprobs(
