@@ -194,8 +194,11 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {name: [] for name in variants}
     model, logits = graphs.model, graphs.model.compute_logits
 
+    joins_at_end = {"now": False}  # only the forks-only variants: the others join per projection,
+    # and a graph that never forked the side stream must not wait on it (work outside the capture)
+
     def joined_logits(hidden):  # every side-stream branch joins the main stream here
-        if graphs.lora_stream is not None:
+        if joins_at_end["now"]:
             torch.cuda.current_stream(hidden.device).wait_stream(graphs.lora_stream)
         return logits(hidden)
 
@@ -206,6 +209,7 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
             for name, (apply, skip) in variants.items():
                 lora_batch.LoraBatch.apply, lora_batch.LoraBatch._sgmv = apply, _skipping(original, skip)
                 lora_batch.LoraBatch.skip = skip
+                joins_at_end["now"] = apply is forks_only and graphs.lora_stream is not None
                 graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
                 out[name].append(replay_ms(engine, size, True, reps=50))
     finally:
