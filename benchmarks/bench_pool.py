@@ -140,7 +140,8 @@ IDLE_STEPS = 150  # each idle window between two loading phases
 
 def steps_while(core, work, one_thread: bool = True) -> list[float]:
     """Step periods while ``work`` runs on a loader thread (with one intra-op thread, as the
-    engine's loader threads in AsyncEngine, unless ``one_thread`` is False)."""
+    engine's loader threads in AsyncEngine, unless ``one_thread`` is False): the steps that
+    started before it ended, at least the first."""
     def run() -> None:
         if one_thread:
             cpu_threads.one_intra_op_thread()
@@ -148,7 +149,7 @@ def steps_while(core, work, one_thread: bool = True) -> list[float]:
 
     loader = threading.Thread(target=run)
     loader.start()
-    busy = []
+    busy = step_times(core, 1)  # at least one: a phase can end before the first step does
     while loader.is_alive():
         busy += step_times(core, 1)
     loader.join()
