@@ -1,0 +1,143 @@
+"""What the LoRA kernels compile to on sm_90, without a GPU: each launched variant's registers,
+spills, shared memory and SASS instruction mix, and the grids the launch plans give for the
+bench_kernels cases. For reading a kernel's time against its roofline (RESULTS.md, "from the
+disassembly").
+
+Needs nvcc and cuobjdump (``pip install nvidia-cuda-cuobjdump`` puts one under
+site-packages/nvidia/cu13/bin, which this script finds). The kernels are compiled as the
+runtime's NVRTC does (``-std=c++17``, the device's arch), from kernels/csrc with its headers.
+
+    python benchmarks/kernel_sass.py [--arch sm_90] [--cuobjdump PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernels.checks import Problem  # noqa: E402
+from kernels.cuda import _launch  # noqa: E402
+
+CSRC = ROOT / "kernels" / "csrc"
+SOURCES = ("lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
+OPCODES = ("LDG", "LDGSTS", "LDS", "LDS.U16", "STS", "STG", "HMMA", "FFMA", "BAR", "MEMBAR", "ATOMG", "S2R")
+# name, rows, segments (adapters), rank, mode (0 SGMV, 1 BGMV): bench_kernels' cases at h = 4096
+CASES = (("B1 Distinct", 1, 1, 16, 0), ("B64 Distinct", 64, 64, 16, 0), ("B64 Distinct BGMV", 64, 64, 16, 1),
+         ("B64 Identical", 64, 1, 16, 0), ("prefill T=4096 r16", 4096, 1, 16, 0),
+         ("prefill T=4096 r64 (8 x 512)", 4096, 8, 64, 0), ("prefill T=4096 r128 (4 x 1024)", 4096, 4, 128, 0))
+
+
+@dataclass
+class Entry:
+    registers: int = 0
+    smem: int = 0
+    spill_bytes: int = 0
+    sass: tuple[str, ...] = ()
+
+
+def ptxas_entries(stderr: str) -> dict[str, Entry]:
+    """Per entry function, from ``nvcc -Xptxas -v``: registers, static shared memory, spills."""
+    entries: dict[str, Entry] = {}
+    entry = None
+    for line in stderr.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            entry = entries.setdefault(m.group(1), Entry())
+        elif entry and (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            entry.spill_bytes = int(m.group(1)) + int(m.group(2))
+        elif entry and (m := re.search(r"Used (\d+) registers", line)):
+            entry.registers = int(m.group(1))
+            smem = re.search(r"(\d+) bytes smem", line)
+            entry.smem = int(smem.group(1)) if smem else 0
+    return entries
+
+
+def opcodes(sass: str) -> tuple[str, ...]:
+    """The opcode (with its modifiers) of every instruction in a ``cuobjdump -sass`` listing."""
+    ops = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if m:
+            ops.append(re.sub(r"^@!?U?P\w+\s+", "", m.group(1)).split()[0])
+    return tuple(ops)
+
+
+def mix(ops: tuple[str, ...]) -> dict[str, int]:
+    """Instructions per opcode family (LDS counts every shared load, LDS.U16 the 16-bit ones again)."""
+    counts = dict.fromkeys(OPCODES, 0)
+    for op in ops:
+        base = op.split(".")[0]
+        if base in counts:
+            counts[base] += 1
+        if op.startswith("LDS.U16"):
+            counts["LDS.U16"] += 1
+    return counts
+
+
+def compile_source(source: str, arch: str, cuobjdump: str, work: Path) -> dict[str, Entry]:
+    cubin = work / (Path(source).stem + ".cubin")
+    proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", f"-I{CSRC}",
+                           str(CSRC / source), "-o", str(cubin)], capture_output=True, text=True, check=True)
+    entries = ptxas_entries(proc.stderr)
+    for name, entry in entries.items():
+        listing = subprocess.run([cuobjdump, "-sass", "-fun", name, str(cubin)], capture_output=True, text=True,
+                                 check=True).stdout
+        entry.sass = opcodes(listing)
+    return entries
+
+
+def plan_rows() -> list[str]:
+    """The kernels and grids the launch plan gives each case (bf16)."""
+    rows = ["| case | shrink | grid (split-K x items) | expand | grid (tiles x items) |", "| --- | --- | --- | --- | --- |"]
+    for name, rows_, segments, rank, mode in CASES:
+        problem = Problem(rows_, 4096, (4096,), segments, rank)
+        plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_)
+        tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN[plan.bm])
+        shrink = "lora_shrink_bf16_" + _launch._shrink_variant(plan, rank)
+        expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}"
+        rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.expand_items} |")
+    return rows
+
+
+def find_cuobjdump(given: str | None) -> str:
+    if given:
+        return given
+    if found := shutil.which("cuobjdump"):
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for folder in spec.submodule_search_locations if spec else ():
+        for candidate in Path(folder).glob("cu*/bin/cuobjdump"):
+            return str(candidate)
+    raise SystemExit("cuobjdump not found: pip install nvidia-cuda-cuobjdump, or pass --cuobjdump PATH")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--cuobjdump", default=None)
+    args = ap.parse_args()
+    cuobjdump = find_cuobjdump(args.cuobjdump)
+    print("\n".join(plan_rows()), "\n")
+    print("| kernel | registers | spill bytes | static smem | SASS instructions | "
+          + " | ".join(OPCODES) + " |")
+    print("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in OPCODES) + " |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in SOURCES:
+            for name, e in sorted(compile_source(source, args.arch, cuobjdump, Path(tmp)).items()):
+                if "bf16" in name:
+                    counts = mix(e.sass)
+                    print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {len(e.sass)} | "
+                          + " | ".join(str(counts[o]) for o in OPCODES) + " |")
+
+
+if __name__ == "__main__":
+    main()
