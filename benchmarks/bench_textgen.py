@@ -130,13 +130,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 def submit_and_drain(engine: AsyncEngine, requests: list[tuple[tuple[int, ...], str | None, int]],
-                     prefix: str, sampled: frozenset[int] = frozenset()) -> dict[str, list[float]]:
+                     prefix: str, sampled: frozenset[int] = frozenset(), penalty: float = 1.0) -> dict[str, list[float]]:
     """Queue (prompt, adapter, new tokens) requests on the engine core and step until all are
     done: each request's token arrival times (perf_counter), by request id. Requests whose
-    index is in ``sampled`` sample (temperature 0.8, top-p 0.95, seeded); the others are greedy."""
+    index is in ``sampled`` sample (temperature 0.8, top-p 0.95, seeded, repetition ``penalty``);
+    the others are greedy."""
     core, manager = engine._core, engine._manager
     for i, (prompt, aid, new_tokens) in enumerate(requests):
-        params = SamplingParams(temperature=0.8, top_p=0.95, seed=i) if i in sampled else SamplingParams()
+        params = (SamplingParams(temperature=0.8, top_p=0.95, seed=i, repetition_penalty=penalty) if i in sampled
+                  else SamplingParams())
         request = GenerationRequest(f"{prefix}{i}", prompt, aid, params,
                                     StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
         core.add_request(request, manager.acquire(aid) if aid else None)
@@ -150,14 +152,14 @@ def submit_and_drain(engine: AsyncEngine, requests: list[tuple[tuple[int, ...], 
 
 
 def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: StepLog,
-                 sampled_share: float = 0.0) -> dict:
+                 sampled_share: float = 0.0, penalty: float = 1.0) -> dict:
     rng = np.random.default_rng(seed + 2)
     log.steps.clear()
     start = time.perf_counter()
     prompts = [tuple(rng.integers(3, vocab, plen).tolist()) for plen, _ in reqs]
     sampled = frozenset(np.flatnonzero(rng.random(len(reqs)) < sampled_share).tolist())
     times = submit_and_drain(engine, [(p, aid, olen) for p, (_, olen), aid in zip(prompts, reqs, ids)], "q",
-                             sampled)
+                             sampled, penalty)
     wall = time.perf_counter() - start
     prompt_tokens = sum(p for p, _ in reqs)
     generated = sum(len(t) for t in times.values())
@@ -282,6 +284,8 @@ def main() -> None:
                          "twice, on then off (same engine, for an A/B in one run)")
     ap.add_argument("--sampled-share", type=float, default=0.0,
                     help="the share of requests that sample (temperature 0.8, top-p 0.95, seeded); the rest greedy")
+    ap.add_argument("--sampled-penalty", type=float, default=1.0,
+                    help="the sampled requests' repetition penalty (1 = none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--parts-dir", type=Path, default=None,
@@ -309,12 +313,13 @@ def main() -> None:
     for workload, ahead in ((w, a) for w in workloads for a in modes):
         engine._core._launch_ahead = ahead and engine._core.runner.can_launch
         ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
-        r = run_workload(engine, reqs, ids, vocab, args.seed, log, args.sampled_share)
+        r = run_workload(engine, reqs, ids, vocab, args.seed, log, args.sampled_share, args.sampled_penalty)
         distinct = len({a for a in ids[: args.max_batch] if a}) if workload != "base" else 0
         roof, roof_lora = roofline_ms(engine, r["full_ctx"], distinct, args.rank)
         label = workload if ahead or args.launch_ahead == "off" else f"{workload} (no launch-ahead)"
         if args.sampled_share:
-            label += f" ({args.sampled_share:.0%} sampled)"
+            label += f" ({args.sampled_share:.0%} sampled" + (
+                f", repetition penalty {args.sampled_penalty})" if args.sampled_penalty != 1.0 else ")")
         r.update(workload=label, roof=roof, roof_lora=roof_lora)
         rows.append(r)
         if args.parts_dir:
