@@ -137,8 +137,9 @@ def test_smollm2_float32_on_cuda_equals_transformers_peft(carried_gguf: str, tmp
 def test_launch_ahead_gives_the_step_by_step_outputs(tiny_llama_dir: Path, adapter_dir: Path) -> None:
     """Steps launched before the previous step's tokens are read (token ids fed on the
     device) give exactly what the step-by-step engine gives, with requests stopping
-    mid-stream on a token id or a string and one request that samples (its steps run on the
-    host). Both engines replay the same graphs, so bf16 outputs compare exactly."""
+    mid-stream on a token id or a string and one request that samples (its draws on the
+    device, its steps launched too). Both engines replay the same graphs, so bf16 outputs
+    compare exactly."""
     from test_engine_launch_ahead import _mixed_requests, _summary
 
     def engine(ahead: bool):
