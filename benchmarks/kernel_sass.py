@@ -83,11 +83,18 @@ def mix(ops: tuple[str, ...]) -> dict[str, int]:
     return counts
 
 
-def compile_source(source: str, arch: str, cuobjdump: str, work: Path) -> dict[str, Entry]:
-    cubin = work / (Path(source).stem + ".cubin")
+def compile_cubin(source: str, arch: str, cubin: Path) -> dict[str, Entry]:
+    """Compile ``source`` (kernels/csrc) to ``cubin`` as the runtime does; ptxas's report per entry."""
     proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", f"-I{CSRC}",
-                           str(CSRC / source), "-o", str(cubin)], capture_output=True, text=True, check=True)
-    entries = ptxas_entries(proc.stderr)
+                           str(CSRC / source), "-o", str(cubin)], capture_output=True, text=True, check=True,
+                          timeout=300)
+    return ptxas_entries(proc.stderr)
+
+
+def compile_source(source: str, arch: str, cuobjdump: str, work: Path) -> dict[str, Entry]:
+    """``compile_cubin``'s entries with their SASS opcodes."""
+    cubin = work / (Path(source).stem + ".cubin")
+    entries = compile_cubin(source, arch, cubin)
     for name, entry in entries.items():
         listing = subprocess.run([cuobjdump, "-sass", "-fun", name, str(cubin)], capture_output=True, text=True,
                                  check=True).stdout

@@ -194,11 +194,12 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {name: [] for name in variants}
     model, logits = graphs.model, graphs.model.compute_logits
 
-    joins_at_end = {"now": False}  # only the forks-only variants: the others join per projection,
-    # and a graph that never forked the side stream must not wait on it (work outside the capture)
+    # only the forks-only variants join here: the others join per projection, and a graph that
+    # never forked the side stream must not wait on it (work outside the capture)
+    joins_at_end = False
 
     def joined_logits(hidden):  # every side-stream branch joins the main stream here
-        if joins_at_end["now"]:
+        if joins_at_end:
             torch.cuda.current_stream(hidden.device).wait_stream(graphs.lora_stream)
         return logits(hidden)
 
@@ -209,7 +210,7 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
             for name, (apply, skip) in variants.items():
                 lora_batch.LoraBatch.apply, lora_batch.LoraBatch._sgmv = apply, _skipping(original, skip)
                 lora_batch.LoraBatch.skip = skip
-                joins_at_end["now"] = apply is forks_only and graphs.lora_stream is not None
+                joins_at_end = apply is forks_only and graphs.lora_stream is not None
                 graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
                 out[name].append(replay_ms(engine, size, True, reps=50))
     finally:

@@ -3,8 +3,8 @@
 Not thread-safe on its own: ``AsyncEngine`` drives it from one thread.
 
 Where the runner can (CUDA graphs, rows sampled on the device: ``ModelRunner.launch``), a
-step is launched and its tokens are read one call later, after the next step is launched: the host's
-per-step work (token bookkeeping, detokenization, events, scheduling, planning) runs while
+step is launched and its tokens are read one call later, after the next step is launched:
+the host's per-step work (token bookkeeping, detokenization, events, scheduling, planning) runs while
 the device computes. The launched step's sampled sequences carry a placeholder token until
 then. A sequence that stops on the token being read (EOS, a stop string) has one more row in
 the step launched after it; that row's token is dropped.
