@@ -256,7 +256,7 @@ __device__ __forceinline__ float sum_partials(const float* part, int p, int kspl
   const i64 step = (i64)rows * R;
   float v[LORA_MAX_KSPLIT];
 #pragma unroll
-  for (int j = 0; j < LORA_MAX_KSPLIT; ++j) v[j] = j < ksplit ? __ldcg(src + j * step) : 0.f;
+  for (int j = 0; j < LORA_MAX_KSPLIT; ++j, src += step) v[j] = j < ksplit ? __ldcg(src) : 0.f;  // one add per load
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < LORA_MAX_KSPLIT; ++j) s += v[j];

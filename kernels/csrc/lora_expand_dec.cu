@@ -19,8 +19,8 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return a;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {  // dst: a shared-window address
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
 __device__ __forceinline__ void cp_async_wait_all() {
@@ -38,10 +38,23 @@ __device__ __forceinline__ void stage_rows(u16* bsh, const u16* B, i64 w, int n0
   for (int k = k0 + tid / CHUNKS; k < k1; k += KT) {
     u16* dst = bsh + (k - k0) * COLS + 8 * pc;
     if (b_vec && valid >= 8)
-      cp_async16(dst, src + (i64)k * w);
+      cp_async16(smem_addr(dst), src + (i64)k * w);
     else
       *(uint4*)dst = load8(src + (i64)k * w, false, valid);
   }
+}
+
+// The first chunk, staged before anything else is live: the shared-window address converted
+// once and the copy loop split from the element-wise one (~26 -> a few instructions per copy).
+// The chunks after it (ranks above CR) keep stage_rows, where the accumulators hold registers.
+template <int KT, int COLS>
+__device__ __forceinline__ void stage_first_rows(u16* bsh, const u16* B, i64 w, int n0, bool b_vec, int k1) {
+  constexpr int CHUNKS = COLS / 8;
+  const int tid = threadIdx.x, pc = tid % CHUNKS, valid = min(8, (int)(w - n0 - 8 * pc));
+  if (!(b_vec && valid >= 8)) return stage_rows<KT, COLS>(bsh, B, w, n0, b_vec, 0, k1);
+  const u16* src = B + 8 * pc + (i64)(tid / CHUNKS) * w;
+  const u32 dst = smem_addr(bsh + (tid / CHUNKS) * COLS + 8 * pc);
+  for (int k = tid / CHUNKS; k < k1; k += KT, src += KT * w) cp_async16(dst + (u32)(k * COLS * sizeof(u16)), src);
 }
 
 // acc = v[0:NR, k] @ B[k, 8c:8c+8] over this thread's k (kt, kt + KT, ...), walking the rank
@@ -136,7 +149,7 @@ __device__ __forceinline__ void expand_dec_body(
   const LoraItem it = wk.it;
   const u16* B = pool + wk.boff + (i64)layer * r * w + n0;
   const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
-  stage_rows<KT, COLS>(bsh[0], B, w, n0, b_vec, 0, min(r, CR));  // the first chunk, in flight from here
+  stage_first_rows<KT, COLS>(bsh[0], B, w, n0, b_vec, min(r, CR));  // the first chunk, in flight from here
 
   const int c = tid / KT, n = n0 + 8 * c, valid = min(8, w - n);
   u16* ybase = y + (i64)it.row0 * y_stride + wk.col + n;
