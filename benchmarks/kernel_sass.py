@@ -29,7 +29,7 @@ from kernels.checks import Problem  # noqa: E402
 from kernels.cuda import _launch  # noqa: E402
 
 CSRC = ROOT / "kernels" / "csrc"
-SOURCES = ("lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
+SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
 OPCODES = ("LDG", "LDGSTS", "LDS", "LDS.U16", "STS", "STG", "HMMA", "FFMA", "BAR", "MEMBAR", "ATOMG", "S2R")
 # name, rows, segments (adapters), rank, mode (0 SGMV, 1 BGMV): bench_kernels' cases at h = 4096
 CASES = (("B1 Distinct", 1, 1, 16, 0), ("B64 Distinct", 64, 64, 16, 0), ("B64 Distinct BGMV", 64, 64, 16, 1),
@@ -109,7 +109,8 @@ def plan_rows() -> list[str]:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_)
         tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN[plan.bm])
-        shrink = "lora_shrink_bf16_" + _launch._shrink_variant(plan, rank)
+        kind, variant = _launch.shrink_kernel(plan, rank)
+        shrink = f"lora_{kind}_bf16_{variant}"
         expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}"
         rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.expand_items} |")
     return rows

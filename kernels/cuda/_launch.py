@@ -89,10 +89,12 @@ def make_plan(problem: Problem, mode: int, ntable: int) -> Plan:
     return Plan(mode, ntable, decode, bm, items, expand_items, _ceil(h_in, kc), kc)
 
 
-def _shrink_variant(plan: Plan, rank_cap: int) -> str:
-    """Decode: the one variant for every rank (its grid may be captured in a graph); prefill:
-    the widest rank chunk the cap needs."""
-    return "m16" if plan.decode else f"m{plan.bm}_{rank_variant(rank_cap, (32, 64, 128))}"
+def shrink_kernel(plan: Plan, rank_cap: int) -> tuple[str, str]:
+    """(kind, variant) of the shrink. Decode: lora_shrink_dec, one variant for every rank (its
+    grid may be captured in a graph); prefill: lora_shrink with the widest rank chunk the cap needs."""
+    if plan.decode:
+        return "shrink_dec", "m16"
+    return "shrink", f"m{plan.bm}_{rank_variant(rank_cap, (32, 64, 128))}"
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:
@@ -130,7 +132,7 @@ def _slice_args(plan: Plan, problem: Problem, bn: int) -> tuple[int, tuple]:
 
 def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str | None = None) -> None:
     """Shrink, then expand into y, on PyTorch's current stream (only = "shrink" / "expand":
-    just that kernel, for timing breakdowns)."""
+    just that kernel, as the engine's split calls and the timing breakdowns use it)."""
     i32, i64 = np.int32, np.int64
     nslices, rows, cap = len(problem.widths), problem.rows, problem.rank_cap
     partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
@@ -138,28 +140,44 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     common = (i32(plan.ntable), i32(problem.nslots), i32(rows))
     bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
     ntiles, slices = _slice_args(plan, problem, bn)
-    meta = (_ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), *common, i32(c.layer),
-            _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode))
+    # the expand's items: BGMV items (a row each) from row_slot where the call has one
+    etable, entable, emode, eitems = plan_expand_items(plan, c, rows)
     with rt.launching():
         if only != "expand":
-            rt.function("shrink", c.x.dtype, _shrink_variant(plan, cap))(
+            if plan.decode:  # fp32 partials only: the decode expand sums them
+                tail = (i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(plan.mode))
+            else:
+                tail = (_ptr(c.workspace), ws_pstride, i32(cap), _ptr(partials), _ptr(counters), i32(plan.ksplit),
+                        i32(plan.kc), i32(plan.items), i32(plan.mode))
+            kind, variant = shrink_kernel(plan, cap)
+            rt.function(kind, c.x.dtype, variant)(
                 (plan.ksplit, plan.items, nslices),
                 (THREADS,),
-                (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table),
-                 *common, i32(problem.h_in), i32(c.layer), _ptr(c.workspace), ws_pstride, i32(cap),
-                 _ptr(partials), _ptr(counters), i32(plan.ksplit), i32(plan.kc), i32(plan.items),
-                 i32(plan.mode), i32(plan.decode)),
+                (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table), *common,
+                 i32(problem.h_in), i32(c.layer), *tail),
             )
         if only == "shrink":
             return
-        items = plan.expand_items
+        tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
         if plan.decode:
-            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
-            head = (_ptr(partials), i32(plan.ksplit), i32(cap))
-            if c.row_slot is not None:  # BGMV items (a row each) over the shrink's per-row partials
-                items = rows
-                meta = (*meta[:4], _ptr(c.row_slot), i32(rows), *meta[6:-1], i32(1))
+            rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")(
+                (ntiles, eitems),
+                (THREADS,),
+                (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
+                 _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode)),
+            )
         else:
-            expand = rt.function("expand", c.x.dtype, f"m{plan.bm}")
-            head = (_ptr(c.workspace), ws_pstride, i32(cap))
-        expand((ntiles, items), (THREADS,), (*head, *meta))
+            rt.function("expand", c.x.dtype, f"m{plan.bm}")(
+                (ntiles, eitems),
+                (THREADS,),
+                (_ptr(c.workspace), ws_pstride, i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
+                 _ptr(c.scales), _ptr(c.table), *common, *tail, i32(plan.mode)),
+            )
+
+
+def plan_expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
+    """The expand's (table, ntable, mode, items): the call's own, or on the decode path with a
+    row_slot, one row per item (BGMV items over the shrink's per-row partials)."""
+    if plan.decode and c.row_slot is not None:
+        return c.row_slot, rows, 1, rows
+    return c.table, plan.ntable, plan.mode, plan.expand_items

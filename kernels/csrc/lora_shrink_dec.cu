@@ -1,0 +1,15 @@
+// Decode shrink kernels on CUDA cores (the body and its description: lora_shrink_dec.cuh).
+#include "lora_shrink_dec.cuh"
+
+#define LORA_SHRINK_DEC_KERNEL(NAME, DT)                                                          \
+  extern "C" __global__ void __launch_bounds__(LORA_THREADS, 4) NAME(                             \
+      const u16* x, i64 x_stride, const u16* pool, const i64* a_off, const int* ranks,            \
+      const int* table, int ntable, int nslots, int rows, int h_in, int layer, int R, float* part, \
+      int ksplit, int kc, int mode) {                                                             \
+    __shared__ __align__(16) unsigned char smem[SHRINK_DEC_SMEM];                                 \
+    shrink_dec_body<DT>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride, pool, a_off, ranks, \
+                        table, ntable, nslots, rows, h_in, layer, R, part, ksplit, kc, mode);     \
+  }
+
+LORA_SHRINK_DEC_KERNEL(lora_shrink_dec_bf16_m16, 0)
+LORA_SHRINK_DEC_KERNEL(lora_shrink_dec_fp16_m16, 1)
