@@ -8,12 +8,13 @@ has a next step already launched, aborts and preemptions while a step is in flig
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
-from inference_server.engine.launched import LaunchedStep, samples_on_device
+from inference_server.engine.launched import LaunchedStep
 from inference_server.engine.model_runner import ModelRunner
 from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
 from inference_server.engine.sequence import PLACEHOLDER
@@ -38,13 +39,12 @@ class DeferredRunner:
         self.launches = 0
         self.fed = 0  # placeholder inputs taken from a launched step
         self.sampled = 0  # launched steps with a row drawn from its generator
+        self.rows: Counter[str] = Counter()  # per request id: its sampled rows in launched steps
 
     def __getattr__(self, name: str):
         return getattr(self._runner, name)
 
     def launch(self, seqs, num_tokens, feed: LaunchedStep | None) -> LaunchedStep | None:
-        if not all(samples_on_device(s.request.sampling) for s in seqs):
-            return None
         index = feed.index_of() if feed is not None else {}
         patched = [s for s in seqs if s.token_ids[-1] == PLACEHOLDER]
         if any(id(s) not in index for s in patched):
@@ -60,8 +60,21 @@ class DeferredRunner:
         self.launches += 1
         self.fed += len(patched)
         self.sampled += any(not s.request.sampling.greedy for s in seqs)
+        self.rows.update(s.request_id for s in out.sampled_seqs)
         tokens = torch.tensor(out.result.token_ids if out.result else [], dtype=torch.int64)
-        return LaunchedStep(list(seqs), list(num_tokens), list(out.sampled_seqs), tokens, tokens.clone(), _Ready())
+        logprobs = _ReadLogprobs(out.result) if out.result and any(x is not None for x in out.result.logprobs) else None
+        return LaunchedStep(list(seqs), list(num_tokens), list(out.sampled_seqs), tokens, tokens.clone(), _Ready(),
+                            logprobs=logprobs)
+
+
+class _ReadLogprobs:
+    """A launched step's log-probabilities as the engine reads them (``LaunchedLogprobs.read``)."""
+
+    def __init__(self, result) -> None:
+        self._result = result
+
+    def read(self):
+        return self._result.logprobs, self._result.top_logprobs
 
 
 def _deferred(module, cfg, blocks, manager, max_seqs, max_tokens):
@@ -85,11 +98,42 @@ def _summary(events) -> dict:
                 usage=last.usage)
 
 
+def _logprobs(events) -> list:
+    """Each event's log-probabilities as a flat list: (chosen, then (id, value) of the top ones).
+    Steps may batch differently with launch-ahead, so the values agree to rounding, not bits."""
+    out = []
+    for e in events:
+        out.append(None if e.logprobs is None else list(e.logprobs))
+        out.append(None if e.top_logprobs is None else [sorted(t.items()) for t in e.top_logprobs])
+    return out
+
+
+def assert_same_logprobs(got: dict, expected: dict) -> None:
+    for rid, events in expected.items():
+        want, have = _logprobs(events), _logprobs(got[rid])
+        assert [x is None for x in have] == [x is None for x in want], rid
+        for a, b in zip(have, want):
+            if a is not None and isinstance(a[0], float):
+                assert a == pytest.approx(b, rel=1e-5, abs=1e-5), rid
+            elif a is not None:  # tops: the same ids, values to rounding
+                assert [[i for i, _ in t] for t in a] == [[i for i, _ in t] for t in b], rid
+                assert [v for t in a for _, v in t] == pytest.approx([v for t in b for _, v in t], rel=1e-5, abs=1e-5)
+
+
+def rows_if_all_launched(events) -> int:
+    """The sampled rows a request has in launched steps when every step that samples it is
+    launched: one per token it produced (its prefill step's too: nothing there waits for the
+    host), and one more when it stopped on a token id or a string, since the engine launches
+    the next step, with its row, before it reads that token (the row's token is dropped). A
+    request ending on its length has no such row (LLMEngine._ending keeps it out)."""
+    return len(tokens_of(events)) + (events[-1].finish_reason.name == "STOP")
+
+
 def _mixed_requests(engine, stops: dict[str, tuple[int, str]], sampled: int | None = None,
-                    penalty: float = 1.0) -> list[GenerationRequest]:
+                    penalty: float = 1.0, logprobs: bool = False) -> list[GenerationRequest]:
     """Adapters and base rows; some stop on a token id or a string the plain engine produced
-    mid-stream; each has its own length; request ``sampled`` samples (seeded; with a
-    repetition ``penalty`` other than 1 the steps it is in run the plain way)."""
+    mid-stream; each has its own length; request ``sampled`` samples (seeded, with a
+    repetition ``penalty``, and with ``logprobs`` the chosen token's log-probability and the top 3)."""
     names = [None, *ADAPTER_CONFIGS]
     out = []
     for i in range(12):
@@ -99,39 +143,47 @@ def _mixed_requests(engine, stops: dict[str, tuple[int, str]], sampled: int | No
         stopping = StoppingCriteria(max_new_tokens=6 + 3 * i, ignore_eos=True,
                                     stop_token_ids=(token,) if token is not None and i % 3 == 0 else (),
                                     stop_strings=(text,) if text and i % 3 == 1 else ())
-        sampling = (SamplingParams(temperature=0.8, top_p=0.9, seed=7, repetition_penalty=penalty) if i == sampled
-                    else SamplingParams())
+        sampling = (SamplingParams(temperature=0.8, top_p=0.9, seed=7, repetition_penalty=penalty, logprobs=logprobs,
+                                   top_logprobs=3 if logprobs else 0) if i == sampled else SamplingParams())
         out.append(GenerationRequest(rid, prompt, names[i % len(names)], sampling, stopping))
     return out
 
 
 def _stops_from_a_free_run(tiny_llama_dir: Path, adapter_dir: Path, sampled: int | None,
-                           penalty: float = 1.0) -> dict[str, tuple[int, str]]:
+                           penalty: float = 1.0, logprobs: bool = False) -> dict[str, tuple[int, str]]:
     """Per request, a token id and a string its unstopped output has mid-stream (4th token)."""
     plain = load_engine(tiny_llama_dir, adapter_dir, max_num_seqs=6)
     stops = {}
-    for rid, events in run_all(plain, _mixed_requests(plain, {}, sampled, penalty)).items():
+    for rid, events in run_all(plain, _mixed_requests(plain, {}, sampled, penalty, logprobs)).items():
         toks = tokens_of(events)
         if len(toks) > 4:
             stops[rid] = (toks[3], "".join(e.text for e in events[2:4]).strip()[:3] or None)
     return stops
 
 
-@pytest.mark.parametrize("sampled, penalty", [(None, 1.0), (4, 1.0), (4, 1.3)],
-                         ids=["greedy", "a sampling request", "a sampling request with a penalty"])
+@pytest.mark.parametrize("sampled, penalty, logprobs", [(None, 1.0, False), (4, 1.0, False), (4, 1.3, False),
+                                                       (4, 1.0, True)],
+                         ids=["greedy", "a sampling request", "a sampling request with a penalty",
+                              "a sampling request with log-probabilities"])
 def test_launched_steps_give_the_plain_engines_outputs(tiny_llama_dir: Path, adapter_dir: Path, sampled,
-                                                       penalty) -> None:
+                                                       penalty, logprobs) -> None:
     """Every step launched ahead, a sampling request's too (its draws on the device, from its
-    own generator: the same tokens); with a repetition penalty the steps it is in run the
-    plain way, and the loop switches between the two ways."""
-    stops = _stops_from_a_free_run(tiny_llama_dir, adapter_dir, sampled, penalty)
+    own generator: the same tokens), with a repetition penalty (its newest token counted
+    from the device) or log-probabilities (computed there, read with the tokens) too."""
+    stops = _stops_from_a_free_run(tiny_llama_dir, adapter_dir, sampled, penalty, logprobs)
     plain, ahead = _engines(tiny_llama_dir, adapter_dir, max_num_seqs=6)
-    expected = run_all(plain, _mixed_requests(plain, stops, sampled, penalty))
-    got = run_all(ahead, _mixed_requests(ahead, stops, sampled, penalty))
+    expected = run_all(plain, _mixed_requests(plain, stops, sampled, penalty, logprobs))
+    got = run_all(ahead, _mixed_requests(ahead, stops, sampled, penalty, logprobs))
     runner = ahead._core.runner
     assert runner.launches >= 10 and runner.fed >= 20, (runner.launches, runner.fed)
-    assert (runner.sampled > 0) == (sampled is not None and penalty == 1.0), runner.sampled
+    if sampled is None:
+        assert runner.sampled == 0, runner.sampled
+    else:  # here every step is launched (the runner above computes any step): the sampling one's too
+        rid = f"r{sampled}"
+        assert runner.rows[rid] == rows_if_all_launched(got[rid]), (runner.rows[rid], tokens_of(got[rid]))
     assert {k: _summary(v) for k, v in got.items()} == {k: _summary(v) for k, v in expected.items()}
+    assert_same_logprobs(got, expected)
+    assert all(e.top_logprobs and len(e.top_logprobs[0]) == 3 for e in expected["r4"]) == logprobs
     stopped = [k for k, v in expected.items() if v[-1].finish_reason.name == "STOP"]
     assert len(stopped) >= 3, "the case must stop some requests mid-stream"
     assert ahead._core.blocks.num_free == ahead._core.blocks.num_blocks

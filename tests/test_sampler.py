@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from inference_server.engine.request import SamplingParams
-from inference_server.engine.sampler import SampleRow, choose, sample
+from inference_server.engine.sampler import SampleRow, apply_penalties, choose, sample, seen_mask
 
 
 def _rows(seeds: list[int | None]) -> list[SampleRow]:
@@ -83,3 +83,21 @@ def test_a_seeded_row_draws_the_same_whatever_shares_its_batch() -> None:
     alone = choose(scores[2:], [_row(seed=9, temperature=0.8, top_p=0.9)])
     shared = choose(scores, [_row(), _row(temperature=1.0), _row(seed=9, temperature=0.8, top_p=0.9)])
     assert int(shared[2]) == int(alone[0])
+
+
+def test_penalties_count_each_seen_token_once_and_skip_placeholders() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(4)) * 3
+    rows = [SampleRow(SamplingParams(repetition_penalty=1.5), (5, 9, 5, 7, 9, -1), None),  # -1: a placeholder
+            SampleRow(SamplingParams(), (5, 9), None),  # no penalty: untouched
+            SampleRow(SamplingParams(repetition_penalty=0.5), (2,), None)]
+    got = apply_penalties(logits, rows)
+    expected = logits.clone()
+    for i, ids, p in ((0, (5, 7, 9), 1.5), (2, (2,), 0.5)):
+        for t in ids:
+            x = float(logits[i, t])
+            expected[i, t] = x * p if x < 0 else x / p
+    assert torch.allclose(got, expected, rtol=1e-6, atol=0)
+    changed = (got != logits).nonzero().tolist()
+    assert changed == [[0, 5], [0, 7], [0, 9], [2, 2]]
+    given = apply_penalties(logits, rows, seen_mask(rows, 50, logits.device))
+    assert torch.equal(given, got)  # a mask handed in (the runner's SeenTokens) is applied the same way

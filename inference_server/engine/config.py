@@ -34,7 +34,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # processes (GPUs) the model is sharded over (inference_server/parallel)
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (they apply on CUDA in 16-bit)
     lora_side_stream: bool = True  # in step graphs, each LoRA shrink runs beside its base GEMM
-    # with CUDA graphs: launch the next step before reading this one's tokens (rows without penalties/logprobs)
+    # with CUDA graphs: launch the next step before reading this one's tokens
     launch_ahead: bool = True
 
     def __post_init__(self) -> None:

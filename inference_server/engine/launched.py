@@ -5,9 +5,10 @@ never waits for the host's per-step Python (token bookkeeping, detokenization, s
 scheduling, planning). What makes that possible: step N+1's rows that need a token of step
 N (a sequence's next input) take it on the device, from N's sampled-token tensor, and
 step N's sampling needs nothing from the host: greedy rows take an argmax, sampled rows draw
-from their request's own generator on the device (``sampler.choose``); a repetition penalty
-(it reads the sequence's tokens so far, the newest still on the device) or log-probabilities
-(read back per token) make a step run the plain way.
+from their request's own generator on the device (``sampler.choose``), a repetition penalty
+reads the sequence's seen tokens from a row kept on the device, to which the newest token is
+added from N's sampled-token tensor (``SeenTokens``), and log-probabilities are computed there
+and copied to pinned host memory with the tokens (``LaunchedLogprobs``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference_server.engine.request import SamplingParams
+from inference_server.engine.sampler import SampleRow, read_logprobs
 from inference_server.engine.sequence import Sequence
 
 
-def samples_on_device(params: SamplingParams) -> bool:
-    """Whether a row's next token is chosen on the device alone (``sampler.choose``)."""
-    return params.repetition_penalty == 1.0 and not params.logprobs and params.top_logprobs == 0
+@dataclass(frozen=True, slots=True)
+class LaunchedLogprobs:
+    """``sampler.logprobs_on_device``'s figures for a launched step's sampled rows, in pinned
+    host memory (copied before the step's ``ready`` event)."""
+
+    rows: list[SampleRow]
+    chosen: torch.Tensor  # float32 [n]
+    values: torch.Tensor  # float32 [n, K]
+    ids: torch.Tensor  # int64 [n, K]
+
+    def read(self) -> tuple[list[float | None], list[dict[int, float] | None]]:
+        return read_logprobs(self.rows, self.chosen.tolist(), self.values.tolist(), self.ids.tolist())
 
 
 @dataclass(eq=False, slots=True)
@@ -34,6 +44,7 @@ class LaunchedStep:
     host: torch.Tensor  # pinned int64 [len(sample_seqs)]: the same tokens, copied when ready
     ready: torch.cuda.Event  # recorded after the copy to ``host``
     token_index: list[int] = field(default_factory=list)  # per sample seq: its placeholder's index
+    logprobs: LaunchedLogprobs | None = None  # when a sampled row asked for log-probabilities
 
     def index_of(self) -> dict[int, int]:
         """id(seq) -> its row in ``tokens``."""

@@ -164,17 +164,20 @@ class LLMEngine:
         """Read a launched step's tokens into its sequences and emit their events."""
         try:
             tokens = launched.token_ids()
+            n = len(tokens)
+            logprobs, tops = launched.logprobs.read() if launched.logprobs else ([None] * n, [None] * n)
         except Exception:
             log.exception("step failed; ending its %d requests with an error", len(launched.seqs))
             return self._error_out(launched.seqs)
         now = time.monotonic()
         events = []
-        for seq, index, token in zip(launched.sample_seqs, launched.token_index, tokens):
+        for i, (seq, index, token) in enumerate(zip(launched.sample_seqs, launched.token_index, tokens)):
             if seq.status is SeqStatus.FINISHED:  # aborted, or stopped on the token before
                 continue
             seq.token_ids[index] = token
             seq.first_token = seq.first_token or now
-            events.append(self._token_event(seq, token, index + 1, None, None))
+            events.append(self._token_event(seq, token, index + 1, None if logprobs[i] is None else (logprobs[i],),
+                                            None if tops[i] is None else (tops[i],)))
         return events
 
     def _error_out(self, seqs: list[Sequence]) -> list[TokenEvent]:

@@ -19,8 +19,10 @@ from torch import nn
 
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
-from inference_server.engine.launched import LaunchedStep, samples_on_device
-from inference_server.engine.sampler import SampleResult, SampleRow, choose, sample
+from inference_server.engine.launched import LaunchedLogprobs, LaunchedStep
+from inference_server.engine.sampler import (SampleResult, SampleRow, apply_penalties, choose, logprobs_on_device,
+                                              sample, to_device)
+from inference_server.engine.seen_tokens import SeenTokens
 from inference_server.engine.sequence import PLACEHOLDER, Sequence
 from inference_server.engine.step_plan import plan_step, run_forward
 from inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
@@ -77,6 +79,7 @@ class ModelRunner:
                         dtype=self.dtype, device=self.device)
             for _ in range(config.num_layers)
         ]
+        self.seen_tokens = SeenTokens(max_num_seqs)  # penalized rows' seen tokens, on the device
         self.lora_ctx = LoraContext()
         lora_attach(model, self.lora_ctx)  # tensor parallelism passes its own (parallel/lora.py)
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
@@ -101,28 +104,28 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, seqs: Seq[Sequence], num_tokens: Seq[int], feed: LaunchedStep | None) -> LaunchedStep | None:
         """Start a step on the device without waiting for it, or return None (nothing done)
-        when it cannot run that way: it needs an eager forward, a sampled row needs the host
-        (see ``samples_on_device``), or an input token is a placeholder that ``feed`` (the
-        step still running) does not sample. Placeholder inputs are copied on the device from
-        ``feed.tokens``."""
+        when it cannot run that way: it needs an eager forward, or an input token is a
+        placeholder that ``feed`` (the step still running) does not sample. Placeholder inputs
+        are copied on the device from ``feed.tokens``; sampling, penalties and log-probabilities
+        run on the device as ``sample`` does them, nothing read back."""
         if self.graphs is None:
             return None
         plan = plan_step(seqs, num_tokens, self.blocks.block_size)
         size = self.graphs.size_for(plan)
-        sample_seqs = [seqs[i] for i in plan.sampled]
-        if size is None or not all(samples_on_device(s.request.sampling) for s in sample_seqs):
-            return None
-        fed = _fed_rows(plan, seqs, feed)
+        fed = _fed_rows(plan, seqs, feed) if size is not None else None
         if fed is None:
             return None
-        logits = self.graphs.replay(plan, size, fed)
-        tokens = choose(logits.float(), self._sample_rows(sample_seqs))  # as ``sample`` does
+        sample_seqs = [seqs[i] for i in plan.sampled]
+        logits = self.graphs.replay(plan, size, fed).float()
+        rows = self._sample_rows(sample_seqs)
+        tokens = choose(apply_penalties(logits, rows, self._seen(sample_seqs, logits, feed)), rows)
         host = self._token_host[self._token_turn][: len(sample_seqs)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=True)
+        logprobs = _to_pinned(rows, logprobs_on_device(logits, tokens, rows))
         ready = torch.cuda.Event()
         ready.record()
-        return LaunchedStep(list(seqs), list(num_tokens), sample_seqs, tokens, host, ready)
+        return LaunchedStep(list(seqs), list(num_tokens), sample_seqs, tokens, host, ready, logprobs=logprobs)
 
     @torch.inference_mode()
     def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
@@ -131,7 +134,7 @@ class ModelRunner:
         size = self.graphs.size_for(plan) if self.graphs is not None else None
         if size is not None:
             logits = self.graphs.replay(plan, size)
-            result = sample(logits, self._sample_rows(sample_seqs))
+            result = sample(logits, self._sample_rows(sample_seqs), self._seen(sample_seqs, logits))
         else:
             hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device,
                                  self.decode_workspace)
@@ -143,10 +146,15 @@ class ModelRunner:
         if not rows:
             return None
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        return sample(logits, self._sample_rows(seqs))
+        return sample(logits, self._sample_rows(seqs), self._seen(seqs, logits))
 
     def _sample_rows(self, seqs: list[Sequence]) -> list[SampleRow]:
         return [SampleRow(s.request.sampling, s.token_ids, s.generator) for s in seqs]
+
+    def _seen(self, seqs: list[Sequence], logits: torch.Tensor, feed: LaunchedStep | None = None):
+        """The penalized rows' seen-token mask (``SeenTokens.mask``): each step adds only its
+        new tokens, so the host's work is O(rows), not O(the sequences' lengths)."""
+        return self.seen_tokens.mask(seqs, logits.shape[-1], logits.device, _newest_on_device(seqs, feed))
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -167,6 +175,28 @@ def _fed_rows(plan, seqs: Seq[Sequence], feed: LaunchedStep | None):
     index = feed.index_of()
     src = [index.get(id(seqs[seq_of_row[r]]), -1) if r in seq_of_row else -1 for r in rows]
     return None if min(src) < 0 else (rows, src, feed.tokens)
+
+
+def _to_pinned(rows: list[SampleRow], wanted) -> LaunchedLogprobs | None:
+    """``logprobs_on_device``'s figures copied to pinned host memory (non-blocking)."""
+    if wanted is None:
+        return None
+    copies = []
+    for t in wanted:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        copies.append(host.copy_(t, non_blocking=True))
+    return LaunchedLogprobs(rows, *copies)
+
+
+def _newest_on_device(seqs: list[Sequence], feed: LaunchedStep | None):
+    """(rows, token ids on the device) of the penalized rows whose newest token is a
+    placeholder: it is in ``feed.tokens`` (``_fed_rows`` found every placeholder there)."""
+    penalized = [i for i, s in enumerate(seqs)
+                 if s.request.sampling.repetition_penalty != 1.0 and s.token_ids and s.token_ids[-1] == PLACEHOLDER]
+    if not penalized or feed is None:
+        return None
+    index = feed.index_of()
+    return penalized, feed.tokens[to_device([index[id(seqs[i])] for i in penalized], feed.tokens.device)]
 
 
 _GRAPH_DTYPES = (torch.bfloat16, torch.float16)  # float32 CUDA LoRA is the (host-syncing) reference

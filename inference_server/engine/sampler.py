@@ -31,12 +31,16 @@ class SampleResult:
     top_logprobs: list[dict[int, float] | None]
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
-    """logits: [N, V] (any float dtype) for N rows -> one token id per row."""
+def sample(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None) -> SampleResult:
+    """logits: [N, V] (any float dtype) for N rows -> one token id per row. ``seen``: as
+    ``apply_penalties`` takes it (the runner keeps it on the device: ``SeenTokens``)."""
     logits = logits.float()
-    token_list = choose(_apply_penalties(logits, rows), rows).tolist()  # the step's one read-back
-    logprobs, tops = _logprobs(logits, token_list, rows)
-    return SampleResult(token_list, logprobs, tops)
+    tokens = choose(apply_penalties(logits, rows, seen), rows)
+    wanted = logprobs_on_device(logits, tokens, rows)
+    token_list = tokens.tolist()  # the step's read-back
+    if wanted is None:
+        return SampleResult(token_list, [None] * len(rows), [None] * len(rows))
+    return SampleResult(token_list, *read_logprobs(rows, *(t.tolist() for t in wanted)))
 
 
 def choose(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
@@ -46,12 +50,12 @@ def choose(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     tokens = scores.argmax(dim=-1)
     drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
     if drawn:
-        index = _to_device(drawn, scores.device)
+        index = to_device(drawn, scores.device)
         tokens[index] = _draw(scores[index], [rows[i] for i in drawn])
     return tokens
 
 
-def _to_device(values: list[int] | list[float], device: torch.device) -> torch.Tensor:
+def to_device(values: list[int] | list[float], device: torch.device) -> torch.Tensor:
     """A small host list on ``device`` without a stream sync (a blocking copy would wait for
     the step in flight: what a launched step must not do). On CUDA through pinned memory, which
     torch's host allocator keeps until the copy is done."""
@@ -61,18 +65,34 @@ def _to_device(values: list[int] | list[float], device: torch.device) -> torch.T
     return host.to(device, non_blocking=True)
 
 
-def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
-    if all(r.params.repetition_penalty == 1.0 for r in rows):
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """``logits`` (float32 [N, V]) with each row's repetition penalty applied to the tokens it
+    has seen (each token once, whatever its count). ``seen``: bool [N, V], the tokens each
+    penalized row has seen (``SeenTokens.mask``, kept on the device across steps); without it,
+    built from the rows' ``seen_ids`` (``seen_mask``). Nothing is read back to the host."""
+    penalties = [r.params.repetition_penalty for r in rows]
+    if all(p == 1.0 for p in penalties):
         return logits
-    out = logits.clone()
+    if seen is None:
+        seen = seen_mask(rows, logits.shape[-1], logits.device)
+    penalty = to_device(penalties, logits.device)[:, None]
+    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def seen_mask(rows: Sequence[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:
+    """bool [N, vocab]: the ids in each penalized row's ``seen_ids`` (placeholders, -1, are not
+    tokens), from scratch: O(all those ids) host work, for callers that keep no ``SeenTokens``.
+    Set by ``index_fill_``'s scalar form: ``mask[i, j] = True`` on CUDA would copy ``True`` to
+    the device with a blocking copy, a stream sync."""
+    flat: list[int] = []
     for i, row in enumerate(rows):
-        penalty = row.params.repetition_penalty
-        if penalty == 1.0 or not row.seen_ids:
-            continue
-        ids = torch.tensor(sorted(set(row.seen_ids)), device=logits.device)
-        scores = out[i, ids]
-        out[i, ids] = torch.where(scores < 0, scores * penalty, scores / penalty)
-    return out
+        if row.params.repetition_penalty != 1.0:
+            flat += [i * vocab + t for t in set(row.seen_ids) if t >= 0]
+    mask = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
+    if flat:
+        mask.view(-1).index_fill_(0, to_device(flat, device), True)
+    return mask
 
 
 def _draw(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
@@ -81,7 +101,7 @@ def _draw(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     row's generator, picks token t with probability p_t; it is what torch.multinomial does for
     one sample, without multinomial's check of p, which reads a value back to the host."""
     device, vocab = scores.device, scores.shape[-1]
-    scores = scores / _to_device([r.params.temperature for r in rows], device)[:, None]
+    scores = scores / to_device([r.params.temperature for r in rows], device)[:, None]
     top_k = [min(r.params.top_k, vocab) or vocab for r in rows]
     top_p = [r.params.top_p if r.params.top_p < 1.0 else math.inf for r in rows]
     if min(top_k) < vocab or min(top_p) < 1.0:
@@ -101,29 +121,34 @@ def _nucleus(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> torc
     likely tokens whose probability reaches top-p (the most likely token always stays)."""
     device = scores.device
     ordered, order = scores.sort(dim=-1, descending=True)
-    kth = ordered.gather(1, _to_device(top_k, device)[:, None] - 1)
+    kth = ordered.gather(1, to_device(top_k, device)[:, None] - 1)
     ordered = ordered.masked_fill(ordered < kth, float("-inf"))
     probs = ordered.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # the mass of the tokens more likely than each
-    cut = ordered.isneginf() | (before >= _to_device(top_p, device)[:, None])
+    cut = ordered.isneginf() | (before >= to_device(top_p, device)[:, None])
     return scores.masked_fill(cut.scatter(1, order, cut), float("-inf"))
 
 
-def _logprobs(
-    logits: torch.Tensor, tokens: list[int], rows: Sequence[SampleRow]
-) -> tuple[list[float | None], list[dict[int, float] | None]]:
-    want = [r.params.logprobs or r.params.top_logprobs > 0 for r in rows]
-    if not any(want):
-        return [None] * len(rows), [None] * len(rows)
-    logp = torch.log_softmax(logits, dim=-1)
-    chosen: list[float | None] = []
+def logprobs_on_device(logits: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SampleRow]):
+    """For steps with a row that wants log-probabilities (of the model's raw distribution):
+    (the chosen tokens' [N], the top-K values [N, K], their ids [N, K]) on the device, K the
+    largest ``top_logprobs`` of the rows; None when no row wants any."""
+    if not any(r.params.logprobs or r.params.top_logprobs for r in rows):
+        return None
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, tokens[:, None])[:, 0]
+    values, ids = logp.topk(max(r.params.top_logprobs for r in rows), dim=-1)
+    return chosen, values, ids
+
+
+def read_logprobs(rows: Sequence[SampleRow], chosen: list[float], values: list[list[float]], ids: list[list[int]]
+                  ) -> tuple[list[float | None], list[dict[int, float] | None]]:
+    """``logprobs_on_device``'s figures, read back, as each row asked for them."""
+    logprobs: list[float | None] = []
     tops: list[dict[int, float] | None] = []
     for i, row in enumerate(rows):
-        chosen.append(float(logp[i, tokens[i]]) if want[i] else None)
+        wants = row.params.logprobs or row.params.top_logprobs > 0
+        logprobs.append(chosen[i] if wants else None)
         k = row.params.top_logprobs
-        if k:
-            values, ids = torch.topk(logp[i], k)
-            tops.append(dict(zip(ids.tolist(), values.tolist())))
-        else:
-            tops.append(None)
-    return chosen, tops
+        tops.append(dict(zip(ids[i][:k], values[i][:k])) if k else None)
+    return logprobs, tops

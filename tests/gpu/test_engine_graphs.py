@@ -5,6 +5,7 @@ float32 on the GPU gives transformers + PEFT's tokens (the CPU float32 reference
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -134,26 +135,49 @@ def test_smollm2_float32_on_cuda_equals_transformers_peft(carried_gguf: str, tmp
                              max_num_batched_tokens=1024)
 
 
-def test_launch_ahead_gives_the_step_by_step_outputs(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+@pytest.mark.parametrize("penalty, logprobs", [(1.0, False), (1.3, False), (1.0, True)],
+                         ids=["sampling", "sampling with a repetition penalty", "sampling with log-probabilities"])
+def test_launch_ahead_gives_the_step_by_step_outputs(tiny_llama_dir: Path, adapter_dir: Path, penalty: float,
+                                                     logprobs: bool) -> None:
     """Steps launched before the previous step's tokens are read (token ids fed on the
     device) give exactly what the step-by-step engine gives, with requests stopping
-    mid-stream on a token id or a string and one request that samples (its draws on the
-    device, its steps launched too). Both engines replay the same graphs, so bf16 outputs
-    compare exactly."""
-    from test_engine_launch_ahead import _mixed_requests, _summary
+    mid-stream on a token id or a string and one request (r4) that samples, with a repetition
+    penalty or log-probabilities or neither. Its steps are launched too (its draw, the
+    penalty on its newest token and its log-probabilities on the device): here every step
+    replays a graph (the prompts are a few tokens, so even prefill rows are paged-decode
+    rows) and every placeholder input is in the step in flight, so each of r4's tokens comes
+    from a launched step, counted exactly by ``rows_if_all_launched`` (r4 stops early, on a
+    string of its ~4th token: a bound like "5 launched steps" would not hold). Both engines
+    replay the same graphs, so bf16 outputs compare exactly."""
+    from test_engine_launch_ahead import _mixed_requests, _summary, assert_same_logprobs, rows_if_all_launched
 
     def engine(ahead: bool):
         return load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=6,
                            launch_ahead=ahead)
 
+    def requests(e, stops: dict):
+        return _mixed_requests(e, stops, sampled=4, penalty=penalty, logprobs=logprobs)
+
     first = engine(False)
-    free = run_all(first, _mixed_requests(first, {}, sampled=4))
+    free = run_all(first, requests(first, {}))
     stops = {rid: (tokens_of(ev)[3], "".join(e.text for e in ev[2:4]).strip()[:3] or None)
              for rid, ev in free.items() if len(tokens_of(ev)) > 4}
     step_by_step, ahead = engine(False), engine(True)
-    expected = run_all(step_by_step, _mixed_requests(step_by_step, stops, sampled=4))
-    got = run_all(ahead, _mixed_requests(ahead, stops, sampled=4))
+    launch, launched_rows = ahead._core.runner.launch, Counter()
+
+    def counting(seqs, num_tokens, feed):
+        step = launch(seqs, num_tokens, feed)
+        if step is not None:
+            launched_rows.update(s.request_id for s in step.sample_seqs)
+        return step
+
+    ahead._core.runner.launch = counting
+    expected = run_all(step_by_step, requests(step_by_step, stops))
+    got = run_all(ahead, requests(ahead, stops))
     assert ahead._core._launch_ahead and not step_by_step._core._launch_ahead
+    assert launched_rows["r4"] == rows_if_all_launched(got["r4"]), (launched_rows["r4"], tokens_of(got["r4"]))
     assert {k: _summary(v) for k, v in got.items()} == {k: _summary(v) for k, v in expected.items()}
+    assert_same_logprobs(got, expected)
+    assert all(e.top_logprobs and len(e.top_logprobs[0]) == 3 for e in expected["r4"]) == logprobs
     assert sum(v[-1].finish_reason.name == "STOP" for v in expected.values()) >= 3
     assert ahead._core.blocks.num_free == ahead._core.blocks.num_blocks
