@@ -112,7 +112,7 @@ def plan_rows() -> list[str]:
         kind, variant = _launch.shrink_kernel(plan, rank)
         shrink = f"lora_{kind}_bf16_{variant}"
         expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}"
-        rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.expand_items} |")
+        rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.items} |")
     return rows
 
 

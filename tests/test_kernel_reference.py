@@ -124,9 +124,8 @@ def test_launch_plan_covers_every_work_item():
         problem = Problem(rows, h_in, (64,) * (1 + nseg % 3), nseg, 16)
         plan = make_plan(problem, 0, nseg)
         assert plan.kc % 64 == 0 and (plan.ksplit - 1) * plan.kc < h_in <= plan.ksplit * plan.kc
+        assert plan.bm == (DEC_ROWS if plan.decode else 64)
         assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
-        expand_bm = DEC_ROWS if plan.decode else plan.bm
-        assert sum(math.ceil(int(n) / expand_bm) for n in lengths) <= plan.expand_items
         assert 1 <= plan.ksplit <= MAX_KSPLIT
 
 

@@ -6,8 +6,8 @@
       const u16* x, i64 x_stride, const u16* pool, const i64* a_off, const int* ranks,            \
       const int* table, int ntable, int nslots, int rows, int h_in, int layer, int R, float* part, \
       int ksplit, int kc, int mode) {                                                             \
-    __shared__ __align__(16) unsigned char smem[SHRINK_DEC_SMEM];                                 \
-    shrink_dec_body<DT>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride, pool, a_off, ranks, \
+    __shared__ float red[SHRINK_DEC_RED];                                                       \
+    shrink_dec_body<DT>(blockIdx.x, blockIdx.y, blockIdx.z, red, x, x_stride, pool, a_off, ranks, \
                         table, ntable, nslots, rows, h_in, layer, R, part, ksplit, kc, mode);     \
   }
 

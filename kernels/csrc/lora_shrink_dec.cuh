@@ -8,11 +8,11 @@
 // accumulates x[row, k] * A[k, c0:c0+16] for up to SHRINK_DEC_NR rows in fp32 registers; the
 // 128 threads' sums are reduced in a fixed order (a transposing butterfly in each warp, then
 // the four warps through shared memory), so results are deterministic. The rank is walked in
-// chunks of 16 columns. Items of more than SHRINK_DEC_NR rows take the tensor cores
-// (lora_shrink.cuh's shrink_chunk). Grid (ksplit, items, P), 16-row SGMV items or BGMV rows;
-// fp32 partials [P][ksplit][T][R], which the decode expand (lora_expand_dec.cu) sums.
+// chunks of 16 columns. Grid (ksplit, items, P); fp32 partials [P][ksplit][T][R], which the
+// decode expand (lora_expand_dec.cu) sums. A row's partial does not depend on its item (the
+// same FMA and reduction order in the one-row and the four-row code).
 #pragma once
-#include "lora_shrink.cuh"
+#include "lora_common.cuh"
 
 #define SHRINK_DEC_RC 16     // rank columns per pass (the accumulators)
 #define SHRINK_DEC_BATCH 4   // k-rows per thread whose loads are in flight together
@@ -118,15 +118,14 @@ __device__ __forceinline__ void shrink_dec_chunk(float* red, const u16* xrow, i6
     shrink_dec_rows<DT, NR, BATCH, false>(red, xrow, x_stride, nr, A, r, c0, cw, kb, ke, prow, R);
 }
 
-// Block (ks, item, p): the item's rows, k in [ks * kc, ks * kc + kc), all of the adapter's rank.
-// smem: SHRINK_DEC_SMEM bytes. One-row items (Distinct batches) take the one-row code, items
-// of up to SHRINK_DEC_NR rows one pass of that many rows, and longer items (up to 16 rows: one
-// adapter's share of an Identical or Uniform batch) the tensor cores, where the mma's 16-row
-// tile is no longer mostly empty (measured: 4.5 us against 5.8 at Identical batch 64).
+// Block (ks, item, p): the item's rows (SHRINK_DEC_NR at most: the decode items are the
+// expand's, 4-row SGMV tiles or BGMV rows), k in [ks * kc, ks * kc + kc), all of the adapter's
+// rank. One-row items (Distinct batches) take the one-row code, so their loads stay in flight
+// four k-rows deep; longer items go SHRINK_DEC_NR rows a pass. red: SHRINK_DEC_RED floats.
 #define SHRINK_DEC_NR 4
-#define SHRINK_DEC_SMEM ShrinkShape<16>::SMEM
+#define SHRINK_DEC_RED (LORA_THREADS / 32 * SHRINK_DEC_NR * SHRINK_DEC_RC)
 template <int DT>
-__device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, unsigned char* smem, const u16* __restrict__ x,
+__device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, float* red, const u16* __restrict__ x,
                                                 i64 x_stride, const u16* __restrict__ pool,
                                                 const i64* __restrict__ a_off, const int* __restrict__ ranks,
                                                 const int* __restrict__ table, int ntable, int nslots, int rows,
@@ -139,7 +138,7 @@ __device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, unsigne
     r = ranks[p * nslots + guess];
     aoff = a_off[p * nslots + guess];
   }
-  const LoraItem it = find_item(mode, table, ntable, rows, item, 16, nslots);
+  const LoraItem it = find_item(mode, table, ntable, rows, item, SHRINK_DEC_NR, nslots);
   if (it.slot < 0) return;
   if (it.slot != guess) {
     r = ranks[p * nslots + it.slot];
@@ -148,21 +147,13 @@ __device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, unsigne
   if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
   const u16* A = pool + aoff + (i64)layer * h_in * r;
   const int kb = ks * kc, ke = min(h_in, kb + kc);
-  float* part_ks = part + (i64)(p * ksplit + ks) * rows * R;
-  float* prow = part_ks + (i64)it.row0 * R;
+  float* prow = part + (i64)(p * ksplit + ks) * rows * R + (i64)it.row0 * R;
   const u16* xrow = x + it.row0 * x_stride;
-  float* red = (float*)smem;
   if (it.nrows == 1) {
     for (int c0 = 0; c0 < r; c0 += SHRINK_DEC_RC)
       shrink_dec_chunk<DT, 1, 4>(red, xrow, x_stride, 1, A, r, c0, kb, ke, prow, R);
-  } else if (it.nrows <= SHRINK_DEC_NR) {
-    for (int c0 = 0; c0 < r; c0 += SHRINK_DEC_RC)
-      shrink_dec_chunk<DT, SHRINK_DEC_NR, 1>(red, xrow, x_stride, it.nrows, A, r, c0, kb, ke, prow, R);
   } else {
-    const bool x_vec = ((((u64)x) & 15) == 0) && ((x_stride & 7) == 0);
-    for (int c0 = 0; c0 < r; c0 += 4 * 8) {  // 16-row tiles, rank chunks of 32 (NTM 4)
-      if (c0 > 0) __syncthreads();  // the previous chunk's reduction buffer aliases the tiles
-      shrink_chunk<DT, 16, 4>(smem, x, x_stride, x_vec, A, r, c0, kb, ke, it, nullptr, R, part_ks, false);
-    }
+    for (int c0 = 0; c0 < r; c0 += SHRINK_DEC_RC)
+      shrink_dec_chunk<DT, SHRINK_DEC_NR, 2>(red, xrow, x_stride, it.nrows, A, r, c0, kb, ke, prow, R);
   }
 }

@@ -21,10 +21,11 @@ SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
-DEC_ROWS = 4  # decode expand: rows per item
-# The decode grids are planned for this rank whatever the engine's rank cap, so a captured
-# graph costs what its adapters' ranks cost: larger ranks take more shrink stages per block.
-DECODE_PLAN_RANK = 16
+DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
+# Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
+# flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
+# graph costs what its adapters' ranks cost: larger ranks take more passes per block.
+DEC_KC = 512
 DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank in 16-row chunks)
 
 
@@ -41,22 +42,23 @@ def _ceil(a: int, b: int) -> int:
 class Plan:
     """Grid of one call. mode 0 = SGMV (table = seg), 1 = BGMV (table = row_slot).
 
-    decode: shrink stores fp32 split-K partials and the CUDA-core expand (lora_expand_dec)
-    sums them; otherwise (prefill) the last shrink block of an item sums them into the
-    workspace and the tensor-core expand reads the workspace.
+    decode: a CUDA-core shrink (lora_shrink_dec) stores fp32 split-K partials and the CUDA-core
+    expand (lora_expand_dec) sums them, both over items of DEC_ROWS rows; otherwise (prefill)
+    the last tensor-core shrink block of an item sums them into the workspace and the
+    tensor-core expand reads the workspace.
     """
 
     mode: int
     ntable: int  # S for SGMV, T for BGMV
     decode: bool
-    bm: int  # shrink rows per work item (and tensor-core expand's)
-    items: int  # upper bound of shrink work items (grid.y); surplus blocks exit at once
-    expand_items: int  # upper bound of expand work items
+    bm: int  # rows per work item (DEC_ROWS on the decode path)
+    items: int  # upper bound of work items (grid.y of both kernels); surplus blocks exit at once
     ksplit: int  # blocks splitting h_in in the shrink
     kc: int  # input features per shrink block
 
     def __post_init__(self) -> None:
-        if self.mode not in (0, 1) or self.bm not in EXPAND_BN or min(self.items, self.expand_items) < 1:
+        bm_ok = self.bm == DEC_ROWS if self.decode else self.bm in EXPAND_BN
+        if self.mode not in (0, 1) or not bm_ok or self.items < 1:
             raise ValueError(f"invalid launch plan {self}")
         if not 1 <= self.ksplit <= MAX_KSPLIT:
             raise ValueError(f"invalid launch plan {self}")
@@ -67,26 +69,19 @@ def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
     return rows if mode == 1 else ntable + _ceil(rows, bm)
 
 
-def _stage_depth(rank: int) -> int:
-    """k depth of one 16-row shrink stage for this rank (as in lora_shrink.cu)."""
-    rp16 = _ceil(min(rank, 128), 16) * 16
-    return min((8192 // rp16) & ~15, 512)
-
-
 def make_plan(problem: Problem, mode: int, ntable: int) -> Plan:
     """Path, row tile, work-item bounds and split-K of a call, from its shapes."""
     rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
     decode = mode == 1 or rows <= SMALL_BATCH_ROWS
-    bm = 16 if decode else 64
+    bm = DEC_ROWS if decode else 64
     items = _item_bound(mode, rows, ntable, bm)
     expected = (rows if mode == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
     ksplit = _ceil(TARGET_BLOCKS if decode else TARGET_BLOCKS_PREFILL, max(1, expected) * nslices)
-    if decode:  # one shrink stage per block for ranks up to DECODE_PLAN_RANK: one memory round
-        ksplit = max(ksplit, _ceil(h_in, _stage_depth(DECODE_PLAN_RANK)))  # trip; larger take more
+    if decode:  # each thread's loads of A in flight together
+        ksplit = max(ksplit, _ceil(h_in, DEC_KC))
     ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
     kc = _ceil(_ceil(h_in, ksplit), K_GRAIN) * K_GRAIN
-    expand_items = _item_bound(mode, rows, ntable, DEC_ROWS) if decode else items
-    return Plan(mode, ntable, decode, bm, items, expand_items, _ceil(h_in, kc), kc)
+    return Plan(mode, ntable, decode, bm, items, _ceil(h_in, kc), kc)
 
 
 def shrink_kernel(plan: Plan, rank_cap: int) -> tuple[str, str]:
@@ -180,4 +175,4 @@ def plan_expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int
     row_slot, one row per item (BGMV items over the shrink's per-row partials)."""
     if plan.decode and c.row_slot is not None:
         return c.row_slot, rows, 1, rows
-    return c.table, plan.ntable, plan.mode, plan.expand_items
+    return c.table, plan.ntable, plan.mode, plan.items
