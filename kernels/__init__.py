@@ -112,12 +112,14 @@ def prefer_bgmv(num_rows: int, num_segments: int) -> bool:
     """Dispatch rule between SGMV and BGMV, measured on an H200: always SGMV.
 
     Both run the same shrink/expand kernels; BGMV just makes one work item per row. Measured
-    (benchmarks/RESULTS.md, kernels section, h = 4096, ranks 8..64, batch 1..256): when every
-    segment is one row (Distinct) the two are equal within noise (BGMV 0-5% slower), and when
-    segments hold several rows (Uniform, Skewed, Identical at batch >= 64) BGMV is 1.4-3x
-    slower because it re-reads the adapter for every row. So whatever (num_rows,
-    num_segments), grouping rows by adapter and calling SGMV is never worse; BGMV stays for
-    callers whose rows are not grouped by adapter.
+    (benchmarks/RESULTS.md, kernels sections, h = 4096, ranks 8..64, batch 1..256): when every
+    segment is one row (Distinct) the two are equal within noise (BGMV 0-5% slower). Since the
+    decode shrink runs on CUDA cores (session 8) BGMV is faster when segments hold several
+    rows at batch <= 64 (Identical B64 6.8 against 9.1 us; Uniform 7.9 / 9.3) and slower at
+    batch 256 (Identical 15.5 / 13.6, Uniform 17.7 / 14.4): it re-reads the adapter for
+    every row, which only pays while there are few rows. The rule stays SGMV until that is
+    measured where it is used (the eager engine steps; CUDA-graph decode steps are SGMV with
+    row items for the expand) and on the CPU path, which shares this rule.
     """
     if num_rows < 0 or num_segments < 0:
         raise ValueError(f"num_rows and num_segments must be >= 0, got {num_rows}, {num_segments}")
