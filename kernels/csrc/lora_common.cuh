@@ -177,6 +177,36 @@ __device__ __forceinline__ int direct_slot(int mode, int ntable, int item) {
   return (mode == 0 && item < ntable) ? item : -1;
 }
 
+// What one shrink block works on: item `item` (rows of one adapter) and that adapter's rank
+// and A for slice p at `layer`. A direct SGMV item's tables are read in parallel with its
+// segment bounds. False: nothing to do (no adapter, or a rank outside [1, min(R, LORA_MAX_RANK)]).
+struct ShrinkWork {
+  LoraItem it;
+  int r;
+  const u16* A;  // [h_in, r] of this layer
+};
+
+__device__ __forceinline__ bool shrink_work(ShrinkWork& wk, int p, int item, int bm, int mode, const int* table,
+                                            int ntable, int nslots, int rows, const int* ranks, const i64* a_off,
+                                            const u16* pool, int layer, int h_in, int R) {
+  const int guess = direct_slot(mode, ntable, item);
+  int r = 0;
+  i64 aoff = 0;
+  if (guess >= 0) {  // loads in flight together with the segment bounds
+    r = ranks[p * nslots + guess];
+    aoff = a_off[p * nslots + guess];
+  }
+  wk.it = find_item(mode, table, ntable, rows, item, bm, nslots);
+  if (wk.it.slot < 0) return false;
+  if (wk.it.slot != guess) {
+    r = ranks[p * nslots + wk.it.slot];
+    aoff = a_off[p * nslots + wk.it.slot];
+  }
+  wk.r = r;
+  wk.A = pool + aoff + (i64)layer * h_in * r;
+  return r > 0 && r <= min(R, LORA_MAX_RANK);
+}
+
 // What one expand block works on: column tile `tile` of the launch falls in slice p; item
 // `item` is rows [it.row0, it.row0 + it.nrows) of the adapter in it.slot, whose rank, B offset
 // and scale for slice p are r, boff and scale.

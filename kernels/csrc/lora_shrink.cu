@@ -181,22 +181,11 @@ __device__ __forceinline__ void shrink_body(
     int items, int mode) {
   __shared__ int s_last;
   const int tid = threadIdx.x;
-  const int guess = direct_slot(mode, ntable, item);
-  int r = 0;
-  i64 aoff = 0;
-  if (guess >= 0) {  // loads in flight together with the segment bounds
-    r = ranks[p * nslots + guess];
-    aoff = a_off[p * nslots + guess];
-  }
-  const LoraItem it = find_item(mode, table, ntable, rows, item, BM, nslots);
-  if (it.slot < 0) return;
-  if (it.slot != guess) {
-    r = ranks[p * nslots + it.slot];
-    aoff = a_off[p * nslots + it.slot];
-  }
-  if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-
-  const u16* A = pool + aoff + (i64)layer * h_in * r;
+  ShrinkWork wk;
+  if (!shrink_work(wk, p, item, BM, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R)) return;
+  const LoraItem it = wk.it;
+  const int r = wk.r;
+  const u16* A = wk.A;
   const int kb = ks * kc, ke = min(h_in, kb + kc);
   const bool x_vec = ((((u64)x) & 15) == 0) && ((x_stride & 7) == 0);
   // The rank in chunks of NTM * 8 (the accumulators' width): one chunk for ranks up to it, so

@@ -131,21 +131,12 @@ __device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, float* 
                                                 const int* __restrict__ table, int ntable, int nslots, int rows,
                                                 int h_in, int layer, int R, float* __restrict__ part, int ksplit,
                                                 int kc, int mode) {
-  const int guess = direct_slot(mode, ntable, item);
-  int r = 0;
-  i64 aoff = 0;
-  if (guess >= 0) {  // loads in flight together with the segment bounds
-    r = ranks[p * nslots + guess];
-    aoff = a_off[p * nslots + guess];
-  }
-  const LoraItem it = find_item(mode, table, ntable, rows, item, SHRINK_DEC_NR, nslots);
-  if (it.slot < 0) return;
-  if (it.slot != guess) {
-    r = ranks[p * nslots + it.slot];
-    aoff = a_off[p * nslots + it.slot];
-  }
-  if (r <= 0 || r > min(R, LORA_MAX_RANK)) return;
-  const u16* A = pool + aoff + (i64)layer * h_in * r;
+  ShrinkWork wk;
+  if (!shrink_work(wk, p, item, SHRINK_DEC_NR, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R))
+    return;
+  const LoraItem it = wk.it;
+  const int r = wk.r;
+  const u16* A = wk.A;
   const int kb = ks * kc, ke = min(h_in, kb + kc);
   float* prow = part + (i64)(p * ksplit + ks) * rows * R + (i64)it.row0 * R;
   const u16* xrow = x + it.row0 * x_stride;
