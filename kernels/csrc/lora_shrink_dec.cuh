@@ -15,7 +15,8 @@
 #include "lora_common.cuh"
 
 #define SHRINK_DEC_RC 16     // rank columns per pass (the accumulators)
-#define SHRINK_DEC_BATCH 4   // k-rows per thread whose loads are in flight together
+#define SHRINK_DEC_BATCH1 4  // one-row items: k-rows a thread has in flight together
+#define SHRINK_DEC_BATCHN 2  // SHRINK_DEC_NR-row items: the same, with 4x the accumulators
 
 // Columns [c0, c0 + 16) of A's k-row k as 16 floats (zeros past the chunk's cw columns).
 template <int DT>
@@ -142,9 +143,10 @@ __device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, float* 
   const u16* xrow = x + it.row0 * x_stride;
   if (it.nrows == 1) {
     for (int c0 = 0; c0 < r; c0 += SHRINK_DEC_RC)
-      shrink_dec_chunk<DT, 1, 4>(red, xrow, x_stride, 1, A, r, c0, kb, ke, prow, R);
+      shrink_dec_chunk<DT, 1, SHRINK_DEC_BATCH1>(red, xrow, x_stride, 1, A, r, c0, kb, ke, prow, R);
   } else {
     for (int c0 = 0; c0 < r; c0 += SHRINK_DEC_RC)
-      shrink_dec_chunk<DT, SHRINK_DEC_NR, 2>(red, xrow, x_stride, it.nrows, A, r, c0, kb, ke, prow, R);
+      shrink_dec_chunk<DT, SHRINK_DEC_NR, SHRINK_DEC_BATCHN>(red, xrow, x_stride, it.nrows, A, r, c0, kb, ke, prow,
+                                                             R);
   }
 }
