@@ -136,7 +136,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
     ntiles, slices = _slice_args(plan, problem, bn)
     # the expand's items: BGMV items (a row each) from row_slot where the call has one
-    etable, entable, emode, eitems = plan_expand_items(plan, c, rows)
+    etable, entable, emode, eitems = _expand_items(plan, c, rows)
     with rt.launching():
         if only != "expand":
             if plan.decode:  # fp32 partials only: the decode expand sums them
@@ -170,7 +170,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
             )
 
 
-def plan_expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
+def _expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
     """The expand's (table, ntable, mode, items): the call's own, or on the decode path with a
     row_slot, one row per item (BGMV items over the shrink's per-row partials)."""
     if plan.decode and c.row_slot is not None:
