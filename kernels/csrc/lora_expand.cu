@@ -154,7 +154,6 @@ __device__ __forceinline__ void expand_body(
                             nslots, rows, layer, y, y_stride, nslices, sl, mode);             \
   }
 
-LORA_EXPAND_KERNEL(lora_expand_bf16_m16, 0, 16, 128)
+// Prefill: 64-row tiles (the decode path's expand is lora_expand_dec.cu).
 LORA_EXPAND_KERNEL(lora_expand_bf16_m64, 0, 64, 64)
-LORA_EXPAND_KERNEL(lora_expand_fp16_m16, 1, 16, 128)
 LORA_EXPAND_KERNEL(lora_expand_fp16_m64, 1, 64, 64)

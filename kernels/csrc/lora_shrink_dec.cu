@@ -11,5 +11,5 @@
                         table, ntable, nslots, rows, h_in, layer, R, part, ksplit, kc, mode);     \
   }
 
-LORA_SHRINK_DEC_KERNEL(lora_shrink_dec_bf16_m16, 0)
-LORA_SHRINK_DEC_KERNEL(lora_shrink_dec_fp16_m16, 1)
+LORA_SHRINK_DEC_KERNEL(lora_shrink_dec_bf16_m4, 0)
+LORA_SHRINK_DEC_KERNEL(lora_shrink_dec_fp16_m4, 1)

@@ -20,7 +20,7 @@ TARGET_BLOCKS_PREFILL = 1024  # prefill: short k-ranges per block (few serial st
 SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode path
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
-EXPAND_BN = {16: 128, 64: 64}  # output columns per tensor-core expand block, by row tile
+EXPAND_BN = {64: 64}  # prefill: output columns per tensor-core expand block, by row tile
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
 # flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
@@ -88,7 +88,7 @@ def shrink_kernel(plan: Plan, rank_cap: int) -> tuple[str, str]:
     """(kind, variant) of the shrink. Decode: lora_shrink_dec, one variant for every rank (its
     grid may be captured in a graph); prefill: lora_shrink with the widest rank chunk the cap needs."""
     if plan.decode:
-        return "shrink_dec", "m16"
+        return "shrink_dec", f"m{DEC_ROWS}"
     return "shrink", f"m{plan.bm}_{rank_variant(rank_cap, (32, 64, 128))}"
 
 
