@@ -71,6 +71,20 @@ __device__ __forceinline__ void load_b_frag(u32* b, const u16* s, int ld, int k0
   b[1] = (u32)p[8 * ld] | ((u32)p[9 * ld] << 16);
 }
 
+// Programmatic dependent launch (kernels/cuda/_pdl.py; sm_90 and later, no-ops before):
+// a kernel lets the one launched after it start early, and that one waits for it to complete
+// before reading what it wrote. Without the launch attribute both return at once.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #define LORA_MAX_SLICES 4
 
 struct SliceTable {

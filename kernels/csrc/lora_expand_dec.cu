@@ -159,6 +159,7 @@ __device__ __forceinline__ void expand_dec_body(
   for (int m = 0; m < DEC_ROWS; ++m)
     yv[m] = (kt == 0 && y_vec && m < it.nrows) ? *(const uint4*)(ybase + (i64)m * y_stride)
                                                : make_uint4(0, 0, 0, 0);
+  pdl_wait();  // launched after the shrink as its programmatic dependent: its partials are complete from here
   for (int o = tid; o < it.nrows * r; o += LORA_THREADS) {  // v, while B and y are in flight
     const int m = o / r, k = o - m * r;
     const float s = sum_partials(part, p, ksplit, rows, R, it.row0 + m, k);

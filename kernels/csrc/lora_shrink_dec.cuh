@@ -132,6 +132,7 @@ __device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, float* 
                                                 const int* __restrict__ table, int ntable, int nslots, int rows,
                                                 int h_in, int layer, int R, float* __restrict__ part, int ksplit,
                                                 int kc, int mode) {
+  pdl_launch_dependents();  // the expand's blocks may be placed as ours finish (it waits for our partials)
   ShrinkWork wk;
   if (!shrink_work(wk, p, item, SHRINK_DEC_NR, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R))
     return;

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from kernels.checks import Problem
+from kernels.cuda._pdl import launch_after
 from kernels.cuda._runtime import DeviceRuntime
 
 THREADS = 128
@@ -155,12 +156,14 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
             return
         tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
         if plan.decode:
-            rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")(
-                (ntiles, eitems),
-                (THREADS,),
-                (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
-                 _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode)),
-            )
+            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
+            args = (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
+                    _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode))
+            if only is None and rt.pdl:  # right after its shrink on this stream: its prologue, B and y
+                launch_after(expand, (ntiles, eitems), (THREADS,), args,  # overlap the shrink's tail
+                             torch.cuda.current_stream(c.x.device).cuda_stream)
+            else:
+                expand((ntiles, eitems), (THREADS,), args)
         else:
             rt.function("expand", c.x.dtype, f"m{plan.bm}")(
                 (ntiles, eitems),

@@ -49,6 +49,16 @@ class DeviceRuntime:
     partials: torch.Tensor | None = None
     counters: torch.Tensor | None = None
     streams: dict = field(default_factory=dict)
+    _pdl: bool | None = None
+
+    @property
+    def pdl(self) -> bool:
+        """Whether launches may use programmatic dependent launch (kernels/cuda/_pdl.py)."""
+        if self._pdl is None:
+            from kernels.cuda._pdl import MIN_COMPUTE_CAPABILITY  # noqa: PLC0415
+
+            self._pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
+        return self._pdl
 
     def function(self, kind: str, dtype: torch.dtype, variant: str):
         """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``."""

@@ -306,3 +306,36 @@ def test_decode_expand_by_rows_is_bitwise_the_segment_expand(seed, dtype):
     torch.cuda.synchronize()
     assert torch.equal(batch.y, by_segments)
     assert_close_rows(by_segments, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["eager", "graph"])
+def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(capture):
+    """On sm_90 a decode call launches the expand as a programmatic dependent of its shrink
+    (it starts while the shrink finishes and waits for its partials on the device). y must be
+    bitwise what the shrink and the expand give as two plain launches (stage calls), eagerly
+    and replayed from a CUDA graph, call after call."""
+    from kernels.cuda._runtime import DeviceRuntime
+
+    gen = torch.Generator().manual_seed(71)
+    lengths = [1] * 40 + [3, 0, 7]
+    batch = make_batch(gen, rows=sum(lengths), h_in=4096, widths=(4096, 1024, 1024), ranks=_random_ranks(gen, 3, 43),
+                       table=seg_from_lengths(lengths), rank_cap=128)
+    assert DeviceRuntime(batch.x.device).pdl == (torch.cuda.get_device_capability() >= (9, 0))
+    y0 = batch.y.clone()
+    kcuda.add_lora_slices(*batch.args(), stage="shrink")
+    kcuda.add_lora_slices(*batch.args(), stage="expand")
+    plain = batch.y.clone()
+    batch.y.copy_(y0)
+    kcuda.add_lora_slices(*batch.args())
+    if capture:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kcuda.add_lora_slices(*batch.args())
+        for _ in range(3):
+            batch.y.copy_(y0)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(batch.y, plain)
+    torch.cuda.synchronize()
+    assert torch.equal(batch.y, plain)
+    assert_close_rows(plain, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
