@@ -183,7 +183,7 @@ def breakdown(gen) -> None:
     import cupy  # noqa: PLC0415
 
     from kernels.checks import check_args  # noqa: PLC0415
-    from kernels.cuda._launch import Call, launch, make_plan  # noqa: PLC0415
+    from kernels.cuda._launch import Call, launch, plan_call  # noqa: PLC0415
 
     rt = kcuda.default_cache().get(torch.device("cuda", torch.cuda.current_device()))
     nop = cupy.RawKernel('extern "C" __global__ void nop(int* p) { if (p) *p = 0; }', "nop")
@@ -209,7 +209,7 @@ def breakdown(gen) -> None:
             for s in sets:
                 c = Call(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, ws)
                 prob = check_args(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, 0, (h_out,), ws)
-                plan = make_plan(prob, 0, prob.nslots)
+                plan = plan_call(rt, prob, 0, prob.nslots, DT)
                 fns.append(lambda c=c, prob=prob, plan=plan, only=only: launch(rt, plan, prob, c, only))
             line.append(f"{only or 'both'}={time_graph(fns, 16):.1f}")
         print(f"# breakdown {h_in}x{h_out} r{r} B{b} {w}: {' '.join(line)} plan={plan}", flush=True)

@@ -102,14 +102,26 @@ def compile_source(source: str, arch: str, cuobjdump: str, work: Path) -> dict[s
     return entries
 
 
-def plan_rows() -> list[str]:
-    """The kernels and grids the launch plan gives each case (bf16)."""
+def blocks_per_sm(e: Entry, threads: int) -> int:
+    """sm_90's occupancy for a kernel (what the driver's cuOccupancyMaxActiveBlocksPerMultiprocessor
+    says): registers are allocated per warp in units of 256 from 64 K, shared memory from 228 KB
+    with 1 KB reserved per block; at most 64 warps and 32 blocks."""
+    warps = -(-threads // 32)
+    by_regs = 65536 // (-(-e.registers * 32 // 256) * 256) // warps
+    by_smem = 233472 // (e.smem + 1024)
+    return min(by_regs, by_smem, 64 // warps, 32)
+
+
+def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
+    """The kernels and grids the launch plan gives each case (bf16) on a device of ``sms``
+    multiprocessors (the prefill split-K fills one wave of the shrink, from its occupancy)."""
     rows = ["| case | shrink | grid (split-K x items) | expand | grid (tiles x items) |", "| --- | --- | --- | --- | --- |"]
     for name, rows_, segments, rank, mode in CASES:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
-        plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_)
+        kind, variant = _launch.shrink_kernel(not _launch.is_decode(rows_, mode), rank)
+        wave = blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS) * sms
+        plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
         tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN[plan.bm])
-        kind, variant = _launch.shrink_kernel(plan, rank)
         shrink = f"lora_{kind}_bf16_{variant}"
         expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}"
         rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.items} |")
@@ -132,19 +144,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--cuobjdump", default=None)
+    ap.add_argument("--sms", type=int, default=132, help="multiprocessors of the device (H200: 132)")
     args = ap.parse_args()
     cuobjdump = find_cuobjdump(args.cuobjdump)
-    print("\n".join(plan_rows()), "\n")
-    print("| kernel | registers | spill bytes | static smem | SASS instructions | "
-          + " | ".join(OPCODES) + " |")
-    print("| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in OPCODES) + " |")
     with tempfile.TemporaryDirectory() as tmp:
-        for source in SOURCES:
-            for name, e in sorted(compile_source(source, args.arch, cuobjdump, Path(tmp)).items()):
-                if "bf16" in name:
-                    counts = mix(e.sass)
-                    print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {len(e.sass)} | "
-                          + " | ".join(str(counts[o]) for o in OPCODES) + " |")
+        entries = {name: e for source in SOURCES
+                   for name, e in compile_source(source, args.arch, cuobjdump, Path(tmp)).items() if "bf16" in name}
+    print("\n".join(plan_rows(entries, args.sms)), "\n")
+    print("| kernel | registers | spill bytes | static smem | blocks/SM | SASS instructions | "
+          + " | ".join(OPCODES) + " |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in OPCODES) + " |")
+    for name, e in sorted(entries.items()):
+        counts = mix(e.sass)
+        print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {blocks_per_sm(e, _launch.THREADS)} | "
+              f"{len(e.sass)} | " + " | ".join(str(counts[o]) for o in OPCODES) + " |")
 
 
 if __name__ == "__main__":

@@ -122,11 +122,14 @@ def test_launch_plan_covers_every_work_item():
         rows = int(lengths.sum()) + 1
         h_in = int(torch.randint(1, 20000, (1,), generator=gen))
         problem = Problem(rows, h_in, (64,) * (1 + nseg % 3), nseg, 16)
-        plan = make_plan(problem, 0, nseg)
+        wave = int(torch.randint(1, 2000, (1,), generator=gen))
+        plan = make_plan(problem, 0, nseg, wave)
         assert plan.kc % 64 == 0 and (plan.ksplit - 1) * plan.kc < h_in <= plan.ksplit * plan.kc
         assert plan.bm == (DEC_ROWS if plan.decode else 64)
         assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
         assert 1 <= plan.ksplit <= MAX_KSPLIT
+        if not plan.decode and plan.ksplit > 1:  # the prefill shrink's grid fits one wave of the device
+            assert plan.ksplit * math.ceil(rows / 64) * len(problem.widths) <= wave
 
 
 def test_cuda_wrappers_reject_cpu_tensors():

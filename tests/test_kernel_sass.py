@@ -32,10 +32,19 @@ def test_opcodes_and_their_families() -> None:
     assert (counts["LDS"], counts["LDS.U16"], counts["HMMA"], counts["LDGSTS"], counts["LDG"]) == (1, 1, 1, 1, 0)
 
 
+@pytest.mark.parametrize(("registers", "smem", "blocks"), [(158, 34848, 3), (117, 34848, 4), (80, 34844, 6),
+                                                         (127, 1052, 4), (32, 0, 16), (255, 0, 2), (64, 120000, 1)])
+def test_sm90_occupancy_from_registers_and_shared_memory(registers, smem, blocks) -> None:
+    """128-thread blocks: registers by the warp in units of 256 of 64 K, 228 KB of shared memory
+    less 1 KB a block, 64 warps an SM (the first four as the H200's driver counts them)."""
+    assert kernel_sass.blocks_per_sm(kernel_sass.Entry(registers=registers, smem=smem), 128) == blocks
+
+
 def test_plans_name_kernels_the_sources_define() -> None:
-    rows = kernel_sass.plan_rows()[2:]
-    assert len(rows) == len(kernel_sass.CASES)
     defined = {name for names in KERNELS.values() for name in names}
+    entries = {name: kernel_sass.Entry(registers=128, smem=34848) for name in defined}
+    rows = kernel_sass.plan_rows(entries, 132)[2:]
+    assert len(rows) == len(kernel_sass.CASES)
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] in defined and cells[3] in defined, row

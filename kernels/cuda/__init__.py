@@ -14,7 +14,7 @@ import torch
 
 from kernels.checks import check_args, check_row_slot, check_seg
 from kernels.cuda._checks import check_cuda
-from kernels.cuda._launch import Call, launch, make_plan
+from kernels.cuda._launch import Call, launch, plan_call
 from kernels.cuda._runtime import RuntimeCache, default_cache
 
 __all__ = ["STAGES", "add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
@@ -67,7 +67,7 @@ def add_lora_slices(
     if problem.rows == 0:
         return
     rt = default_cache().get(x.device)
-    plan = make_plan(problem, 0, problem.nslots)
+    plan = plan_call(rt, problem, 0, problem.nslots, x.dtype)
     call = Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace, row_slot)
     launch(rt, plan, problem, call, None if stage == "both" else stage)
 
@@ -96,5 +96,5 @@ def add_lora_slices_bgmv(
     if problem.rows == 0:
         return
     rt = default_cache().get(x.device)
-    plan = make_plan(problem, 1, problem.rows)
+    plan = plan_call(rt, problem, 1, problem.rows, x.dtype)
     launch(rt, plan, problem, Call(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, workspace))

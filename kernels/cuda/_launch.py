@@ -17,11 +17,11 @@ from kernels.cuda._runtime import DeviceRuntime
 
 THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
-TARGET_BLOCKS_PREFILL = 1024  # prefill: short k-ranges per block (few serial stages)
 SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode path
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
-EXPAND_BN = {64: 64}  # prefill: output columns per tensor-core expand block, by row tile
+PREFILL_BM = 64  # prefill: rows per work item (the tensor-core kernels' row tile)
+EXPAND_BN = {PREFILL_BM: 64}  # prefill: output columns per tensor-core expand block, by row tile
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
 # flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
@@ -70,27 +70,48 @@ def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
     return rows if mode == 1 else ntable + _ceil(rows, bm)
 
 
-def make_plan(problem: Problem, mode: int, ntable: int) -> Plan:
-    """Path, row tile, work-item bounds and split-K of a call, from its shapes."""
+def is_decode(rows: int, mode: int) -> bool:
+    """Whether a call takes the decode path (CUDA-core kernels over DEC_ROWS-row items)."""
+    return mode == 1 or rows <= SMALL_BATCH_ROWS
+
+
+def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Plan:
+    """Path, row tile, work-item bounds and split-K of a call, from its shapes.
+
+    prefill_wave: how many prefill shrink blocks the device runs at once (plan_call asks the
+    driver; unused on the decode path). The prefill split-K fills one such wave and no more:
+    more blocks only add fp32 partials for each item's last block to sum and a ragged second
+    wave (H200, T = 4096: r16 shrink 30.1 us at 16 splits, 25.3 at 8; r128 165 at 16, 143 at 4).
+    """
     rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
-    decode = mode == 1 or rows <= SMALL_BATCH_ROWS
-    bm = DEC_ROWS if decode else 64
+    decode = is_decode(rows, mode)
+    bm = DEC_ROWS if decode else PREFILL_BM
     items = _item_bound(mode, rows, ntable, bm)
     expected = (rows if mode == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
-    ksplit = _ceil(TARGET_BLOCKS if decode else TARGET_BLOCKS_PREFILL, max(1, expected) * nslices)
-    if decode:  # each thread's loads of A in flight together
-        ksplit = max(ksplit, _ceil(h_in, DEC_KC))
+    if decode:  # about two blocks a multiprocessor, and each thread's loads of A in flight together
+        ksplit = max(_ceil(TARGET_BLOCKS, max(1, expected) * nslices), _ceil(h_in, DEC_KC))
+    else:
+        ksplit = prefill_wave // (expected * nslices)
     ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
     kc = _ceil(_ceil(h_in, ksplit), K_GRAIN) * K_GRAIN
     return Plan(mode, ntable, decode, bm, items, _ceil(h_in, kc), kc)
 
 
-def shrink_kernel(plan: Plan, rank_cap: int) -> tuple[str, str]:
+def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype: torch.dtype) -> Plan:
+    """make_plan with the device's prefill wave (a driver query, cached per kernel variant)."""
+    wave = 0
+    if not is_decode(problem.rows, mode):
+        kind, variant = shrink_kernel(True, problem.rank_cap)
+        wave = rt.resident_blocks(kind, dtype, variant, THREADS)
+    return make_plan(problem, mode, ntable, wave)
+
+
+def shrink_kernel(prefill: bool, rank_cap: int) -> tuple[str, str]:
     """(kind, variant) of the shrink. Decode: lora_shrink_dec, one variant for every rank (its
     grid may be captured in a graph); prefill: lora_shrink with the widest rank chunk the cap needs."""
-    if plan.decode:
+    if not prefill:
         return "shrink_dec", f"m{DEC_ROWS}"
-    return "shrink", f"m{plan.bm}_{rank_variant(rank_cap, (32, 64, 128))}"
+    return "shrink", f"m{PREFILL_BM}_{rank_variant(rank_cap, (32, 64, 128))}"
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:
@@ -145,7 +166,7 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
             else:
                 tail = (_ptr(c.workspace), ws_pstride, i32(cap), _ptr(partials), _ptr(counters), i32(plan.ksplit),
                         i32(plan.kc), i32(plan.items), i32(plan.mode))
-            kind, variant = shrink_kernel(plan, cap)
+            kind, variant = shrink_kernel(not plan.decode, cap)
             rt.function(kind, c.x.dtype, variant)(
                 (plan.ksplit, plan.items, nslices),
                 (THREADS,),

@@ -49,6 +49,7 @@ class DeviceRuntime:
     partials: torch.Tensor | None = None
     counters: torch.Tensor | None = None
     streams: dict = field(default_factory=dict)
+    resident: dict = field(default_factory=dict)
     _pdl: bool | None = None
 
     @property
@@ -73,6 +74,20 @@ class DeviceRuntime:
                 module.compile()
             self.modules[source] = module
         return self.modules[source].get_function(f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}")
+
+    def resident_blocks(self, kind: str, dtype: torch.dtype, variant: str, threads: int) -> int:
+        """How many blocks of ``threads`` threads of that kernel the device runs at once (the
+        driver's occupancy for its registers and shared memory, times the multiprocessors)."""
+        import cupy  # noqa: PLC0415
+
+        key = (kind, dtype, variant, threads)
+        if key not in self.resident:
+            function = self.function(kind, dtype, variant)
+            with cupy.cuda.Device(self.device.index):
+                per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, 0)
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            self.resident[key] = max(1, per_sm) * sms
+        return self.resident[key]
 
     def template_function(self, source: str, expression: str):
         """The instantiation ``expression`` (e.g. "paged_decode<0, 128, 1>") of a template kernel
