@@ -118,7 +118,8 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
     rows = ["| case | shrink | grid (split-K x items) | expand | grid (tiles x items) |", "| --- | --- | --- | --- | --- |"]
     for name, rows_, segments, rank, mode in CASES:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
-        kind, variant = _launch.shrink_kernel(not _launch.is_decode(rows_, mode), rank)
+        prefill = not _launch.is_decode(rows_, mode)
+        kind, variant = _launch.shrink_kernel(prefill, rank, pdl=not prefill)  # sm_90: the expand follows early
         wave = blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS) * sms
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
         tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN[plan.bm])

@@ -125,14 +125,14 @@ __device__ __forceinline__ void shrink_dec_chunk(float* red, const u16* xrow, i6
 // four k-rows deep; longer items go SHRINK_DEC_NR rows a pass. red: SHRINK_DEC_RED floats.
 #define SHRINK_DEC_NR 4
 #define SHRINK_DEC_RED (LORA_THREADS / 32 * SHRINK_DEC_NR * SHRINK_DEC_RC)
-template <int DT>
+template <int DT, bool PDL>
 __device__ __forceinline__ void shrink_dec_body(int ks, int item, int p, float* red, const u16* __restrict__ x,
                                                 i64 x_stride, const u16* __restrict__ pool,
                                                 const i64* __restrict__ a_off, const int* __restrict__ ranks,
                                                 const int* __restrict__ table, int ntable, int nslots, int rows,
                                                 int h_in, int layer, int R, float* __restrict__ part, int ksplit,
                                                 int kc, int mode) {
-  pdl_launch_dependents();  // the expand's blocks may be placed as ours finish (it waits for our partials)
+  if (PDL) pdl_launch_dependents();  // the expand's blocks may be placed now (it waits for our partials)
   ShrinkWork wk;
   if (!shrink_work(wk, p, item, SHRINK_DEC_NR, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R))
     return;

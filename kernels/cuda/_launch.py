@@ -28,6 +28,13 @@ DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DE
 # graph costs what its adapters' ranks cost: larger ranks take more passes per block.
 DEC_KC = 512
 DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank in 16-row chunks)
+# The decode shrink that lets its expand start early prefers shared memory over L1 on its
+# multiprocessors (cudaSharedmemCarveoutMaxShared): the expand's blocks (35 KB of shared memory
+# each) are then placed beside the running shrink on every SM. With the default (L1) split they
+# fit only on SMs that have drained, several to an SM: on the H200 the early start then cost
+# 1-7 us (Identical B64 9.3 -> 11.0 us) where with this it gains 1-2 (9.3 -> 7.4). The plain
+# shrink keeps L1: its passes over rank columns re-read A there (r64: 20.9 -> 23.6 us without).
+SHRINK_PDL_CARVEOUT = 100
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -106,11 +113,12 @@ def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype
     return make_plan(problem, mode, ntable, wave)
 
 
-def shrink_kernel(prefill: bool, rank_cap: int) -> tuple[str, str]:
+def shrink_kernel(prefill: bool, rank_cap: int, pdl: bool = False) -> tuple[str, str]:
     """(kind, variant) of the shrink. Decode: lora_shrink_dec, one variant for every rank (its
-    grid may be captured in a graph); prefill: lora_shrink with the widest rank chunk the cap needs."""
+    grid may be captured in a graph), "_pdl" where the expand follows as its programmatic
+    dependent; prefill: lora_shrink with the widest rank chunk the cap needs."""
     if not prefill:
-        return "shrink_dec", f"m{DEC_ROWS}"
+        return "shrink_dec", f"m{DEC_ROWS}" + ("_pdl" if pdl else "")
     return "shrink", f"m{PREFILL_BM}_{rank_variant(rank_cap, (32, 64, 128))}"
 
 
@@ -149,49 +157,59 @@ def _slice_args(plan: Plan, problem: Problem, bn: int) -> tuple[int, tuple]:
 
 def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str | None = None) -> None:
     """Shrink, then expand into y, on PyTorch's current stream (only = "shrink" / "expand":
-    just that kernel, as the engine's split calls and the timing breakdowns use it)."""
-    i32, i64 = np.int32, np.int64
-    nslices, rows, cap = len(problem.widths), problem.rows, problem.rank_cap
-    partials, counters = rt.scratch(nslices * plan.ksplit * rows * cap, nslices * plan.items)
-    ws_pstride = i64(c.workspace.shape[1] * cap)
-    common = (i32(plan.ntable), i32(problem.nslots), i32(rows))
-    bn = DEC_COLS if plan.decode else EXPAND_BN[plan.bm]
-    ntiles, slices = _slice_args(plan, problem, bn)
-    # the expand's items: BGMV items (a row each) from row_slot where the call has one
-    etable, entable, emode, eitems = _expand_items(plan, c, rows)
+    just that kernel, as the engine's split calls and the timing breakdowns use it).
+
+    A decode call's expand goes as a programmatic dependent of its shrink where the device has
+    it (rt.pdl): its blocks are placed, read their B and y and wait while the shrink finishes."""
+    rows, cap = problem.rows, problem.rank_cap
+    partials, counters = rt.scratch(len(problem.widths) * plan.ksplit * rows * cap, len(problem.widths) * plan.items)
+    pdl = plan.decode and only is None and rt.pdl
     with rt.launching():
         if only != "expand":
-            if plan.decode:  # fp32 partials only: the decode expand sums them
-                tail = (i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(plan.mode))
-            else:
-                tail = (_ptr(c.workspace), ws_pstride, i32(cap), _ptr(partials), _ptr(counters), i32(plan.ksplit),
-                        i32(plan.kc), i32(plan.items), i32(plan.mode))
-            kind, variant = shrink_kernel(not plan.decode, cap)
-            rt.function(kind, c.x.dtype, variant)(
-                (plan.ksplit, plan.items, nslices),
-                (THREADS,),
-                (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table), *common,
-                 i32(problem.h_in), i32(c.layer), *tail),
-            )
-        if only == "shrink":
-            return
-        tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
-        if plan.decode:
-            expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
-            args = (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
-                    _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode))
-            if only is None and rt.pdl:  # right after its shrink on this stream: its prologue, B and y
-                launch_after(expand, (ntiles, eitems), (THREADS,), args,  # overlap the shrink's tail
-                             torch.cuda.current_stream(c.x.device).cuda_stream)
-            else:
-                expand((ntiles, eitems), (THREADS,), args)
-        else:
-            rt.function("expand", c.x.dtype, f"m{plan.bm}")(
-                (ntiles, eitems),
-                (THREADS,),
-                (_ptr(c.workspace), ws_pstride, i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
-                 _ptr(c.scales), _ptr(c.table), *common, *tail, i32(plan.mode)),
-            )
+            _launch_shrink(rt, plan, problem, c, partials, counters, pdl)
+        if only != "shrink":
+            _launch_expand(rt, plan, problem, c, partials, pdl)
+
+
+def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
+                   counters: torch.Tensor, pdl: bool) -> None:
+    i32, i64 = np.int32, np.int64
+    cap = problem.rank_cap
+    if plan.decode:  # fp32 partials only: the decode expand sums them
+        tail = (i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(plan.mode))
+    else:
+        tail = (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
+                i32(plan.ksplit), i32(plan.kc), i32(plan.items), i32(plan.mode))
+    kind, variant = shrink_kernel(not plan.decode, cap, pdl)
+    shrink = rt.function(kind, c.x.dtype, variant, carveout=SHRINK_PDL_CARVEOUT if pdl else None)
+    shrink((plan.ksplit, plan.items, len(problem.widths)), (THREADS,),
+           (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table),
+            i32(plan.ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(c.layer), *tail))
+
+
+def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
+                   pdl: bool) -> None:
+    i32, i64 = np.int32, np.int64
+    rows, cap = problem.rows, problem.rank_cap
+    ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN[plan.bm])
+    tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
+    if not plan.decode:
+        rt.function("expand", c.x.dtype, f"m{plan.bm}")(
+            (ntiles, plan.items), (THREADS,),
+            (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
+             _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(rows),
+             *tail, i32(plan.mode)),
+        )
+        return
+    # the expand's items: BGMV items (a row each) from row_slot where the call has one
+    etable, entable, emode, eitems = _expand_items(plan, c, rows)
+    expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
+    args = (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
+            _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode))
+    if pdl:
+        launch_after(expand, (ntiles, eitems), (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream)
+    else:
+        expand((ntiles, eitems), (THREADS,), args)
 
 
 def _expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:

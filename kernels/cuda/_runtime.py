@@ -20,6 +20,7 @@ import torch
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 _DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
 def _read_source(name: str, seen: set[str] | None = None) -> str:
@@ -50,6 +51,7 @@ class DeviceRuntime:
     counters: torch.Tensor | None = None
     streams: dict = field(default_factory=dict)
     resident: dict = field(default_factory=dict)
+    carveouts: dict = field(default_factory=dict)  # kernel name -> the carveout set on it
     _pdl: bool | None = None
 
     @property
@@ -61,8 +63,9 @@ class DeviceRuntime:
             self._pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
         return self._pdl
 
-    def function(self, kind: str, dtype: torch.dtype, variant: str):
-        """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``."""
+    def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None):
+        """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``;
+        carveout: the share of shared memory (percent) its multiprocessors prefer over L1."""
         import cupy  # noqa: PLC0415
 
         source = f"lora_{kind}.cu"  # shrink, expand, decode
@@ -73,7 +76,13 @@ class DeviceRuntime:
                 )
                 module.compile()
             self.modules[source] = module
-        return self.modules[source].get_function(f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}")
+        name = f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}"
+        function = self.modules[source].get_function(name)
+        if carveout is not None and self.carveouts.get(name) != carveout:
+            with cupy.cuda.Device(self.device.index):
+                cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, _PREFERRED_CARVEOUT, carveout)
+            self.carveouts[name] = carveout
+        return function
 
     def resident_blocks(self, kind: str, dtype: torch.dtype, variant: str, threads: int) -> int:
         """How many blocks of ``threads`` threads of that kernel the device runs at once (the

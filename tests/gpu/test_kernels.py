@@ -339,3 +339,11 @@ def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(captur
     torch.cuda.synchronize()
     assert torch.equal(batch.y, plain)
     assert_close_rows(plain, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
+    if DeviceRuntime(batch.x.device).pdl:  # that shrink prefers shared memory (room for the expand's blocks)
+        import cupy
+
+        from kernels.cuda._launch import SHRINK_PDL_CARVEOUT
+        rt = kcuda.default_cache().get(batch.x.device)
+        carveout = [cupy.cuda.driver.funcGetAttribute(9, rt.function("shrink_dec", batch.x.dtype, v).kernel.ptr)
+                    for v in ("m4_pdl", "m4")]
+        assert carveout[0] == SHRINK_PDL_CARVEOUT and carveout[1] != SHRINK_PDL_CARVEOUT  # the plain one keeps L1
