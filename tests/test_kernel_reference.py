@@ -140,3 +140,21 @@ def test_cuda_wrappers_reject_cpu_tensors():
     with pytest.raises(ValueError, match="CUDA"):
         kcuda.add_lora_slices(y.bfloat16(), x.bfloat16(), pool.bfloat16(), a_off, b_off, ranks, scales,
                               seg, 0, widths, ws)
+
+
+def test_expand_follows_its_shrink_early_only_for_one_pass_decode_calls():
+    """The expand goes as the shrink's programmatic dependent for decode calls of both stages
+    under a rank cap of 16 on a device that has it; never for a stage call, a prefill, a larger
+    cap (its shrink re-reads A through L1) or a device without it."""
+    from kernels.checks import Problem
+    from kernels.cuda._launch import expand_follows_early, make_plan
+
+    def follows(rows, rank_cap, only=None, device_pdl=True):
+        problem = Problem(rows, 4096, (4096,), 4, rank_cap)
+        return expand_follows_early(make_plan(problem, 0, 4, 528), problem, only, device_pdl)
+
+    assert follows(64, 16) and follows(1, 8) and follows(256, 16)
+    assert not follows(64, 16, only="shrink") and not follows(64, 16, only="expand")
+    assert not follows(4096, 16)  # prefill
+    assert not follows(64, 32) and not follows(64, 128)
+    assert not follows(64, 16, device_pdl=False)

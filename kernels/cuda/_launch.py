@@ -35,6 +35,7 @@ DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank
 # 1-7 us (Identical B64 9.3 -> 11.0 us) where with this it gains 1-2 (9.3 -> 7.4). The plain
 # shrink keeps L1: its passes over rank columns re-read A there (r64: 20.9 -> 23.6 us without).
 SHRINK_PDL_CARVEOUT = 100
+SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_dec.cuh)
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -163,12 +164,20 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     it (rt.pdl): its blocks are placed, read their B and y and wait while the shrink finishes."""
     rows, cap = problem.rows, problem.rank_cap
     partials, counters = rt.scratch(len(problem.widths) * plan.ksplit * rows * cap, len(problem.widths) * plan.items)
-    pdl = plan.decode and only is None and rt.pdl
+    pdl = expand_follows_early(plan, problem, only, rt.pdl)
     with rt.launching():
         if only != "expand":
             _launch_shrink(rt, plan, problem, c, partials, counters, pdl)
         if only != "shrink":
             _launch_expand(rt, plan, problem, c, partials, pdl)
+
+
+def expand_follows_early(plan: Plan, problem: Problem, only: str | None, device_pdl: bool) -> bool:
+    """Whether the expand goes as its shrink's programmatic dependent (with the shrink's carveout):
+    decode calls of both stages, on a device that has it, whose ranks the shrink reads in one
+    pass (rank cap <= SHRINK_DEC_RC): more passes re-read A through the L1 that the carveout
+    gives away (H200, rank 64: Distinct B64 30.4 -> 38.4 us, B256 88 -> 119 with it)."""
+    return plan.decode and only is None and device_pdl and problem.rank_cap <= SHRINK_DEC_RC
 
 
 def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,

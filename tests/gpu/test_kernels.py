@@ -308,19 +308,24 @@ def test_decode_expand_by_rows_is_bitwise_the_segment_expand(seed, dtype):
     assert_close_rows(by_segments, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
 
 
+@pytest.mark.parametrize("rank_cap", [16, 128])
 @pytest.mark.parametrize("capture", [False, True], ids=["eager", "graph"])
-def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(capture):
-    """On sm_90 a decode call launches the expand as a programmatic dependent of its shrink
-    (it starts while the shrink finishes and waits for its partials on the device). y must be
-    bitwise what the shrink and the expand give as two plain launches (stage calls), eagerly
-    and replayed from a CUDA graph, call after call."""
-    from kernels.cuda._runtime import DeviceRuntime
+def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(capture, rank_cap):
+    """On sm_90 a decode call under a rank cap of 16 launches the expand as a programmatic
+    dependent of its shrink (it starts while the shrink finishes and waits for its partials on
+    the device); a larger cap launches them plainly. y must be bitwise what the shrink and the
+    expand give as two plain launches (stage calls), eagerly and replayed from a CUDA graph,
+    call after call."""
+    import cupy
+
+    from kernels.cuda._launch import SHRINK_PDL_CARVEOUT
 
     gen = torch.Generator().manual_seed(71)
     lengths = [1] * 40 + [3, 0, 7]
-    batch = make_batch(gen, rows=sum(lengths), h_in=4096, widths=(4096, 1024, 1024), ranks=_random_ranks(gen, 3, 43),
-                       table=seg_from_lengths(lengths), rank_cap=128)
-    assert DeviceRuntime(batch.x.device).pdl == (torch.cuda.get_device_capability() >= (9, 0))
+    ranks = _random_ranks(gen, 3, 43).clamp(max=rank_cap)
+    batch = make_batch(gen, rows=sum(lengths), h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    rt = kcuda.default_cache().get(batch.x.device)
     y0 = batch.y.clone()
     kcuda.add_lora_slices(*batch.args(), stage="shrink")
     kcuda.add_lora_slices(*batch.args(), stage="expand")
@@ -339,11 +344,8 @@ def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(captur
     torch.cuda.synchronize()
     assert torch.equal(batch.y, plain)
     assert_close_rows(plain, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
-    if DeviceRuntime(batch.x.device).pdl:  # that shrink prefers shared memory (room for the expand's blocks)
-        import cupy
-
-        from kernels.cuda._launch import SHRINK_PDL_CARVEOUT
-        rt = kcuda.default_cache().get(batch.x.device)
+    assert rt.pdl == (torch.cuda.get_device_capability() >= (9, 0))
+    if rt.pdl and rank_cap == 16:  # that shrink prefers shared memory (room for the expand's blocks)
         carveout = [cupy.cuda.driver.funcGetAttribute(9, rt.function("shrink_dec", batch.x.dtype, v).kernel.ptr)
                     for v in ("m4_pdl", "m4")]
         assert carveout[0] == SHRINK_PDL_CARVEOUT and carveout[1] != SHRINK_PDL_CARVEOUT  # the plain one keeps L1
