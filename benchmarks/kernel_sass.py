@@ -119,7 +119,8 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
     for name, rows_, segments, rank, mode in CASES:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
         prefill = not _launch.is_decode(rows_, mode)
-        kind, variant = _launch.shrink_kernel(prefill, rank, pdl=not prefill)  # sm_90: the expand follows early
+        pdl = not prefill and rank <= _launch.SHRINK_DEC_RC  # sm_90: the expand follows early (expand_follows_early)
+        kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
         wave = blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS) * sms
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
         tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN[plan.bm])
