@@ -3,9 +3,10 @@
 Compiled once per process and device through CuPy (``cupy.RawModule``, NVRTC, for the
 device's own architecture: CuPy passes the device's ``-arch``); cached in an explicit
 ``RuntimeCache`` object. Scratch (fp32 split-K partials and the self-resetting
-per-item counters) is allocated on first use and only grows; growing is refused while
-the current stream is capturing a CUDA graph, so a captured graph never points at
-memory that a later call could free.
+per-item counters) is allocated on first use and only grows (``GrowOnly``): growing is
+refused while the current stream is capturing a CUDA graph, and an outgrown buffer is kept,
+not freed, so a captured graph never points at memory that the allocator could hand to
+another tensor (a long prefill after the decode graphs were captured grows the scratch).
 """
 
 from __future__ import annotations
@@ -42,13 +43,39 @@ def _read_source(name: str, seen: set[str] | None = None) -> str:
 
 
 @dataclass(slots=True)
+class GrowOnly:
+    """A zeroed device buffer of at least the asked size that never frees what it handed out:
+    a captured CUDA graph keeps raw pointers into it, so an outgrown buffer is retired (kept
+    for the life of the runtime), not returned to the allocator. It grows at least 2x, so the
+    retired buffers together are smaller than the current one."""
+
+    dtype: torch.dtype
+    device: torch.device
+    minimum: int
+    current: torch.Tensor | None = None
+    retired: list = field(default_factory=list)
+
+    def fits(self, n: int) -> bool:
+        return self.current is not None and self.current.numel() >= n
+
+    def at_least(self, n: int) -> torch.Tensor:
+        if not self.fits(n):
+            old = 0
+            if self.current is not None:
+                old = self.current.numel()
+                self.retired.append(self.current)
+            self.current = torch.zeros(max(n, 2 * old, self.minimum), dtype=self.dtype, device=self.device)
+        return self.current
+
+
+@dataclass(slots=True)
 class DeviceRuntime:
     """Compiled kernels, scratch and wrapped streams of one CUDA device."""
 
     device: torch.device
     modules: dict = field(default_factory=dict)
-    partials: torch.Tensor | None = None
-    counters: torch.Tensor | None = None
+    partials: GrowOnly | None = None  # fp32 split-K partials
+    counters: GrowOnly | None = None  # int32 per-item counters, zero between launches
     streams: dict = field(default_factory=dict)
     resident: dict = field(default_factory=dict)
     carveouts: dict = field(default_factory=dict)  # kernel name -> the carveout set on it
@@ -115,17 +142,16 @@ class DeviceRuntime:
 
     def scratch(self, n_partials: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 partials of >= n_partials elements and zeroed int32 counters (>= n_counters)."""
-        if self.partials is None or self.partials.numel() < n_partials or self.counters.numel() < n_counters:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    "LoRA kernel scratch must grow (a larger batch than any call before the capture); "
-                    "call add_lora_slices once with the largest shape before capturing a CUDA graph"
-                )
-            old_p = 0 if self.partials is None else self.partials.numel()
-            old_c = 0 if self.counters is None else self.counters.numel()
-            self.partials = torch.empty(max(n_partials, old_p, 1 << 16), dtype=torch.float32, device=self.device)
-            self.counters = torch.zeros(max(n_counters, old_c, 1 << 12), dtype=torch.int32, device=self.device)
-        return self.partials, self.counters
+        if self.partials is None:
+            self.partials = GrowOnly(torch.float32, self.device, 1 << 16)
+            self.counters = GrowOnly(torch.int32, self.device, 1 << 12)
+        if not (self.partials.fits(n_partials) and self.counters.fits(n_counters)) \
+                and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "LoRA kernel scratch must grow (a larger batch than any call before the capture); "
+                "call add_lora_slices once with the largest shape before capturing a CUDA graph"
+            )
+        return self.partials.at_least(n_partials), self.counters.at_least(n_counters)
 
     @contextlib.contextmanager
     def launching(self):

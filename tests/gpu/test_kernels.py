@@ -349,3 +349,46 @@ def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(captur
         carveout = [cupy.cuda.driver.funcGetAttribute(9, rt.function("shrink_dec", batch.x.dtype, v).kernel.ptr)
                     for v in ("m4_pdl", "m4")]
         assert carveout[0] == SHRINK_PDL_CARVEOUT and carveout[1] != SHRINK_PDL_CARVEOUT  # the plain one keeps L1
+
+
+def test_outgrown_scratch_stays_with_the_graph_that_captured_it():
+    """A captured graph keeps raw pointers into the kernels' scratch. A later, larger eager call
+    (a long prefill after the decode graphs were captured) grows it; the outgrown buffer must
+    stay allocated, so a tensor allocated afterwards is never written by a replay, and the
+    replay still gives the eager result."""
+    from kernels.checks import check_args
+    from kernels.cuda._launch import Call, launch, plan_call
+    from kernels.cuda._runtime import DeviceRuntime
+
+    rt = DeviceRuntime(torch.device("cuda", torch.cuda.current_device()))  # fresh scratch, not the shared one
+
+    def call(batch):
+        problem = check_args(*batch.args())
+        c = Call(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales, batch.table,
+                 batch.layer, batch.workspace)
+        launch(rt, plan_call(rt, problem, 0, problem.nslots, batch.x.dtype), problem, c)
+
+    gen = torch.Generator().manual_seed(9)
+    lengths = [1] * 20 + [5, 3]
+    small = make_batch(gen, rows=sum(lengths), h_in=2048, widths=(1024, 512), ranks=_random_ranks(gen, 2, 22),
+                       table=seg_from_lengths(lengths), rank_cap=128)
+    y0 = small.y.clone()
+    call(small)
+    eager = small.y.clone()
+    captured = rt.partials.current
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(small)
+    big = make_batch(gen, rows=3000, h_in=2048, widths=(1024, 512), ranks=_random_ranks(gen, 2, 3),
+                     table=seg_from_lengths([1000, 1500, 500]), rank_cap=128)
+    call(big)  # grows the scratch past the captured buffer
+    torch.cuda.synchronize()
+    assert rt.partials.current.numel() > captured.numel() and any(t is captured for t in rt.partials.retired)
+    numel = captured.numel()
+    del captured
+    victim = torch.full((numel,), 7.0, device="cuda")  # where a freed buffer would be handed out again
+    small.y.copy_(y0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(small.y, eager)
+    assert bool((victim == 7.0).all())
