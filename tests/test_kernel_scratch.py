@@ -1,4 +1,4 @@
-"""The LoRA kernels' scratch never frees what it handed out (kernels/cuda/_runtime.GrowOnly):
+"""The LoRA kernels' scratch never frees what it handed out (kernels/cuda/_scratch.GrowOnly):
 captured CUDA graphs keep raw pointers into it, so an outgrown buffer must stay allocated."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from kernels.cuda._runtime import GrowOnly
+from kernels.cuda._scratch import GrowOnly
 
 
 def test_outgrown_buffers_stay_alive_and_new_ones_are_zero():
