@@ -115,9 +115,9 @@ def prefer_bgmv(num_rows: int, num_segments: int) -> bool:
     (benchmarks/RESULTS.md, kernels sections, h = 4096, ranks 8..64, batch 1..256): when every
     segment is one row (Distinct) the two are equal within noise (BGMV 0-5% slower). Since the
     decode shrink runs on CUDA cores (session 8) BGMV is faster when segments hold several
-    rows at batch <= 64 (Identical B64 6.8 against 9.1 us; Uniform 7.9 / 9.3) and slower at
-    batch 256 (Identical 15.5 / 13.6, Uniform 17.7 / 14.4): it re-reads the adapter for
-    every row, which only pays while there are few rows. The rule stays SGMV until that is
+    rows at batch <= 64 (session 9, rank 16: Identical B16 4.3 against 6.9 us, B64 6.4 / 7.3;
+    Uniform B64 6.8 / 7.4) and slower at batch 256 (Identical 14.4 / 12.6, Uniform 16.3 /
+    13.7): it re-reads the adapter for every row, which only pays while there are few rows. The rule stays SGMV until that is
     measured where it is used (the eager engine steps; CUDA-graph decode steps are SGMV with
     row items for the expand) and on the CPU path, which shares this rule.
     """
