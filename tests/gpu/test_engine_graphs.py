@@ -76,6 +76,32 @@ def test_lora_shrinks_beside_the_gemms_change_nothing(tiny_llama_dir: Path, adap
             assert torch.equal(logits, other_logits), f"graph {key}"
 
 
+@pytest.mark.parametrize("side_stream", [True, False], ids=["side-stream", "one-stream"])
+def test_a_step_graph_replayed_from_the_same_state_gives_the_same_logits(tiny_llama_dir: Path, adapter_dir: Path,
+                                                                        side_stream: bool) -> None:
+    """Reproducibility of one engine's step graphs: from the same KV caches, pool and tables
+    every captured graph gives the same logits bit for bit, replay after replay (a race inside
+    a graph, e.g. between the side stream's shrinks and the main stream, shows up here)."""
+    engine = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=8,
+                         lora_side_stream=side_stream)
+    run_all(engine, _requests(engine, 8, new_tokens=8))  # the last step's tables name real adapters
+    runner = engine._core.runner
+    live = [*runner.kv_caches, runner.lora_builder._dev_bytes, runner.graphs.dev_i64, runner.graphs.dev_i32]
+    state = [t.clone() for t in live]  # everything a replay reads (as _copy_step_state copies it)
+    for key, (graph, logits) in runner.graphs.graphs.items():
+        if not key[1]:
+            continue
+        first = None
+        for _ in range(4):
+            for t, saved in zip(live, state, strict=True):
+                t.copy_(saved)  # replays write the KV cache: start each one equal
+            graph.replay()
+            torch.cuda.synchronize()
+            if first is None:
+                first = logits.clone()
+            assert torch.equal(logits, first), f"graph {key}"
+
+
 def test_graphs_serve_batches_that_shrink_and_grow(tiny_llama_dir: Path, adapter_dir: Path) -> None:
     """Requests of different lengths: the decode batch shrinks through several captured sizes,
     and a second wave refills it; every request still gets the eager engine's tokens."""
