@@ -3,7 +3,8 @@
 A step whose every row the paged decode kernel serves (decodes, and prefill chunks short
 enough for ``step_plan.kernel_span``: each row one query over its own causal prefix) of T
 rows replays the graph captured for the smallest captured row count >= T, so admitting a
-request with a short prompt does not make the whole step eager. Rows past T are padding:
+request with a short prompt does not make the whole step eager. Rows past T (all of them, up to
+the largest size) are padding:
 token 0 at position 0, its key/value written to a scratch slot outside the block manager's
 blocks, context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a
 step changes lives in static buffers written before the replay: token ids, positions,
@@ -130,7 +131,7 @@ class StepGraphs:
         fed: (rows, src, tokens): the token id of each row in rows is tokens[src] (a device
         tensor a step still running writes); those rows' ids in the plan are placeholders."""
         lora = self.lora_builder.build(plan.lora_rows) is not None
-        self._stage(plan, size, fed)
+        self._stage(plan, fed)
         graph, logits = self.graphs[(size, lora)]
         graph.replay()
         self.replays += 1
@@ -139,7 +140,7 @@ class StepGraphs:
             return logits[: len(rows)]
         return logits[torch.tensor(rows, device=logits.device)]
 
-    def _stage(self, plan: StepPlan, size: int, fed) -> None:
+    def _stage(self, plan: StepPlan, fed) -> None:
         n, bs = len(plan.token_ids), self.shape.block_size
         ids, tables, lens = self._np_i64, self._np_tables, self._np_lens
         self.staged.synchronize()  # the previous step's copies have read the host buffers
@@ -153,10 +154,13 @@ class StepGraphs:
         ids[1, :n] = plan.positions
         ids[2, :n] = [s.block_table[p // bs] * bs + p % bs
                       for s in plan.spans for p in range(s.ctx_len - s.q_len, s.ctx_len)]
-        ids[:2, n:size] = 0
-        ids[2, n:size] = self.shape.pad_slot
+        # every row past n is padding, not only those of this size: no replay, of any size, sees an
+        # older step's rows (their new-token slots may name one cache slot twice, once a finished
+        # sequence's block went to another, and two rows writing one slot race)
+        ids[:2, n:] = 0
+        ids[2, n:] = self.shape.pad_slot
         lens[:n] = ids[1, :n] + 1  # each row sees its own causal prefix
-        lens[n:size] = 0
+        lens[n:] = 0
         for s in plan.spans:
             tables[s.q_start : s.q_start + s.q_len, : len(s.block_table)] = s.block_table
         self.dev_i64.copy_(self.host_i64, non_blocking=True)
