@@ -123,7 +123,7 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
         kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
         wave = blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS) * sms
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
-        tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN[plan.bm])
+        tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN)
         shrink = f"lora_{kind}_bf16_{variant}"
         expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}"
         rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.items} |")

@@ -21,7 +21,7 @@ SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = 64  # prefill: rows per work item (the tensor-core kernels' row tile)
-EXPAND_BN = {PREFILL_BM: 64}  # prefill: output columns per tensor-core expand block, by row tile
+EXPAND_BN = 64  # prefill: output columns per tensor-core expand block
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
 # flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
@@ -66,7 +66,7 @@ class Plan:
     kc: int  # input features per shrink block
 
     def __post_init__(self) -> None:
-        bm_ok = self.bm == DEC_ROWS if self.decode else self.bm in EXPAND_BN
+        bm_ok = self.bm == (DEC_ROWS if self.decode else PREFILL_BM)
         if self.mode not in (0, 1) or not bm_ok or self.items < 1:
             raise ValueError(f"invalid launch plan {self}")
         if not 1 <= self.ksplit <= MAX_KSPLIT:
@@ -160,8 +160,8 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     """Shrink, then expand into y, on PyTorch's current stream (only = "shrink" / "expand":
     just that kernel, as the engine's split calls and the timing breakdowns use it).
 
-    A decode call's expand goes as a programmatic dependent of its shrink where the device has
-    it (rt.pdl): its blocks are placed, read their B and y and wait while the shrink finishes."""
+    A decode call's expand may go as a programmatic dependent of its shrink (expand_follows_early):
+    its blocks are placed, read their B and y and wait while the shrink finishes."""
     rows, cap = problem.rows, problem.rank_cap
     partials, counters = rt.scratch(len(problem.widths) * plan.ksplit * rows * cap, len(problem.widths) * plan.items)
     pdl = expand_follows_early(plan, problem, only, rt.pdl)
@@ -200,7 +200,7 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
                    pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
     rows, cap = problem.rows, problem.rank_cap
-    ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN[plan.bm])
+    ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN)
     tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     if not plan.decode:
         rt.function("expand", c.x.dtype, f"m{plan.bm}")(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.cuda._pdl import MIN_COMPUTE_CAPABILITY
 from kernels.cuda._scratch import GrowOnly
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
@@ -50,21 +51,17 @@ class DeviceRuntime:
 
     device: torch.device
     modules: dict = field(default_factory=dict)
-    partials: GrowOnly | None = None  # fp32 split-K partials
-    counters: GrowOnly | None = None  # int32 per-item counters, zero between launches
     streams: dict = field(default_factory=dict)
-    resident: dict = field(default_factory=dict)
+    resident: dict = field(default_factory=dict)  # (kind, dtype, variant, threads) -> blocks at once
     carveouts: dict = field(default_factory=dict)  # kernel name -> the carveout set on it
-    _pdl: bool | None = None
+    partials: GrowOnly = field(init=False)  # fp32 split-K partials
+    counters: GrowOnly = field(init=False)  # int32 per-item counters, zero between launches
+    pdl: bool = field(init=False)  # programmatic dependent launch available (kernels/cuda/_pdl.py)
 
-    @property
-    def pdl(self) -> bool:
-        """Whether launches may use programmatic dependent launch (kernels/cuda/_pdl.py)."""
-        if self._pdl is None:
-            from kernels.cuda._pdl import MIN_COMPUTE_CAPABILITY  # noqa: PLC0415
-
-            self._pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
-        return self._pdl
+    def __post_init__(self) -> None:
+        self.partials = GrowOnly(torch.float32, self.device, 1 << 16)  # nothing allocated until used
+        self.counters = GrowOnly(torch.int32, self.device, 1 << 12)
+        self.pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
 
     def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None):
         """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``;
@@ -118,9 +115,6 @@ class DeviceRuntime:
 
     def scratch(self, n_partials: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 partials of >= n_partials elements and zeroed int32 counters (>= n_counters)."""
-        if self.partials is None:
-            self.partials = GrowOnly(torch.float32, self.device, 1 << 16)
-            self.counters = GrowOnly(torch.int32, self.device, 1 << 12)
         if not (self.partials.fits(n_partials) and self.counters.fits(n_counters)) \
                 and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
