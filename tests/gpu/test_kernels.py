@@ -363,7 +363,8 @@ def test_outgrown_scratch_stays_with_the_graph_that_captured_it():
     rt = DeviceRuntime(torch.device("cuda", torch.cuda.current_device()))  # fresh scratch, not the shared one
 
     def call(batch):
-        problem = check_args(*batch.args())
+        problem = check_args(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales,
+                             batch.layer, batch.widths, batch.workspace)
         c = Call(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales, batch.table,
                  batch.layer, batch.workspace)
         launch(rt, plan_call(rt, problem, 0, problem.nslots, batch.x.dtype), problem, c)
