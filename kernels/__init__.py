@@ -111,15 +111,13 @@ def add_lora_slices_bgmv(
 def prefer_bgmv(num_rows: int, num_segments: int) -> bool:
     """Dispatch rule between SGMV and BGMV, measured on an H200: always SGMV.
 
-    Both run the same shrink/expand kernels; BGMV just makes one work item per row. Measured
-    (benchmarks/RESULTS.md, kernels sections, h = 4096, ranks 8..64, batch 1..256): when every
-    segment is one row (Distinct) the two are equal within noise (BGMV 0-5% slower). Since the
-    decode shrink runs on CUDA cores (session 8) BGMV is faster when segments hold several
-    rows at batch <= 64 (session 9, rank 16: Identical B16 4.3 against 6.9 us, B64 6.4 / 7.3;
-    Uniform B64 6.8 / 7.4) and slower at batch 256 (Identical 14.4 / 12.6, Uniform 16.3 /
-    13.7): it re-reads the adapter for every row, which only pays while there are few rows. The rule stays SGMV until that is
-    measured where it is used (the eager engine steps; CUDA-graph decode steps are SGMV with
-    row items for the expand) and on the CPU path, which shares this rule.
+    Both run the same shrink/expand kernels; BGMV makes one work item per row, and so does SGMV
+    for decode calls of up to 64 rows (kernels.cuda._launch.ONE_ROW_ITEMS_ROWS, session 10), so up
+    to 64 rows the two differ by the segment lookup alone (rank 16, h = 4096: SGMV 0.1-0.6 us
+    slower at B4-B64, when no row_slot is passed; the engine passes one, and then they are the same
+    launch). Past 64 rows SGMV's 4-row tiles re-read each adapter less and are faster for grouped
+    batches (B256 Identical 12.9 against 14.6 us, Uniform 13.6 / 16.4) and equal for Distinct
+    (25.7 / 25.5). benchmarks/RESULTS.md, "Session 10". The CPU path shares this rule.
     """
     if num_rows < 0 or num_segments < 0:
         raise ValueError(f"num_rows and num_segments must be >= 0, got {num_rows}, {num_segments}")

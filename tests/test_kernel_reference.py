@@ -112,7 +112,7 @@ def test_bf16_reference_rounds_shrink_result_once():
 
 def test_launch_plan_covers_every_work_item():
     from kernels.checks import Problem
-    from kernels.cuda._launch import DEC_ROWS, MAX_KSPLIT, make_plan
+    from kernels.cuda._launch import DEC_ROWS, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, make_plan
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -125,7 +125,10 @@ def test_launch_plan_covers_every_work_item():
         wave = int(torch.randint(1, 2000, (1,), generator=gen))
         plan = make_plan(problem, 0, nseg, wave)
         assert plan.kc % 64 == 0 and (plan.ksplit - 1) * plan.kc < h_in <= plan.ksplit * plan.kc
-        assert plan.bm == (DEC_ROWS if plan.decode else 64)
+        if plan.decode:  # one-row items up to ONE_ROW_ITEMS_ROWS rows, 4-row tiles past it
+            assert plan.bm == (1 if rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS)
+        else:
+            assert plan.bm == 64
         assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
         assert 1 <= plan.ksplit <= MAX_KSPLIT
         if not plan.decode and plan.ksplit > 1:  # the prefill shrink's grid fits one wave of the device

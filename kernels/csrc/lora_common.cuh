@@ -178,17 +178,52 @@ __device__ __forceinline__ LoraItem bgmv_item(const int* row_slot, int rows, int
   return it;
 }
 
+// SGMV by rows (decode batches of a few rows): item = row `row`, in the segment i with
+// seg[i] <= row < seg[i + 1], found by the whole block at once (each thread tests segments
+// tid, tid + 128, ...: one round of loads, where a segment's 4-row tiles would leave most of
+// the device idle for grouped batches). The largest such i wins, so the result does not
+// depend on thread timing even for a malformed seg. Every thread of the block calls this.
+// A Distinct batch's row t is segment t: that guess is tested first, and where it holds (the
+// same answer in every thread) the block skips the search and its barriers. (The engine passes
+// row_slot, so its calls take BGMV items instead; this serves callers that give seg alone.)
+__device__ __noinline__ LoraItem seg_row_item(const int* seg, int nseg, int rows, int row) {
+  __shared__ int s_slot;
+  LoraItem it;
+  it.row0 = row;
+  it.nrows = 1;
+  it.slot = -1;
+  if (row >= rows) return it;  // uniform: row is the block's item
+  const bool guess_ok = row < nseg && seg[row] <= row && row < seg[row + 1];
+  if (guess_ok) {
+    it.slot = row;
+    return it;
+  }
+  if (threadIdx.x == 0) s_slot = -1;
+  __syncthreads();
+  for (int i = threadIdx.x; i < nseg; i += LORA_THREADS)
+    if (seg[i] <= row && row < seg[i + 1]) atomicMax(&s_slot, i);
+  __syncthreads();
+  it.slot = s_slot;
+  return it;
+}
+
+#define LORA_MODE_SGMV 0       // table = seg, items = bm-row tiles of segments
+#define LORA_MODE_BGMV 1       // table = row_slot, items = rows
+#define LORA_MODE_SGMV_ROWS 2  // table = seg, items = rows (seg_row_item)
+
 // Uniform per block: the branch on mode and on item < ntable is the same for all threads.
 __device__ __forceinline__ LoraItem find_item(int mode, const int* table, int ntable, int rows,
                                               int item, int bm, int nslots) {
-  if (mode == 0) return sgmv_item(table, ntable, rows, item, bm);
+  if (mode == LORA_MODE_SGMV) return sgmv_item(table, ntable, rows, item, bm);
+  if (mode == LORA_MODE_SGMV_ROWS) return seg_row_item(table, ntable, rows, item);
   return bgmv_item(table, rows, item, nslots);
 }
 
-// The slot an item has when it is a direct SGMV item (item < S): its tables can be read
-// before (in parallel with) the segment bounds. -1 otherwise.
+// The slot an item has when it is a direct SGMV item (item < S), or the likely one of a row item
+// (row t in segment t: a Distinct batch): its tables can be read before (in parallel with) the
+// segment bounds. -1 otherwise.
 __device__ __forceinline__ int direct_slot(int mode, int ntable, int item) {
-  return (mode == 0 && item < ntable) ? item : -1;
+  return (mode != LORA_MODE_BGMV && item < ntable) ? item : -1;
 }
 
 // What one shrink block works on: item `item` (rows of one adapter) and that adapter's rank

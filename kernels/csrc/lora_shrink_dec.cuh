@@ -120,7 +120,7 @@ __device__ __forceinline__ void shrink_dec_chunk(float* red, const u16* xrow, i6
 }
 
 // Block (ks, item, p): the item's rows (SHRINK_DEC_NR at most: the decode items are the
-// expand's, 4-row SGMV tiles or BGMV rows), k in [ks * kc, ks * kc + kc), all of the adapter's
+// expand's: 4-row SGMV tiles, or single rows), k in [ks * kc, ks * kc + kc), all of the adapter's
 // rank. One-row items (Distinct batches) take the one-row code, so their loads stay in flight
 // four k-rows deep; longer items go SHRINK_DEC_NR rows a pass. red: SHRINK_DEC_RED floats.
 #define SHRINK_DEC_NR 4

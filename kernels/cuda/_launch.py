@@ -23,6 +23,14 @@ MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = 64  # prefill: rows per work item (the tensor-core kernels' row tile)
 EXPAND_BN = 64  # prefill: output columns per tensor-core expand block
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
+# Decode SGMV calls of up to this many rows take one-row items in both kernels (the row's segment
+# looked up by the block, or read from row_slot): a grouped batch then spreads over as many blocks
+# as a Distinct one, where 4-row tiles leave most of the device idle (H200, rank 16: Identical B16
+# 7.0 -> 4.4-4.6 us, B4 5.7 -> 4.0, B64 7.4 -> 6.9). Past it the 4-row tiles win (fewer re-reads
+# of each adapter: with one-row items up to 256 rows, B256 Identical 12.9 -> 16.0 us, Uniform
+# 13.5 -> 17.5; B128 within 1 us either way).
+ONE_ROW_ITEMS_ROWS = 64
+MODE_SGMV, MODE_BGMV, MODE_SGMV_ROWS = 0, 1, 2  # LORA_MODE_* in lora_common.cuh
 # Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
 # flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
 # graph costs what its adapters' ranks cost: larger ranks take more passes per block.
@@ -52,21 +60,22 @@ class Plan:
     """Grid of one call. mode 0 = SGMV (table = seg), 1 = BGMV (table = row_slot).
 
     decode: a CUDA-core shrink (lora_shrink_dec) stores fp32 split-K partials and the CUDA-core
-    expand (lora_expand_dec) sums them, both over items of DEC_ROWS rows; otherwise (prefill)
-    the last tensor-core shrink block of an item sums them into the workspace and the
-    tensor-core expand reads the workspace.
+    expand (lora_expand_dec) sums them, both over items of DEC_ROWS rows, or of one row (bm = 1:
+    BGMV, and SGMV calls of up to ONE_ROW_ITEMS_ROWS rows); otherwise (prefill) the last
+    tensor-core shrink block of an item sums them into the workspace and the tensor-core expand
+    reads the workspace.
     """
 
     mode: int
     ntable: int  # S for SGMV, T for BGMV
     decode: bool
-    bm: int  # rows per work item (DEC_ROWS on the decode path)
+    bm: int  # rows per work item (decode: 1 or DEC_ROWS; prefill: PREFILL_BM)
     items: int  # upper bound of work items (grid.y of both kernels); surplus blocks exit at once
     ksplit: int  # blocks splitting h_in in the shrink
     kc: int  # input features per shrink block
 
     def __post_init__(self) -> None:
-        bm_ok = self.bm == (DEC_ROWS if self.decode else PREFILL_BM)
+        bm_ok = self.bm in (1, DEC_ROWS) if self.decode else self.bm == PREFILL_BM
         if self.mode not in (0, 1) or not bm_ok or self.items < 1:
             raise ValueError(f"invalid launch plan {self}")
         if not 1 <= self.ksplit <= MAX_KSPLIT:
@@ -74,8 +83,8 @@ class Plan:
 
 
 def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
-    # SGMV: one item per segment (its first tile) + its further tiles, < T/bm in all
-    return rows if mode == 1 else ntable + _ceil(rows, bm)
+    # SGMV: one item per segment (its first tile) + its further tiles, < T/bm in all; rows: one each
+    return rows if mode == MODE_BGMV or bm == 1 else ntable + _ceil(rows, bm)
 
 
 def is_decode(rows: int, mode: int) -> bool:
@@ -93,9 +102,9 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
     """
     rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
     decode = is_decode(rows, mode)
-    bm = DEC_ROWS if decode else PREFILL_BM
+    bm = (1 if mode == MODE_BGMV or rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS) if decode else PREFILL_BM
     items = _item_bound(mode, rows, ntable, bm)
-    expected = (rows if mode == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
+    expected = (rows if bm == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
     if decode:  # about two blocks a multiprocessor, and each thread's loads of A in flight together
         ksplit = max(_ceil(TARGET_BLOCKS, max(1, expected) * nslices), _ceil(h_in, DEC_KC))
     else:
@@ -141,7 +150,7 @@ class Call:
     table: torch.Tensor
     layer: int
     workspace: torch.Tensor
-    row_slot: torch.Tensor | None = None  # SGMV decode: the expand takes one row per item from it
+    row_slot: torch.Tensor | None = None  # SGMV decode: one-row items read their slot from it
 
 
 def _slice_args(plan: Plan, problem: Problem, bn: int) -> tuple[int, tuple]:
@@ -184,16 +193,17 @@ def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
                    counters: torch.Tensor, pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
     cap = problem.rank_cap
+    table, ntable, mode, items = _shrink_items(plan, c, problem.rows)
     if plan.decode:  # fp32 partials only: the decode expand sums them
-        tail = (i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(plan.mode))
+        tail = (i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(mode))
     else:
         tail = (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
-                i32(plan.ksplit), i32(plan.kc), i32(plan.items), i32(plan.mode))
+                i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode))
     kind, variant = shrink_kernel(not plan.decode, cap, pdl)
     shrink = rt.function(kind, c.x.dtype, variant, carveout=SHRINK_PDL_CARVEOUT if pdl else None)
-    shrink((plan.ksplit, plan.items, len(problem.widths)), (THREADS,),
-           (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(c.table),
-            i32(plan.ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(c.layer), *tail))
+    shrink((plan.ksplit, items, len(problem.widths)), (THREADS,),
+           (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(table),
+            i32(ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(c.layer), *tail))
 
 
 def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
@@ -203,7 +213,7 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN)
     tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     if not plan.decode:
-        rt.function("expand", c.x.dtype, f"m{plan.bm}")(
+        rt.function("expand", c.x.dtype, f"m{plan.bm}", )(
             (ntiles, plan.items), (THREADS,),
             (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
              _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(rows),
@@ -221,9 +231,26 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
         expand((ntiles, eitems), (THREADS,), args)
 
 
+def _row_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
+    """One row per item: from row_slot where the call has one (BGMV items), else from seg."""
+    if plan.mode == MODE_BGMV:
+        return c.table, plan.ntable, MODE_BGMV, rows
+    if c.row_slot is not None:
+        return c.row_slot, rows, MODE_BGMV, rows
+    return c.table, plan.ntable, MODE_SGMV_ROWS, rows
+
+
+def _shrink_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
+    """The shrink's (table, ntable, mode, items): the plan's, with its one-row items (bm = 1)."""
+    if plan.decode and plan.bm == 1:
+        return _row_items(plan, c, rows)
+    return c.table, plan.ntable, plan.mode, plan.items
+
+
 def _expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
-    """The expand's (table, ntable, mode, items): the call's own, or on the decode path with a
-    row_slot, one row per item (BGMV items over the shrink's per-row partials)."""
-    if plan.decode and c.row_slot is not None:
-        return c.row_slot, rows, 1, rows
+    """The expand's (table, ntable, mode, items): the shrink's, or on the decode path with a
+    row_slot, one row per item (BGMV items over the shrink's per-row partials, which do not
+    depend on the shrink's items)."""
+    if plan.decode and (plan.bm == 1 or c.row_slot is not None):
+        return _row_items(plan, c, rows)
     return c.table, plan.ntable, plan.mode, plan.items

@@ -308,6 +308,40 @@ def test_decode_expand_by_rows_is_bitwise_the_segment_expand(seed, dtype):
     assert_close_rows(by_segments, reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_decode_one_row_items_are_bitwise_the_four_row_tiles(seed, monkeypatch):
+    """Decode SGMV calls of up to ONE_ROW_ITEMS_ROWS rows take one row per item in both kernels
+    (the row's segment found by the block, or read from row_slot): the result must be bit for bit
+    that of 4-row tiles, for grouped and one-row segments, empty ones and rows past seg[S]."""
+    from kernels.cuda import _launch
+
+    gen = torch.Generator().manual_seed(6000 + seed)
+    nseg = int(torch.randint(1, 40, (1,), generator=gen)) if seed % 2 else 1  # odd: many segments; even: one
+    lengths = torch.randint(0, 24 if seed % 2 else 60, (nseg,), generator=gen)
+    lengths[torch.rand(nseg, generator=gen) < 0.2] = 0
+    lengths[0] = max(int(lengths[0]), 1)
+    table = seg_from_lengths(lengths.tolist() + [0])
+    rows = min(int(table[-1]) + 2, 250)  # rows past seg[S] have no adapter
+    table = table.clamp(max=rows)
+    row_slot = torch.full((rows,), -1, dtype=torch.int32)
+    for i in range(nseg):
+        row_slot[int(table[i]):int(table[i + 1])] = i
+    nslices = 1 + seed % 3
+    batch = make_batch(gen, rows=rows, h_in=int(torch.randint(64, 3000, (1,), generator=gen)),
+                       widths=_random_widths(gen, nslices), ranks=_random_ranks(gen, nslices, nseg + 1),
+                       table=table, misalign=seed % 2 == 1, rank_cap=128 if seed % 3 else None)
+    y0 = batch.y.clone()
+    outs = []
+    for threshold, with_rows in ((0, False), (1 << 20, False), (1 << 20, True)):
+        monkeypatch.setattr(_launch, "ONE_ROW_ITEMS_ROWS", threshold)
+        batch.y.copy_(y0)
+        kcuda.add_lora_slices(*batch.args(), row_slot=row_slot.cuda() if with_rows else None)
+        torch.cuda.synchronize()
+        outs.append(batch.y.clone())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert_close_rows(outs[1], reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
+
+
 @pytest.mark.parametrize("rank_cap", [16, 128])
 @pytest.mark.parametrize("capture", [False, True], ids=["eager", "graph"])
 def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(capture, rank_cap):
