@@ -223,12 +223,14 @@ def measure_copy_bandwidth() -> float:
     return 2 * a.numel() * 4 / (us * 1e-6)
 
 
-def cases(quick: bool):
-    batches = [1, 4, 16, 64, 256] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = False):
+    batches = batches or ([1, 4, 16, 64, 256] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
     allm = ("sgmv", "bgmv", "loop", "gather")
     for b in batches:
         for w in WORKLOADS:
             yield 4096, 4096, 16, b, w, allm
+    if workloads_only:
+        return
     for r in (8, 32, 64):
         for b in (1, 16, 64, 256):
             for w in ("distinct", "identical"):
@@ -251,15 +253,26 @@ def main() -> None:
     ap.add_argument("--breakdown-only", action="store_true")
     ap.add_argument("--rank-cap", type=int, default=0,
                     help="workspace rank (the engine's rank cap) when above the case's rank; default: the rank")
+    ap.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=None,
+                    help="comma-separated batch sizes of the rank-16 four-workload grid")
+    ap.add_argument("--workloads-only", action="store_true", help="only the rank-16 four-workload grid")
+    ap.add_argument("--one-row-items", type=int, default=None,
+                    help="decode SGMV calls of up to this many rows take one-row items (default: the launcher's)")
     args = ap.parse_args()
+    if args.one_row_items is not None:
+        from kernels.cuda import _launch  # noqa: PLC0415
+
+        _launch.ONE_ROW_ITEMS_ROWS = args.one_row_items
+        print(f"# ONE_ROW_ITEMS_ROWS = {args.one_row_items}", flush=True)
     gen = torch.Generator().manual_seed(0)
     bw = measure_copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()} copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    breakdown(gen)
+    if not args.workloads_only:
+        breakdown(gen)
     if args.breakdown_only:
         return
     results = []
-    for h_in, h_out, r, b, w, methods in cases(args.quick):
+    for h_in, h_out, r, b, w, methods in cases(args.quick, args.batches, args.workloads_only):
         if args.prefill_only and not w.startswith("prefill"):
             continue
         res = run_case(h_in, h_out, r, b, w, methods, gen, args.rank_cap)
