@@ -114,14 +114,17 @@ def blocks_per_sm(e: Entry, threads: int) -> int:
 
 def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
     """The kernels and grids the launch plan gives each case (bf16) on a device of ``sms``
-    multiprocessors (the prefill split-K fills one wave of the shrink, from its occupancy)."""
+    multiprocessors (the prefill split-K fills one wave of the shrink, from its occupancy, capped as
+    plan_call caps it)."""
     rows = ["| case | shrink | grid (split-K x items) | expand | grid (tiles x items) |", "| --- | --- | --- | --- | --- |"]
     for name, rows_, segments, rank, mode in CASES:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
         prefill = not _launch.is_decode(rows_, mode)
         pdl = not prefill and rank <= _launch.SHRINK_DEC_RC  # sm_90: the expand follows early (expand_follows_early)
         kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
-        wave = blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS) * sms
+        per_sm = min(blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS),
+                     _launch.PREFILL_MAX_BLOCKS_PER_SM)  # as plan_call caps it
+        wave = per_sm * sms
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
         tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN)
         shrink = f"lora_{kind}_bf16_{variant}"

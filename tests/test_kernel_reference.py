@@ -161,3 +161,21 @@ def test_expand_follows_its_shrink_early_only_for_one_pass_decode_calls():
     assert not follows(4096, 16)  # prefill
     assert not follows(64, 32) and not follows(64, 128)
     assert not follows(64, 16, device_pdl=False)
+
+
+def test_prefill_split_k_fills_at_most_four_blocks_a_multiprocessor():
+    """plan_call caps the prefill wave at PREFILL_MAX_BLOCKS_PER_SM blocks a multiprocessor,
+    however many the shrink's occupancy allows (more splits measured slower)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kernels.checks import Problem
+    from kernels.cuda._launch import PREFILL_MAX_BLOCKS_PER_SM, plan_call
+
+    rt = SimpleNamespace(sms=132, resident_blocks=lambda *a: 16 * 132)
+    for rows in (300, 1024, 4096):
+        plan = plan_call(rt, Problem(rows, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16)
+        assert not plan.decode
+        assert plan.ksplit * math.ceil(rows / 64) <= PREFILL_MAX_BLOCKS_PER_SM * 132
+        assert (plan.ksplit + 1) * math.ceil(rows / 64) > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == 16

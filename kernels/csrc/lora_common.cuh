@@ -53,24 +53,6 @@ template <> __device__ __forceinline__ void mma16816<1>(float* c, const u32* a, 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// A fragment of a 16x16 tile at (m0, k0) of a row-major shared tile S[m][k] (ld even).
-__device__ __forceinline__ void load_a_frag(u32* a, const u16* s, int ld, int m0, int k0) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const u16* p = s + (m0 + g) * ld + k0 + 2 * t;
-  a[0] = *(const u32*)(p);
-  a[1] = *(const u32*)(p + 8 * ld);
-  a[2] = *(const u32*)(p + 8);
-  a[3] = *(const u32*)(p + 8 * ld + 8);
-}
-
-// B fragment of a 16x8 tile at (k0, n0) of a row-major shared tile S[k][n].
-__device__ __forceinline__ void load_b_frag(u32* b, const u16* s, int ld, int k0, int n0) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const u16* p = s + (k0 + 2 * t) * ld + n0 + g;
-  b[0] = (u32)p[0] | ((u32)p[ld] << 16);
-  b[1] = (u32)p[8 * ld] | ((u32)p[9 * ld] << 16);
-}
-
 // Programmatic dependent launch (kernels/cuda/_pdl.py; sm_90 and later, no-ops before):
 // a kernel lets the one launched after it start early, and that one waits for it to complete
 // before reading what it wrote. Without the launch attribute both return at once.

@@ -9,23 +9,9 @@
 // depends on the shapes only, never on the engine's rank cap. KT threads share 8 consecutive
 // output columns and split k (k = kt, kt + KT, ...), then reduce with warp shuffles (KT = 1 now:
 // measured fastest for Distinct batches).
-#include "lora_common.cuh"
+#include "lora_smem.cuh"
 
 #define DEC_ROWS 4
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {  // dst: a shared-window address
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-}
 
 // Stage B rows [k0, k1) of this block's columns into bsh[0 : k1 - k0] (cp.async; element-wise
 // where B is misaligned, zeros past the slice's last column): thread tid stages 16-byte piece

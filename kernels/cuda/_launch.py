@@ -21,7 +21,8 @@ SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = 64  # prefill: rows per work item (the tensor-core kernels' row tile)
-EXPAND_BN = 64  # prefill: output columns per tensor-core expand block
+EXPAND_BN = 64  # prefill: output columns per tensor-core expand block (its kernels' BN, lora_expand.cu)
+EXPAND_CARVEOUT = 100  # prefill expand: shared memory over L1, so its 7 blocks (28 KB each) fit an SM
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode SGMV calls of up to this many rows take one-row items in both kernels (the row's segment
 # looked up by the block, or read from row_slot): a grouped batch then spreads over as many blocks
@@ -44,6 +45,10 @@ DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank
 # shrink keeps L1: its passes over rank columns re-read A there (r64: 20.9 -> 23.6 us without).
 SHRINK_PDL_CARVEOUT = 100
 SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_dec.cuh)
+# The prefill split-K fills one wave of the shrink, and at most this many blocks a multiprocessor:
+# more splits add fp32 partials and shorter pipelines than the extra blocks gain (H200, T = 4096,
+# rank 16: 8 splits 20.4 us, 10 splits 23.0, 11 splits 26.1 for the variants that allowed them).
+PREFILL_MAX_BLOCKS_PER_SM = 4
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -115,11 +120,12 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
 
 
 def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype: torch.dtype) -> Plan:
-    """make_plan with the device's prefill wave (a driver query, cached per kernel variant)."""
+    """make_plan with the device's prefill wave (a driver query, cached per kernel variant), at most
+    PREFILL_MAX_BLOCKS_PER_SM blocks a multiprocessor."""
     wave = 0
     if not is_decode(problem.rows, mode):
         kind, variant = shrink_kernel(True, problem.rank_cap)
-        wave = rt.resident_blocks(kind, dtype, variant, THREADS)
+        wave = min(rt.resident_blocks(kind, dtype, variant, THREADS), PREFILL_MAX_BLOCKS_PER_SM * rt.sms)
     return make_plan(problem, mode, ntable, wave)
 
 
@@ -213,7 +219,7 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN)
     tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     if not plan.decode:
-        rt.function("expand", c.x.dtype, f"m{plan.bm}", )(
+        rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=EXPAND_CARVEOUT)(
             (ntiles, plan.items), (THREADS,),
             (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
              _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(rows),

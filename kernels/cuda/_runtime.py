@@ -57,11 +57,13 @@ class DeviceRuntime:
     partials: GrowOnly = field(init=False)  # fp32 split-K partials
     counters: GrowOnly = field(init=False)  # int32 per-item counters, zero between launches
     pdl: bool = field(init=False)  # programmatic dependent launch available (kernels/cuda/_pdl.py)
+    sms: int = field(init=False)  # multiprocessors of the device
 
     def __post_init__(self) -> None:
         self.partials = GrowOnly(torch.float32, self.device, 1 << 16)  # nothing allocated until used
         self.counters = GrowOnly(torch.int32, self.device, 1 << 12)
         self.pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
+        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
 
     def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None):
         """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``;
@@ -94,8 +96,7 @@ class DeviceRuntime:
             function = self.function(kind, dtype, variant)
             with cupy.cuda.Device(self.device.index):
                 per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, 0)
-            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-            self.resident[key] = max(1, per_sm) * sms
+            self.resident[key] = max(1, per_sm) * self.sms
         return self.resident[key]
 
     def template_function(self, source: str, expression: str):

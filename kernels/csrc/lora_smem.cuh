@@ -1,0 +1,53 @@
+// Shared-memory staging for the LoRA kernels: asynchronous global -> shared copies (cp.async,
+// sm_80+) and the ldmatrix loads of mma.sync m16n8k16 fragments (inline PTX, no CUDA headers).
+#pragma once
+#include "lora_common.cuh"
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {  // dst: a shared-window address
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+// 16 bytes at dst, of which the first src_bytes (0..16) are copied from src and the rest are zeros
+// (src_bytes = 0 reads nothing).
+__device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>  // wait until at most N of this thread's committed groups are still in flight
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Four 8x8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// The m16n8k16 A fragment of the 16x16 tile at (m0, k0) of a row-major shared tile S[m][k]
+// (ld elements a row, rows 16-byte aligned).
+__device__ __forceinline__ void ldsm_a(u32* a, const u16* s, int ld, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  ldmatrix_x4(a, smem_addr(s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8));
+}
+
+// The m16n8k16 B fragments of two n-tiles, (k0, n0) and (k0, n0 + 8), of a row-major shared tile
+// S[k][n]: b[0..1] for n0, b[2..3] for n0 + 8.
+__device__ __forceinline__ void ldsm_b2(u32* b, const u16* s, int ld, int k0, int n0) {
+  const int lane = threadIdx.x & 31, mat = lane >> 3;
+  ldmatrix_x4_trans(b, smem_addr(s + (k0 + (mat & 1) * 8 + (lane & 7)) * ld + n0 + (mat >> 1) * 8));
+}
