@@ -163,7 +163,7 @@ def test_expand_follows_its_shrink_early_only_for_one_pass_decode_calls():
     assert not follows(64, 16, device_pdl=False)
 
 
-def test_prefill_split_k_fills_at_most_four_blocks_a_multiprocessor():
+def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor():
     """plan_call caps the prefill wave at PREFILL_MAX_BLOCKS_PER_SM blocks a multiprocessor,
     however many the shrink's occupancy allows (more splits measured slower)."""
     from types import SimpleNamespace

@@ -46,9 +46,11 @@ DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank
 SHRINK_PDL_CARVEOUT = 100
 SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_dec.cuh)
 # The prefill split-K fills one wave of the shrink, and at most this many blocks a multiprocessor:
-# more splits add fp32 partials and shorter pipelines than the extra blocks gain (H200, T = 4096,
-# rank 16: 8 splits 20.4 us, 10 splits 23.0, 11 splits 26.1 for the variants that allowed them).
-PREFILL_MAX_BLOCKS_PER_SM = 4
+# more splits add fp32 partials for each item's last block to sum, and shorter pipelines, than the
+# extra blocks gain. H200, add_lora at T = 4096 for 1 / 2 / 3 / 4 blocks an SM (2 / 4 / 6 / 8 splits):
+# r16 53.1 / 48.5 / 49.4 / 49.9 us, r64 81.1 / 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 /
+# 114.6 / 121.9, 4096 x 11008 r128 201 / 196 / 202 / 209.
+PREFILL_MAX_BLOCKS_PER_SM = 2
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
