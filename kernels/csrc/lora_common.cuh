@@ -168,6 +168,7 @@ __device__ __forceinline__ LoraItem bgmv_item(const int* row_slot, int rows, int
 // A Distinct batch's row t is segment t: that guess is tested first, and where it holds (the
 // same answer in every thread) the block skips the search and its barriers. (The engine passes
 // row_slot, so its calls take BGMV items instead; this serves callers that give seg alone.)
+// Not inlined: inlined, it pushed the decode expand (6 blocks an SM) into spilling registers.
 __device__ __noinline__ LoraItem seg_row_item(const int* seg, int nseg, int rows, int row) {
   __shared__ int s_slot;
   LoraItem it;

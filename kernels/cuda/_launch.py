@@ -64,7 +64,7 @@ def _ceil(a: int, b: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Grid of one call. mode 0 = SGMV (table = seg), 1 = BGMV (table = row_slot).
+    """Grid of one call. mode MODE_SGMV (table = seg) or MODE_BGMV (table = row_slot).
 
     decode: a CUDA-core shrink (lora_shrink_dec) stores fp32 split-K partials and the CUDA-core
     expand (lora_expand_dec) sums them, both over items of DEC_ROWS rows, or of one row (bm = 1:
@@ -83,7 +83,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         bm_ok = self.bm in (1, DEC_ROWS) if self.decode else self.bm == PREFILL_BM
-        if self.mode not in (0, 1) or not bm_ok or self.items < 1:
+        if self.mode not in (MODE_SGMV, MODE_BGMV) or not bm_ok or self.items < 1:
             raise ValueError(f"invalid launch plan {self}")
         if not 1 <= self.ksplit <= MAX_KSPLIT:
             raise ValueError(f"invalid launch plan {self}")
