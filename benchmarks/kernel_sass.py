@@ -46,13 +46,17 @@ class Entry:
 
 
 def ptxas_entries(stderr: str) -> dict[str, Entry]:
-    """Per entry function, from ``nvcc -Xptxas -v``: registers, static shared memory, spills."""
+    """Per entry function, from ``nvcc -Xptxas -v``: registers, static shared memory, spills (the
+    entry's own "Function properties" line: those of the device functions it calls follow it too)."""
     entries: dict[str, Entry] = {}
-    entry = None
+    entry = props = None
     for line in stderr.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):
             entry = entries.setdefault(m.group(1), Entry())
-        elif entry and (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+        elif m := re.search(r"Function properties for (\w+)", line):
+            props = m.group(1)
+        elif entry and props in entries and entries[props] is entry and (
+                m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
             entry.spill_bytes = int(m.group(1)) + int(m.group(2))
         elif entry and (m := re.search(r"Used (\d+) registers", line)):
             entry.registers = int(m.group(1))

@@ -60,3 +60,25 @@ def test_lora_kernels_do_not_spill_registers_on_sm90(source, tmp_path) -> None:
     assert set(KERNELS[source]) <= set(entries)
     assert all(0 < e.registers <= 255 and e.smem > 0 for e in entries.values()), entries
     assert {name: e.spill_bytes for name, e in entries.items() if e.spill_bytes} == {}
+
+
+PTXAS = """
+ptxas info    : Compiling entry function 'lora_shrink_bf16_m64_r32' for 'sm_90'
+ptxas info    : Function properties for lora_shrink_bf16_m64_r32
+    56 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Function properties for _Z15load_stage_edgeILi32ELi64ELi3EEvPtS0_
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 56 bytes cumulative stack size, 43044 bytes smem
+ptxas info    : Compiling entry function 'lora_expand_bf16_m64' for 'sm_90'
+ptxas info    : Function properties for lora_expand_bf16_m64
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 72 registers, used 1 barriers, 28704 bytes smem
+"""
+
+
+def test_ptxas_report_gives_each_entry_its_own_spills() -> None:
+    """An entry's spills are read off its own properties line, not the device function it calls
+    (whose line comes after it and reads 0)."""
+    entries = kernel_sass.ptxas_entries(PTXAS)
+    assert entries["lora_shrink_bf16_m64_r32"] == kernel_sass.Entry(registers=96, smem=43044, spill_bytes=16)
+    assert entries["lora_expand_bf16_m64"] == kernel_sass.Entry(registers=72, smem=28704, spill_bytes=0)

@@ -36,15 +36,14 @@ struct AChunk {
 // Stage k in [k0, k0 + BK) of the item's x rows and of A's chunk into xs / as, any alignment and
 // any k-range (a block's last stage, misaligned x or A): cp.async where aligned, zeros past the
 // k-range, the item's rows and the chunk's columns, element loads and shared stores otherwise
-// (visible after the barrier that precedes their use). Not inlined: the whole-stage path keeps
-// its registers.
+// (visible after the barrier that precedes their use).
 template <int NC, int BK, int STAGES>
-__device__ __noinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, i64 x_stride, bool x_vec,
+__device__ __forceinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, i64 x_stride, bool x_vec,
                                              const AChunk& a, int k0, int ke, const LoraItem& it) {
   typedef ShrinkTiles<NC, BK, STAGES> S;
   constexpr int XPR = BK / 8, APR = NC / 8;
   const int tid = threadIdx.x;
-#pragma unroll
+#pragma unroll 1
   for (int u = 0; u < SHRINK_BM * XPR / LORA_THREADS; ++u) {
     const int pc = tid + u * LORA_THREADS, m = pc / XPR, kk = (pc - m * XPR) * 8;
     const int valid = m < it.nrows ? min(8, ke - k0 - kk) : 0;
@@ -55,7 +54,7 @@ __device__ __noinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, i64
     else
       *(uint4*)dst = load8(src, false, valid);
   }
-#pragma unroll
+#pragma unroll 1
   for (int u = 0; u < (BK * APR + LORA_THREADS - 1) / LORA_THREADS; ++u) {
     const int pc = tid + u * LORA_THREADS, kr = pc / APR, j = (pc - kr * APR) * 8;
     if (kr < BK) {
