@@ -25,15 +25,6 @@ struct ExpandTiles {
   u16 b[2][EXPAND_KC * LDB];
 };
 
-// 16 bytes of a tile from global memory: cp.async where vec (zeros past `valid` elements), else
-// element loads and a shared store (visible after the barrier that precedes their use).
-__device__ __forceinline__ void tile_piece(u16* dst, const u16* src, const u16* any_valid, bool vec, int valid) {
-  if (vec)
-    cp_async16_zfill(smem_addr(dst), valid > 0 ? src : any_valid, max(0, valid) * 2);
-  else
-    *(uint4*)dst = load8(src, false, valid);
-}
-
 // v[item rows, k0 : k0 + KC] and B[k0 : k0 + KC, n0 : n0 + BN] into chunk buffer `buf`; zeros past
 // the item's rows, the rank and the slice's columns (the padding then adds nothing).
 template <int BN>

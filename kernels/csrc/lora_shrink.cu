@@ -47,24 +47,14 @@ __device__ __forceinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, 
   for (int u = 0; u < SHRINK_BM * XPR / LORA_THREADS; ++u) {
     const int pc = tid + u * LORA_THREADS, m = pc / XPR, kk = (pc - m * XPR) * 8;
     const int valid = m < it.nrows ? min(8, ke - k0 - kk) : 0;
-    const u16* src = x + (i64)(it.row0 + m) * x_stride + k0 + kk;
-    u16* dst = xs + m * S::LDX + kk;
-    if (x_vec)
-      cp_async16_zfill(smem_addr(dst), valid > 0 ? src : x, max(0, valid) * 2);
-    else
-      *(uint4*)dst = load8(src, false, valid);
+    tile_piece(xs + m * S::LDX + kk, x + (i64)(it.row0 + m) * x_stride + k0 + kk, x, x_vec, valid);
   }
 #pragma unroll 1
   for (int u = 0; u < (BK * APR + LORA_THREADS - 1) / LORA_THREADS; ++u) {
     const int pc = tid + u * LORA_THREADS, kr = pc / APR, j = (pc - kr * APR) * 8;
     if (kr < BK) {
       const int valid = k0 + kr < ke ? min(8, a.cw - j) : 0;
-      const u16* src = a.A + (i64)(k0 + kr) * a.r + a.c0 + j;
-      u16* dst = as + kr * S::LDA + j;
-      if (a.vec)
-        cp_async16_zfill(smem_addr(dst), valid > 0 ? src : a.A, max(0, valid) * 2);
-      else
-        *(uint4*)dst = load8(src, false, valid);
+      tile_piece(as + kr * S::LDA + j, a.A + (i64)(k0 + kr) * a.r + a.c0 + j, a.A, a.vec, valid);
     }
   }
 }

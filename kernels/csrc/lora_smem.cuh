@@ -51,3 +51,12 @@ __device__ __forceinline__ void ldsm_b2(u32* b, const u16* s, int ld, int k0, in
   const int lane = threadIdx.x & 31, mat = lane >> 3;
   ldmatrix_x4_trans(b, smem_addr(s + (k0 + (mat & 1) * 8 + (lane & 7)) * ld + n0 + (mat >> 1) * 8));
 }
+
+// 16 bytes of a tile from global memory: cp.async where vec (zeros past `valid` elements), else
+// element loads and a shared store (visible after the barrier that precedes their use).
+__device__ __forceinline__ void tile_piece(u16* dst, const u16* src, const u16* any_valid, bool vec, int valid) {
+  if (vec)
+    cp_async16_zfill(smem_addr(dst), valid > 0 ? src : any_valid, max(0, valid) * 2);
+  else
+    *(uint4*)dst = load8(src, false, valid);
+}
