@@ -130,3 +130,47 @@ def test_local_directory_keeps_the_public_flag_with_the_version(tmp_path: Path) 
     (folder / "loraplex_visibility.json").write_text('{"public": "yes"}')
     with pytest.raises(AdapterValidationError, match="'team/manual': loraplex_visibility.json must be"):
         store.get("team/manual")
+
+
+def test_local_directory_never_lets_a_tenant_and_an_adapter_share_a_name(tmp_path: Path) -> None:
+    """An id is an adapter or a tenant folder, not both: what would remove or hide stored adapters
+    (deleting a tenant as if it were an adapter, uploading an adapter over a tenant, or an
+    adapter inside another one) is refused, and every stored adapter stays readable."""
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    store.put("t1/a", _files())
+    store.put("t1/b", _files())
+    with pytest.raises(AdapterNotFoundError):
+        store.delete("t1")  # a tenant, not an adapter
+    with pytest.raises(InvalidRequestError, match="tenant holding adapters"):
+        store.put("t1", _files())
+    store.put("solo", _files())
+    with pytest.raises(InvalidRequestError, match="'solo' is an adapter"):
+        store.put("solo/x", _files())
+    with pytest.raises(AdapterNotFoundError):
+        store.get("solo/x")
+    assert [i.adapter_id for i in store.list()] == ["solo", "t1/a", "t1/b"]
+    store.put("solo", _files())  # a re-upload of the adapter itself is fine
+    store.delete("t1/a")
+    store.delete("t1/b")
+    assert store.put("t1", _files()).adapter_id == "t1"  # an emptied tenant folder may become an adapter
+    assert [i.adapter_id for i in store.list()] == ["solo", "t1"]
+
+
+def test_local_directory_keeps_hand_made_folders_it_cannot_replace(tmp_path: Path) -> None:
+    """A hand-made folder that holds no adapter is not overwritten by an upload, and a hand-made
+    adapter folder that also holds adapters is not deleted with them."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    with pytest.raises(InvalidRequestError, match="holds no adapter"):
+        store.put("notes", _files())
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+    outer = tmp_path / "team"
+    inner = outer / "inner"
+    inner.mkdir(parents=True)
+    for name, data in _files().items():
+        (outer / name).write_bytes(data)
+        (inner / name).write_bytes(data)
+    with pytest.raises(InvalidRequestError, match="also holds the adapters team/inner"):
+        store.delete("team")
+    assert store.get("team").rank == 4 and (inner / "adapter_model.safetensors").exists()

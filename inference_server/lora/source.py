@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from inference_server.errors import AdapterNotFoundError, AdapterValidationError
+from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
 from inference_server.lora.naming import validate_adapter_id
 from inference_server.lora.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec, parse_adapter_files
 from inference_server.model.config import ModelConfig
@@ -101,6 +101,10 @@ class LocalAdapterDirectory:
     version or the new, never a mix, and a failed upload leaves nothing behind. A version
     folder also holds ``loraplex_visibility.json`` (``{"public": true}``), published by the
     same rename; a folder without it (made by hand) is private.
+
+    A one-part id names either an adapter or a tenant folder (``root/<tenant>/<name>``), never
+    both: an upload that would make one into the other, which would remove or hide the adapters
+    already there, is refused, and a tenant folder is not an adapter to delete.
     """
 
     def __init__(self, root: str | os.PathLike[str], base: ModelConfig | None = None, max_rank: int = 128) -> None:
@@ -113,7 +117,30 @@ class LocalAdapterDirectory:
         self._lock = threading.Lock()
 
     def _path(self, adapter_id: str) -> Path:
-        return self.root / validate_adapter_id(adapter_id)
+        """Where ``adapter_id`` lives; inside another adapter (``a/b`` where ``a`` is an adapter) none."""
+        path = self.root / validate_adapter_id(adapter_id)
+        if "/" in adapter_id and _is_adapter(path.parent):
+            raise AdapterNotFoundError(adapter_id)
+        return path
+
+    def _check_no_clash(self, adapter_id: str, target: Path) -> None:
+        """Refuse an upload that would turn a tenant folder into an adapter or write an adapter
+        inside another one (call under the lock)."""
+        if "/" in adapter_id:
+            tenant = adapter_id.split("/")[0]
+            if _is_adapter(self.root / tenant):
+                raise InvalidRequestError(
+                    f"{adapter_id!r}: {tenant!r} is an adapter, so it cannot also be a tenant holding adapters",
+                    "adapter_id")
+        elif target.is_dir() and not target.is_symlink():
+            held = _held_adapters(target)
+            if held:
+                raise InvalidRequestError(
+                    f"{adapter_id!r} is a tenant holding adapters ({', '.join(held[:3])}"
+                    f"{', ...' if len(held) > 3 else ''}), so it cannot also be an adapter", "adapter_id")
+            if not (target / CONFIG_FILE).exists() and any(target.iterdir()):
+                raise InvalidRequestError(
+                    f"{adapter_id!r}: {target} exists and holds no adapter; move it away first", "adapter_id")
 
     def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float, bool]:
         folder = self._path(adapter_id)
@@ -150,7 +177,7 @@ class LocalAdapterDirectory:
         return out
 
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
-        target = self._path(adapter_id)
+        target = self.root / validate_adapter_id(adapter_id)  # (its clashes are checked under the lock)
         spec = parse_adapter_files(files, self._base, self._max_rank)
         version, _ = content_version(files)
         stage = self._staging / uuid.uuid4().hex
@@ -160,6 +187,7 @@ class LocalAdapterDirectory:
                 _write_synced(stage / name, files[name])
             _write_synced(stage / VISIBILITY_FILE, json.dumps({"public": bool(public)}).encode())
             with self._lock:
+                self._check_no_clash(adapter_id, target)
                 final = self._versions / f"{adapter_id.replace('/', '__')}@{version}-{uuid.uuid4().hex[:8]}"
                 final.parent.mkdir(parents=True, exist_ok=True)
                 stage.rename(final)
@@ -182,14 +210,29 @@ class LocalAdapterDirectory:
     def delete(self, adapter_id: str) -> None:
         target = self._path(adapter_id)
         with self._lock:
-            if not target.exists() and not target.is_symlink():
+            if not _is_adapter(target):  # nothing there, or a tenant folder
                 raise AdapterNotFoundError(adapter_id)
             if target.is_symlink():
                 real = Path(os.path.realpath(target))
                 target.unlink()
                 shutil.rmtree(real, ignore_errors=True)
-            else:
-                shutil.rmtree(target)
+                return
+            held = _held_adapters(target)
+            if held:  # a hand-made adapter folder that also holds adapters: they would go with it
+                raise InvalidRequestError(
+                    f"{adapter_id!r}: its folder also holds the adapters {', '.join(held)}; delete them first",
+                    "adapter_id")
+            shutil.rmtree(target)
+
+
+def _is_adapter(path: Path) -> bool:
+    """An adapter lives at ``path``: a managed version link, or a hand-made folder with its config."""
+    return path.is_symlink() or (path / CONFIG_FILE).is_file()
+
+
+def _held_adapters(folder: Path) -> list[str]:
+    """The ids of the adapters inside a (tenant) folder, sorted."""
+    return sorted(f"{folder.name}/{p.name}" for p in folder.iterdir() if not p.name.startswith(".") and _is_adapter(p))
 
 
 def _read_public(adapter_id: str, path: Path) -> bool:
