@@ -94,12 +94,17 @@ def _decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeRows, scale
 
 
 def _padded_decode_tables(spans: list[SequenceSpan], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(slots [B, longest], mask [B, 1, 1, longest], rows [B]) of single-query sequences."""
+    """(slots [B, longest], mask [B, 1, 1, longest], rows [B]) of single-query sequences.
+
+    A shorter sequence's padding repeats its own first slot, never another sequence's: a masked
+    position's weight is 0, but 0 x inf or NaN in the values it gathers is NaN, so padding with a
+    slot of another request would let one request's non-finite cache poison the others."""
     longest = max(s.ctx_len for s in spans)
-    slots = torch.zeros(len(spans), longest, dtype=torch.long, device=device)
+    slots = torch.empty(len(spans), longest, dtype=torch.long, device=device)
     mask = torch.zeros(len(spans), 1, 1, longest, dtype=torch.bool, device=device)
     for i, span in enumerate(spans):
         slots[i, : span.ctx_len] = span.kv_slots
+        slots[i, span.ctx_len :] = span.kv_slots[0]
         mask[i, ..., : span.ctx_len] = True
     return slots, mask, torch.tensor([s.q_start for s in spans], device=device)
 
