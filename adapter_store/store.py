@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 
 from inference_server.errors import AdapterNotFoundError, InvalidRequestError, UnavailableError
 from inference_server.lora.naming import validate_adapter_id
-from inference_server.lora.peft_format import parse_adapter_files
+from inference_server.lora.peft_format import parse_adapter_upload
 from inference_server.model.config import ModelConfig
 
 from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
@@ -72,7 +72,7 @@ class Store:
         try:
             validate_adapter_id(adapter_id)
             check_upload_files(files, self.max_adapter_bytes)
-            spec = parse_adapter_files(files, self.base, self.max_rank)
+            spec = parse_adapter_upload(files, self.base, self.max_rank)
         except InvalidRequestError:
             self.metrics.uploads.labels("invalid").inc()
             raise

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save
 
 from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
 from inference_server.lora.naming import validate_adapter_id
-from inference_server.lora.peft_format import parse_adapter_files
+from inference_server.lora.peft_format import parse_adapter_files, parse_adapter_upload
 from inference_server.lora.source import LocalAdapterDirectory
 from inference_server.model.config import ModelConfig
 
@@ -31,6 +32,18 @@ def _files(r: int = 4, config: dict | None = None, tensors: dict | None = None) 
             tensors[f"{PREFIX}.{layer}.mlp.down_proj.lora_A.weight"] = torch.randn(r, 48)
             tensors[f"{PREFIX}.{layer}.mlp.down_proj.lora_B.weight"] = torch.randn(32, r)
     return {"adapter_config.json": json.dumps(cfg).encode(), "adapter_model.safetensors": save(tensors)}
+
+
+def _header_edit(edit) -> dict[str, bytes]:
+    """_files() with its safetensors header (JSON) changed by ``edit(header)``, the data kept."""
+    files = _files()
+    data = files["adapter_model.safetensors"]
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    edit(header)
+    raw = json.dumps(header).encode()
+    return {**files, "adapter_model.safetensors": struct.pack("<Q", len(raw)) + raw + data[8 + n :]}
 
 
 def test_valid_adapter_spec() -> None:
@@ -67,6 +80,20 @@ def test_valid_adapter_spec() -> None:
         (_files(r=200), "outside the supported range"),
         (_files(tensors={f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 32).to(torch.int32),
                          f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": torch.randn(32, 4)}), "dtype"),
+        # fields of the wrong type: a clear error, never a crash inside validation
+        (_files(config={"target_modules": 5}), "target_modules must be a string or a list of strings"),
+        (_files(config={"target_modules": [1, 2]}), "target_modules must be"),
+        (_files(config={"rank_pattern": [1]}), "rank_pattern must be an object"),
+        (_files(config={"rank_pattern": {"q_proj": "x"}}), r"rank_pattern\['q_proj'\] must be a positive integer"),
+        (_files(config={"rank_pattern": {"q_proj": True}}), "must be a positive integer"),
+        (_files(config={"rank_pattern": {"(": 4}}), "key '\\(' is not a valid pattern"),
+        (_files(config={"alpha_pattern": {"q_proj": "x"}}), "must be a finite number"),
+        (_files(config={"alpha_pattern": {"q_proj": "nan"}}), "must be a finite number"),
+        (_files(config={"alpha_pattern": {"q_proj": float("inf")}}), "must be a finite number"),
+        (_files(config={"layers_to_transform": "0"}), "layers_to_transform must be a layer index"),
+        (_header_edit(lambda h: h[next(iter(h))].update(dtype=["F32"])), "dtype must be a string"),
+        (_header_edit(lambda h: h[next(iter(h))].update(data_offsets=[0.0, 512.0])), "two integers"),
+        (_header_edit(lambda h: h[next(iter(h))].update(data_offsets=["0", "512"])), "two integers"),
     ],
 )
 def test_bad_adapters_are_rejected_with_a_clear_message(files: dict[str, bytes], words: str) -> None:
@@ -174,3 +201,29 @@ def test_local_directory_keeps_hand_made_folders_it_cannot_replace(tmp_path: Pat
     with pytest.raises(InvalidRequestError, match="also holds the adapters team/inner"):
         store.delete("team")
     assert store.get("team").rank == 4 and (inner / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_uploads_of_non_finite_weights_are_refused_and_nothing_is_stored(tmp_path: Path, dtype, bad) -> None:
+    """An adapter holding an infinity or a NaN only ever generates garbage (and its requests' caches
+    fill with it): uploads refuse it, naming the tensor, and store nothing; finite values at the
+    dtype's extremes pass."""
+    tensors = {k: v.to(dtype) for k, v in safetensors_load(_files()["adapter_model.safetensors"]).items()}
+    name = f"{PREFIX}.1.mlp.down_proj.lora_B.weight"
+    extreme = dict(tensors)
+    extreme[name] = tensors[name].clone()
+    extreme[name][3, 1] = torch.finfo(dtype).max
+    extreme[name][0, 0] = torch.finfo(dtype).tiny / 2  # a subnormal
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    store.put("ok", _files(tensors=extreme))
+    poisoned = dict(tensors)
+    poisoned[name] = tensors[name].clone()
+    poisoned[name][5, 2] = bad
+    files = _files(tensors=poisoned)
+    parse_adapter_files(files, CFG)  # loads read headers only
+    with pytest.raises(AdapterValidationError, match=f"tensor '{name}' holds infinite or NaN values"):
+        parse_adapter_upload(files, CFG)
+    with pytest.raises(AdapterValidationError, match="infinite or NaN"):
+        store.put("poisoned", files)
+    assert [i.adapter_id for i in store.list()] == ["ok"]

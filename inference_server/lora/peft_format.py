@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from inference_server.errors import AdapterValidationError
-from inference_server.lora.safetensors_header import TensorInfo, read_header
+from inference_server.lora.safetensors_header import TensorInfo, non_finite_tensors, read_header
 from inference_server.model.config import ModelConfig
 
 CONFIG_FILE = "adapter_config.json"
@@ -105,6 +105,19 @@ def parse_adapter_files(
     )
 
 
+def parse_adapter_upload(
+    files: Mapping[str, bytes], base: ModelConfig | None = None, max_rank: int = 128
+) -> AdapterSpec:
+    """``parse_adapter_files`` for an adapter about to be stored: its weights are also read, and
+    one with an infinity or a NaN is refused (it would only ever generate garbage)."""
+    spec = parse_adapter_files(files, base, max_rank)
+    bad = non_finite_tensors(files[WEIGHTS_FILE], spec.tensors)
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise AdapterValidationError(f"{WEIGHTS_FILE}: tensor {bad[0]!r}{more} holds infinite or NaN values")
+    return spec
+
+
 def _load_config(raw: bytes) -> dict:
     try:
         config = json.loads(raw)
@@ -119,9 +132,47 @@ def _load_config(raw: bytes) -> dict:
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise AdapterValidationError(f"{CONFIG_FILE}: r must be a positive integer, got {r!r}")
     alpha = config.get("lora_alpha", r)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+    if not _is_number(alpha):
         raise AdapterValidationError(f"{CONFIG_FILE}: lora_alpha must be a number, got {alpha!r}")
+    _check_field_types(config)
     return config
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _check_field_types(config: dict) -> None:
+    """The fields validation reads have the types PEFT writes (else a clear error, not a crash)."""
+    targets = config.get("target_modules")
+    if targets is not None and not isinstance(targets, str) and not (
+            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise AdapterValidationError(f"{CONFIG_FILE}: target_modules must be a string or a list of strings, "
+                                     f"got {targets!r}")
+    layers = config.get("layers_to_transform")
+    if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)) and not (
+            isinstance(layers, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in layers)):
+        raise AdapterValidationError(f"{CONFIG_FILE}: layers_to_transform must be a layer index or a list of "
+                                     f"them, got {layers!r}")
+    for field_name, valid, what in (("rank_pattern", _is_positive_int, "a positive integer"),
+                                    ("alpha_pattern", _is_number, "a finite number")):
+        patterns = config.get(field_name)
+        if patterns is None:
+            continue
+        if not isinstance(patterns, dict):
+            raise AdapterValidationError(f"{CONFIG_FILE}: {field_name} must be an object, got {patterns!r}")
+        for key, value in patterns.items():
+            try:
+                re.compile(key)
+            except re.error as e:
+                raise AdapterValidationError(
+                    f"{CONFIG_FILE}: {field_name} key {key!r} is not a valid pattern ({e})") from None
+            if not valid(value):
+                raise AdapterValidationError(f"{CONFIG_FILE}: {field_name}[{key!r}] must be {what}, got {value!r}")
 
 
 def _reject_unsupported(config: dict) -> None:

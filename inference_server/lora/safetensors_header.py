@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from inference_server.errors import AdapterValidationError
 
@@ -45,9 +48,13 @@ def _tensor_info(name: str, entry: object, data_len: int, filename: str) -> Tens
         dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
         raise AdapterValidationError(f"{filename}: malformed header entry for tensor {name!r}") from None
+    if not isinstance(dtype, str) or not all(_is_index(v) for v in (begin, end)):
+        raise AdapterValidationError(
+            f"{filename}: tensor {name!r}: dtype must be a string and data_offsets two integers, "
+            f"got {dtype!r} and {[begin, end]!r}")
     if dtype not in DTYPE_SIZES:
         raise AdapterValidationError(f"{filename}: tensor {name!r} has unsupported dtype {dtype}")
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not all(_is_index(d) for d in shape):
         raise AdapterValidationError(f"{filename}: tensor {name!r} has an invalid shape {shape}")
     count = 1
     for d in shape:
@@ -58,6 +65,30 @@ def _tensor_info(name: str, entry: object, data_len: int, filename: str) -> Tens
             f"{list(shape)} and dtype {dtype} within {data_len} data bytes (truncated or corrupt file)"
         )
     return TensorInfo(dtype, shape, begin, end)
+
+
+def _is_index(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+# Floating-point dtypes: (little-endian word, exponent bits): all of them set is inf or NaN.
+_EXPONENT_BITS = {"F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80)}
+
+
+def non_finite_tensors(data: bytes, tensors: Mapping[str, TensorInfo]) -> list[str]:
+    """The names (sorted) of the floating-point tensors of a checked safetensors file (``read_header``'s
+    ``tensors``) that hold an infinity or a NaN."""
+    (n,) = struct.unpack("<Q", data[:8])
+    bad = []
+    for name, t in tensors.items():
+        if t.dtype not in _EXPONENT_BITS or t.end == t.begin:
+            continue
+        word, mask = _EXPONENT_BITS[t.dtype]
+        words = np.frombuffer(data, dtype=word, count=(t.end - t.begin) // np.dtype(word).itemsize,
+                              offset=8 + n + t.begin)
+        if np.any((words & mask) == mask):
+            bad.append(name)
+    return sorted(bad)
 
 
 def _check_coverage(tensors: dict[str, TensorInfo], data_len: int, filename: str) -> None:

@@ -21,7 +21,13 @@ from typing import Protocol
 
 from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
 from inference_server.lora.naming import validate_adapter_id
-from inference_server.lora.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec, parse_adapter_files
+from inference_server.lora.peft_format import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterSpec,
+    parse_adapter_files,
+    parse_adapter_upload,
+)
 from inference_server.model.config import ModelConfig
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -178,7 +184,7 @@ class LocalAdapterDirectory:
 
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
         target = self.root / validate_adapter_id(adapter_id)  # (its clashes are checked under the lock)
-        spec = parse_adapter_files(files, self._base, self._max_rank)
+        spec = parse_adapter_upload(files, self._base, self._max_rank)
         version, _ = content_version(files)
         stage = self._staging / uuid.uuid4().hex
         stage.mkdir(parents=True)
