@@ -137,6 +137,67 @@ def test_invalidate_keeps_the_running_copy_until_released(adapter_root: Path) ->
     assert mgr.stats().used_bytes < used
 
 
+class _PausedSource:
+    """The adapter directory, with resolve() of one id held after it read the files until released."""
+
+    def __init__(self, inner: LocalAdapterDirectory, adapter_id: str) -> None:
+        self.inner, self.adapter_id = inner, adapter_id
+        self.read, self.go = threading.Event(), threading.Event()
+
+    def resolve(self, adapter_id: str):
+        files = self.inner.resolve(adapter_id)
+        if adapter_id == self.adapter_id and not self.go.is_set():
+            self.read.set()
+            assert self.go.wait(10)
+        return files
+
+
+@pytest.mark.parametrize("change", ["delete", "reupload"])
+def test_a_delete_or_reupload_during_a_cold_load_is_never_lost(tmp_path: Path, adapter_root: Path, change) -> None:
+    """A load that read an adapter's files before it was deleted or replaced must not place
+    (and serve) those files afterwards: it fetches again, so a deleted adapter is NOT_FOUND and
+    a replaced one serves the new version."""
+    import shutil
+
+    root = tmp_path / "adapters"
+    shutil.copytree(adapter_root / "a0", root / "x")
+    local = LocalAdapterDirectory(root, CFG)
+    source = _PausedSource(local, "x")
+    size = plan_layout(local.resolve("x").spec, CFG).num_elements
+    mgr = AdapterManager(source, CFG, 4 * size + 64 * 16, torch.float32, "cpu", acquire_timeout_s=5)
+    result: dict[str, object] = {}
+
+    def load() -> None:
+        try:
+            result["ra"] = mgr.acquire("x")
+        except Exception as e:  # noqa: BLE001  (the test reads it)
+            result["error"] = e
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    assert source.read.wait(10)  # the load has read the files ...
+    if change == "delete":  # ... and the adapter goes away before it is placed
+        local.delete("x")
+    else:
+        local.put("x", _reupload_files(adapter_root))
+    mgr.invalidate("x")
+    source.go.set()
+    thread.join(10)
+    if change == "delete":
+        assert isinstance(result.get("error"), AdapterNotFoundError), result
+        assert "x" not in mgr.resident_ids() and "x" not in mgr.held_versions()
+        with pytest.raises(AdapterNotFoundError):
+            mgr.acquire("x")
+    else:
+        ra = result["ra"]
+        assert ra.version == local.get("x").version and mgr.held_versions()["x"] == ra.version
+    assert mgr.stats().counters["stale_fetches"] == 1
+
+
+def _reupload_files(adapter_root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (adapter_root / "a1").iterdir() if p.is_file()}
+
+
 def test_unknown_adapter_is_not_found(adapter_root: Path) -> None:
     with pytest.raises(AdapterNotFoundError):
         _manager(adapter_root, 1).acquire("missing")

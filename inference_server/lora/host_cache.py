@@ -33,6 +33,7 @@ class PackedAdapter:
     start: int = -1  # arena byte offset, -1 = not in the arena
     leases: int = 0
     plan: DevicePackPlan | None = None  # flat holds staged raw bytes (uint8); None: the packed pool layout
+    epoch: int = 0  # the manager's invalidation count of this id when its files were read
 
     @property
     def num_bytes(self) -> int:

@@ -91,6 +91,9 @@ class AdapterManager:
                                      on_evict=lambda _: self.metrics.count("host_evictions"))
         self._resident: OrderedDict[str, ResidentAdapter] = OrderedDict()  # LRU first
         self._queue: deque[object] = deque()  # tickets of acquisitions waiting for the pool
+        # invalidations so far, by adapter id: what was read from the source before the latest one
+        # (a delete or a re-upload racing a cold load) is never placed or served
+        self._epochs: dict[str, int] = {}
         self._cond = threading.Condition()
         self._timeout = acquire_timeout_s
 
@@ -168,8 +171,9 @@ class AdapterManager:
             return packed
         with self._cond:
             ra = self._resident.get(adapter_id)
+            epoch = self._epochs.get(adapter_id, 0)
         if ra is not None:  # resident but evicted from the host tier: no fetch needed
-            return PackedAdapter(adapter_id, ra.version, torch.empty(0, dtype=self.dtype), ra.layout)
+            return PackedAdapter(adapter_id, ra.version, torch.empty(0, dtype=self.dtype), ra.layout, epoch=epoch)
         self.metrics.count("source_fetches")
         files = self.source.resolve(adapter_id)
         spec = files.spec  # the base model decides what fits: checked again unless against this one
@@ -180,7 +184,9 @@ class AdapterManager:
             raise ResourceExhaustedError(
                 f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
             )
-        packed = self.host.insert(self._stage(adapter_id, files.info.version, spec, files.files[WEIGHTS_FILE], layout))
+        staged = self._stage(adapter_id, files.info.version, spec, files.files[WEIGHTS_FILE], layout)
+        staged.epoch = epoch
+        packed = self.host.insert(staged)
         leased.append(packed)
         return packed
 
@@ -259,7 +265,11 @@ class AdapterManager:
         if ra is not None:
             self.metrics.count("gpu_hits" if ra.ready else "gpu_joins")
             return self._take(ra), None
-        if packed.flat.numel() == 0:  # the resident copy vanished meanwhile: refetch
+        if packed.epoch != self._epochs.get(packed.adapter_id, 0):  # read before a delete or re-upload
+            self.metrics.count("stale_fetches")
+            self.host.invalidate(packed.adapter_id)  # (it may have reached the host tier after the invalidation)
+            packed = self._host_tier_locked_refetch(packed.adapter_id, leased)
+        elif packed.flat.numel() == 0:  # the resident copy vanished meanwhile: refetch
             packed = self._host_tier_locked_refetch(packed.adapter_id, leased)
         start = self._reserve(packed.layout.num_elements)
         if start is None:
@@ -317,7 +327,10 @@ class AdapterManager:
     # -- invalidation and visibility --------------------------------------------------------
     def invalidate(self, adapter_id: str) -> None:
         """Drop a replaced or deleted adapter from every tier; running requests finish on
-        the old copy, which is freed when they release it."""
+        the old copy, which is freed when they release it. A load that read the adapter's files
+        before this call fetches them again before it takes a pool place."""
+        with self._cond:
+            self._epochs[adapter_id] = self._epochs.get(adapter_id, 0) + 1
         self.host.invalidate(adapter_id)
         with self._cond:
             ra = self._resident.pop(adapter_id, None)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 # Upper bounds (seconds) of the load-latency histogram buckets, then +Inf.
 LOAD_BUCKETS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 COUNTERS = ("gpu_hits", "gpu_joins", "gpu_loads", "host_hits", "source_fetches", "gpu_evictions", "host_evictions",
-            "invalidations")
+            "invalidations", "stale_fetches")  # stale: read before an invalidation, so fetched again
 
 
 class PoolMetrics:

@@ -40,6 +40,9 @@ class PoolCollector(Collector):
             yield family
         yield CounterMetricFamily("loraplex_adapter_invalidations", "Adapters dropped after a re-upload or delete",
                                   value=c["invalidations"])
+        yield CounterMetricFamily("loraplex_adapter_stale_fetches",
+                                  "Loads that read an adapter before its re-upload or delete, and fetched it again",
+                                  value=c["stale_fetches"])
         buckets, running = [], 0
         for bound in (*LOAD_BUCKETS, float("inf")):
             running += c[f"load_le_{bound}"]
