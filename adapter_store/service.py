@@ -44,8 +44,8 @@ SERVICE_NAME = "loraplex.v1.AdapterStore"
 FIELD_METADATA_KEY = "loraplex-field"
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 WATCH_QUEUE = 1024
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,128}$")
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,128}\Z")
 _CODES = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),

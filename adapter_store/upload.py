@@ -20,7 +20,7 @@ from adapter_store.records import check_file_name
 from loraplex.v1 import store_pb2 as pb
 
 MAX_FILES = 8
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True, slots=True)

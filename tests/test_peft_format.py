@@ -91,6 +91,7 @@ def test_valid_adapter_spec() -> None:
         (_files(config={"alpha_pattern": {"q_proj": "nan"}}), "must be a finite number"),
         (_files(config={"alpha_pattern": {"q_proj": float("inf")}}), "must be a finite number"),
         (_files(config={"layers_to_transform": "0"}), "layers_to_transform must be a layer index"),
+        ({**_files(), "adapter_config.json": b"[" * 100000 + b"]" * 100000}, "nests too deeply"),
         (_header_edit(lambda h: h[next(iter(h))].update(dtype=["F32"])), "dtype must be a string"),
         (_header_edit(lambda h: h[next(iter(h))].update(data_offsets=[0.0, 512.0])), "two integers"),
         (_header_edit(lambda h: h[next(iter(h))].update(data_offsets=["0", "512"])), "two integers"),
@@ -101,7 +102,8 @@ def test_bad_adapters_are_rejected_with_a_clear_message(files: dict[str, bytes],
         parse_adapter_files(files, CFG)
 
 
-@pytest.mark.parametrize("bad", ["", "../x", "a/b/c", ".hidden", "a b", "x" * 200, "t/..", "é", None, "-a"])
+@pytest.mark.parametrize("bad", ["", "../x", "a/b/c", ".hidden", "a b", "x" * 200, "t/..", "é", None, "-a",
+                                 "acme/a\n", "acme\n/a", "a\n"])  # ($ would match before a final newline)
 def test_bad_adapter_ids_are_rejected(bad) -> None:
     with pytest.raises(InvalidRequestError):
         validate_adapter_id(bad)

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 MAX_TOKEN_LEN = 512
-_TOKEN = re.compile(r"^[\x21-\x7e]{16,512}$")  # printable ASCII, no spaces, 16..512 characters
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # one adapter-id part
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_TOKEN = re.compile(r"^[\x21-\x7e]{16,512}\Z")  # printable ASCII, no spaces, 16..512 characters
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # one adapter-id part
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class Role(str, enum.Enum):

@@ -7,7 +7,7 @@ import re
 from inference_server.errors import InvalidRequestError
 
 MAX_ADAPTER_ID_LEN = 128
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 def validate_adapter_id(adapter_id: object, field: str = "adapter_id") -> str:

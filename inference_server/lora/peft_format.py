@@ -123,6 +123,8 @@ def _load_config(raw: bytes) -> dict:
         config = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise AdapterValidationError(f"{CONFIG_FILE} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise AdapterValidationError(f"{CONFIG_FILE} nests too deeply to be an adapter config") from None
     if not isinstance(config, dict):
         raise AdapterValidationError(f"{CONFIG_FILE} must hold a JSON object")
     peft_type = str(config.get("peft_type", "LORA")).upper()

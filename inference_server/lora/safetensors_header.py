@@ -34,6 +34,8 @@ def read_header(data: bytes, filename: str = "adapter_model.safetensors") -> dic
         header = json.loads(data[8 : 8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise AdapterValidationError(f"{filename}: header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise AdapterValidationError(f"{filename}: header nests too deeply (corrupt file)") from None
     if not isinstance(header, dict):
         raise AdapterValidationError(f"{filename}: header is not a JSON object")
     header.pop("__metadata__", None)
