@@ -31,6 +31,16 @@ class IndexKeeper:
         self._blobs = blobs
         self._dirty = threading.Event()  # an index write was lost: rebuild once it is back
 
+    @property
+    def missed_writes(self) -> bool:
+        """An index write was lost since the last rebuild: until the next, the index may be stale
+        (a Redis out of memory answers reads and refuses writes), so lookups read the heads."""
+        return self._dirty.is_set()
+
+    @property
+    def index_description(self) -> str:
+        return getattr(self.index, "description", "the index")
+
     def write(self, fn: Callable[..., object], *args: object, lost_ok: bool = False) -> None:
         """Apply one index write; if the index is down, note it (and unless ``lost_ok``, rebuild later)."""
         try:
@@ -43,7 +53,7 @@ class IndexKeeper:
     def list(self, prefix: str, start_after: str, limit: int) -> list[StoredRecord]:
         """Up to ``limit`` records whose id starts with ``prefix``, after ``start_after``, in id order."""
         try:
-            complete = self.index.is_complete()
+            complete = self.index.is_complete() and not self._dirty.is_set()
             if not complete:
                 scanned = self.rebuild()
                 if scanned is not None:

@@ -199,6 +199,8 @@ class Store:
     def _lookup(self, adapter_id: str) -> StoredRecord:
         complete = False
         try:
+            if self.keeper.missed_writes:  # (it may answer reads and refuse writes: out of memory)
+                raise BackendUnavailable(self.keeper.index_description, "it missed writes since its last rebuild")
             record = self.index.get(adapter_id)
             self.health.ok("index")
             if record is not None:

@@ -12,8 +12,11 @@ from redis.retry import Retry
 from adapter_store.errors import BackendUnavailable
 from adapter_store.settings import RedisSettings
 
-# Connection-level failures only: a script or type error is a bug and must surface as one.
-REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# Redis cannot serve now: connection-level failures, and a server out of memory (maxmemory under
+# the noeviction policy) or a read-only replica. A script or type error is a bug and must
+# surface as one.
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+              redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
 
 
 def connect(settings: RedisSettings) -> redis.Redis:

@@ -45,12 +45,15 @@ class S3BlobBackend:
         where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
         self.description = f"S3 bucket {settings.bucket!r}{where}"
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T], missing_ok: bool = False) -> T:
+        """fn(), its failures as BackendUnavailable; where ``missing_ok`` (reading one key), a
+        "no such key" answer is re-raised as the ClientError for the caller to read as missing.
+        Anywhere else (a write, a list, a delete) a 404 means the endpoint or bucket is wrong."""
         try:
             return fn()
         except ClientError as e:
             code = str(e.response.get("Error", {}).get("Code", ""))
-            if code in _MISSING_CODES:
+            if missing_ok and code in _MISSING_CODES:
                 raise
             raise BackendUnavailable(self.description, f"{code}: {e}") from e
         except BotoCoreError as e:  # connection refused, timeouts, closed connections
@@ -64,7 +67,7 @@ class S3BlobBackend:
 
     def _get(self, key: str) -> bytes | None:
         try:
-            obj = self._call(lambda: self._client.get_object(Bucket=self._bucket, Key=key))
+            obj = self._call(lambda: self._client.get_object(Bucket=self._bucket, Key=key), missing_ok=True)
             return self._call(lambda: obj["Body"].read())
         except ClientError:  # only the "missing" codes reach here
             return None

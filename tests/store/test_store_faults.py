@@ -188,3 +188,30 @@ def test_an_unreadable_head_is_data_loss_until_a_reupload_replaces_it(env, adapt
         env.client.resolve("acme/hd")
     env.client.put("acme/hd", adapters["r16-bf16"])
     assert env.client.resolve("acme/hd").files == peft_files(adapters["r16-bf16"])
+
+
+def test_redis_out_of_memory_leaves_uploads_stored_and_reads_whole(make_env, redis_bin, shared_moto, adapters):
+    """A Redis at maxmemory under noeviction (the chart's policy) refuses writes with OOM: the
+    cache and index are optional, so an upload is still committed to S3 and answered OK (not
+    INTERNAL after the commit, with its old blob orphaned and no change event), and reads go on."""
+    redis = RedisProcess(redis_bin).start()
+    try:
+        env = make_env("s3-redis", redis_proc=redis, moto_proc=shared_moto)
+        events = []
+        env.store.subscribe(events.append)
+        first = env.client.put("acme/a", adapters["r4-fp32"])
+        admin = redis.client()
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", str(admin.info("memory")["used_memory"] + 20_000))
+        second = env.client.put("acme/a", adapters["r16-bf16"])  # the cache write is refused
+        assert second.version != first.version
+        assert env.client.get("acme/a").version == second.version
+        assert env.client.resolve("acme/a").files == peft_files(adapters["r16-bf16"])
+        blobs = [k for k in env.stored_objects() if "blobs/acme/a@" in k]
+        assert len(blobs) == 1 and second.version in blobs[0], blobs  # the old version's blob is dropped
+        assert ("put", "acme/a") in [(e.kind, e.adapter_id) for e in events[-2:]]
+        assert env.store.metrics.value("loraplex_store_degraded_total", dependency="cache") > 0
+        admin.config_set("maxmemory", "0")
+        admin.close()
+    finally:
+        redis.kill()

@@ -305,3 +305,38 @@ def test_client_with_a_base_checks_uploads_before_sending(tmp_path, foreign_adap
             assert client.put("t/foreign", foreign_adapters["r4-fp32"]).rank == 4
     finally:
         server.stop()
+
+
+def test_s3_404_means_missing_only_for_one_key_read(aws_test_credentials):
+    """Reading a key that is not there is "missing" (None); a 404 to a list, a write or a delete
+    means the endpoint or bucket is wrong, and is BackendUnavailable naming the bucket (the store
+    died at start with a raw ClientError traceback, and writes answered INTERNAL)."""
+    import http.server
+    import threading
+
+    from adapter_store.backends.s3_blobs import S3BlobBackend
+    from adapter_store.errors import BackendUnavailable
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def _404(self) -> None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = do_DELETE = do_HEAD = do_POST = _404
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        blobs = S3BlobBackend(S3Settings(bucket="b", endpoint_url=f"http://127.0.0.1:{server.server_port}",
+                                         region="us-east-1", connect_timeout_s=1, read_timeout_s=2, max_attempts=1))
+        assert blobs.read_head("acme/a") is None
+        for op in (lambda: blobs.list_heads("", "", 10), lambda: blobs.write_head("acme/a", b"{}"),
+                   lambda: blobs.write_blob("acme/a@v", b"x"), lambda: blobs.delete_head("acme/a")):
+            with pytest.raises(BackendUnavailable, match="S3 bucket 'b'"):
+                op()
+    finally:
+        server.shutdown()
