@@ -61,20 +61,17 @@ async def receive_upload(
         check_id(adapter_id)
     declared = _declared_files(meta, max_bytes)
     total = sum(size for _, size, _ in declared)
-    buf = bytearray(total)
-    view = memoryview(buf)
-    received = 0
+    buf = bytearray()  # grows as bytes arrive: a declaration alone takes no memory
     async for msg in stream:
         chunk = _chunk(msg)
-        if received + len(chunk) > total:
+        if len(buf) + len(chunk) > total:
             raise AdapterValidationError(f"the stream carries more bytes than the {total} its metadata declares")
-        view[received : received + len(chunk)] = chunk
-        received += len(chunk)
-    if received < total:
+        buf += chunk
+    if len(buf) < total:
         raise AdapterValidationError(
-            f"truncated upload: the stream ended after {received} of the {total} declared bytes"
+            f"truncated upload: the stream ended after {len(buf)} of the {total} declared bytes"
         )
-    files, digests = await asyncio.to_thread(_split, view, declared)  # hashing 80 MB: not on the event loop
+    files, digests = await asyncio.to_thread(_split, memoryview(buf), declared)  # hashing 80 MB: not on the loop
     return ReceivedUpload(adapter_id, files, meta.public, digests)
 
 

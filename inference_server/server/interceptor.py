@@ -91,11 +91,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 start, code = time.perf_counter(), "OK"
                 try:
-                    async for item in behavior(request, context):
-                        yield item
-                except BaseException as exc:  # noqa: BLE001  (re-raised or turned into a status)
-                    code = _code_name(exc, context)
-                    await _abort_or_reraise(exc, context)
+                    try:
+                        async for item in behavior(request, context):
+                            yield item
+                        return
+                    except BaseException as exc:  # noqa: BLE001  (re-raised or turned into a status)
+                        code = _code_name(exc, context)
+                        status = _status_or_reraise(exc, context)
+                    await context.abort(*status)  # after the except block: see _status_or_reraise
                 finally:
                     self._metrics.observe_rpc(name, code, time.perf_counter() - start)
             return stream
@@ -103,10 +106,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start, code = time.perf_counter(), "OK"
             try:
-                return await behavior(request, context)
-            except BaseException as exc:  # noqa: BLE001
-                code = _code_name(exc, context)
-                await _abort_or_reraise(exc, context)
+                try:
+                    return await behavior(request, context)
+                except BaseException as exc:  # noqa: BLE001
+                    code = _code_name(exc, context)
+                    status = _status_or_reraise(exc, context)
+                await context.abort(*status)
             finally:
                 self._metrics.observe_rpc(name, code, time.perf_counter() - start)
         return unary
@@ -125,8 +130,12 @@ def _code_name(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
     return "CANCELLED"
 
 
-async def _abort_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
-    """Abort the call with the status mapped from ``exc``; cancellations and aborts propagate."""
+def _status_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
+    """The (code, message) to abort the call with, from ``exc`` (logged; its field set in the
+    trailing metadata); cancellations and aborts propagate. The caller aborts after its except
+    block, not inside it: an abort raised there would chain ``exc`` (its traceback, and the frames
+    that hold, say, an upload's bytes) to the AbortError that gRPC keeps in a reference cycle, so
+    they would wait for the cycle collector."""
     if isinstance(exc, (asyncio.CancelledError, grpc.aio.AbortError)) or not isinstance(exc, Exception):
         raise exc
     code, message, field = status_for(exc)
@@ -136,4 +145,4 @@ async def _abort_or_reraise(exc: BaseException, context: grpc.aio.ServicerContex
         log.info("%s: %s", code.name, message)
     if field:
         context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
-    await context.abort(code, message)
+    return code, message

@@ -215,3 +215,38 @@ def test_redis_out_of_memory_leaves_uploads_stored_and_reads_whole(make_env, red
         admin.close()
     finally:
         redis.kill()
+
+
+def test_failed_uploads_free_their_bytes_without_the_cycle_collector(make_env, adapters):
+    """A refused upload's bytes are freed when the call ends, not when Python's cycle collector
+    happens to run (the abort used to chain the error, and so the frames holding the buffer, to
+    an AbortError that gRPC keeps in a cycle: QA saw 1.4 GB held after 7 truncated uploads), and a
+    declaration alone allocates nothing (a buffer of the declared size was made up front)."""
+    import gc
+    import tracemalloc
+
+    env = make_env("local-memory")
+    stub = store_pb2_grpc.AdapterStoreStub(grpc.insecure_channel(env.server.target))
+    declared = 8 << 20
+
+    def truncated(i):
+        yield pb.StorePutRequest(metadata=pb.StorePutMetadata(
+            adapter_id=f"acme/t{i}", files=[pb.StoredFile(name="adapter_config.json", size=2),
+                                            pb.StoredFile(name="adapter_model.safetensors", size=declared)]))
+        for _ in range(16):
+            yield pb.StorePutRequest(chunk=b"\\0" * (256 << 10))  # 4 of the 8 declared MiB
+
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(4):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Put(truncated(i), timeout=20)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "truncated" in err.value.details()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert held < 4 << 20, f"{held / 2**20:.1f} MiB still held after 4 refused uploads of 4 MiB each"
