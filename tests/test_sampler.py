@@ -101,3 +101,32 @@ def test_penalties_count_each_seen_token_once_and_skip_placeholders() -> None:
     assert changed == [[0, 5], [0, 7], [0, 9], [2, 2]]
     given = apply_penalties(logits, rows, seen_mask(rows, 50, logits.device))
     assert torch.equal(given, got)  # a mask handed in (the runner's SeenTokens) is applied the same way
+
+
+def test_extreme_but_valid_parameters_still_choose_a_real_token() -> None:
+    """Tiny temperatures, tiny top-p and extreme penalties that float32 cannot carry as given
+    (1e-38 / logits overflowed to inf, top-p 1e-46 rounded to 0 cut even the top token) choose
+    the most likely token, never token 0 out of NaN scores."""
+    scores = torch.randn(1, 300, generator=torch.Generator().manual_seed(3)) * 4
+    best = int(scores.argmax())
+    assert best != 0
+    for params in (dict(temperature=1e-38, seed=1), dict(temperature=9e-6, seed=1),
+                   dict(temperature=1.0, top_p=1e-46, seed=1)):
+        row = _row(**params)
+        assert int(choose(scores, [row])[0]) == best, params
+    assert SamplingParams(temperature=1e-38).greedy and not SamplingParams(temperature=1e-5).greedy
+    seen = _row(temperature=1.0, seed=2, repetition_penalty=1e-6)
+    seen = SampleRow(seen.params, (best,), seen.generator)
+    penalized = apply_penalties(scores.clone(), [seen])
+    assert torch.isfinite(penalized).all()
+
+
+def test_repetition_penalties_outside_what_float32_carries_are_refused() -> None:
+    import pytest
+
+    from inference_server.errors import InvalidRequestError
+
+    for bad in (1e-300, 1e-7, 1e7, 0.0, -1.0, float("nan")):
+        with pytest.raises(InvalidRequestError, match=r"must be in \[1e-06, 1e\+06\]"):
+            SamplingParams(repetition_penalty=bad)
+    assert SamplingParams(repetition_penalty=1e-6).repetition_penalty == 1e-6

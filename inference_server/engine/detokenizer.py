@@ -83,13 +83,18 @@ class StopStringMatcher:
         return min(hits) if hits else None
 
     def _held_back(self) -> int:
-        text = self._text
-        best = 0
+        """Characters at the end of the text that may begin a stop string: the longest suffix
+        that is a proper prefix of one. Only the positions in the last len(stop) - 1 characters
+        holding the stop's first character are tried (each token used to cost O(len(stop)^2))."""
+        text, best = self._text, 0
         for stop in self._stops:
-            for n in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:n]):
-                    best = n
+            tail = text[max(0, len(text) - len(stop) + 1) :] if len(stop) > 1 else ""
+            i = tail.find(stop[0])
+            while 0 <= i and len(tail) - i > best:
+                if stop.startswith(tail[i:]):
+                    best = len(tail) - i
                     break
+                i = tail.find(stop[0], i + 1)
         return best
 
     def _release(self, upto: int) -> str:

@@ -9,9 +9,17 @@ from dataclasses import dataclass, field
 from inference_server.errors import InvalidRequestError
 
 
+MAX_STOP_CHARS = 256  # per stop string: matching runs on the engine's step thread, for every token
+GREEDY_BELOW = 1e-5  # temperatures under it choose greedily (SamplingParams.greedy)
+# repetition penalties a float32 logit can be divided or multiplied by without overflowing
+PENALTY_RANGE = (1e-6, 1e6)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How the next token is chosen. temperature 0 means greedy."""
+    """How the next token is chosen. temperature 0 means greedy, and so does any temperature
+    under GREEDY_BELOW (sampling there is greedy in all but exact ties, and float32 logits
+    divided by it would overflow)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -28,8 +36,10 @@ class SamplingParams:
             raise InvalidRequestError(f"must be >= 0 (0 = off), got {self.top_k}", "top_k")
         if not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"must be in (0, 1], got {self.top_p}", "top_p")
-        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise InvalidRequestError(f"must be > 0, got {self.repetition_penalty}", "repetition_penalty")
+        lo, hi = PENALTY_RANGE
+        if not (math.isfinite(self.repetition_penalty) and lo <= self.repetition_penalty <= hi):
+            raise InvalidRequestError(f"must be in [{lo:g}, {hi:g}] (1 = off), got {self.repetition_penalty}",
+                                      "repetition_penalty")
         if not (0 <= self.top_logprobs <= 20):
             raise InvalidRequestError(f"must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
         if self.seed is not None and not (0 <= self.seed < 2**63):
@@ -37,7 +47,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +66,8 @@ class StoppingCriteria:
             raise InvalidRequestError("stop strings must be non-empty", "stop_strings")
         if len(self.stop_strings) > 16:
             raise InvalidRequestError("at most 16 stop strings", "stop_strings")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop_strings):
+            raise InvalidRequestError(f"a stop string is at most {MAX_STOP_CHARS} characters", "stop_strings")
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("token ids must be >= 0", "stop_token_ids")
 

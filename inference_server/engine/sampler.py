@@ -126,6 +126,7 @@ def _nucleus(scores: torch.Tensor, top_k: list[int], top_p: list[float]) -> torc
     probs = ordered.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # the mass of the tokens more likely than each
     cut = ordered.isneginf() | (before >= to_device(top_p, device)[:, None])
+    cut[:, 0] = False  # the most likely token, even for a top-p that float32 rounds to 0
     return scores.masked_fill(cut.scatter(1, order, cut), float("-inf"))
 
 
