@@ -12,7 +12,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
-from clients.requests import DEFAULT_ADDRESS, Progress, UploadPlan, channel_options, generate_request
+from clients.requests import (
+    DEFAULT_ADDRESS,
+    CapturedStream,
+    Progress,
+    UploadPlan,
+    channel_options,
+    generate_request,
+)
 from clients.security import TlsConfig, auth_metadata, make_channel
 from clients.sync_client import HEALTH_STATUS
 from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
@@ -78,10 +85,13 @@ class AsyncLoraplexClient:
         """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out.
         ``public``: as LoraplexClient.upload_adapter (each upload sets it anew)."""
         plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder, public)
+        stream = CapturedStream(plan.messages(progress))
         try:
-            return AdapterInfo.from_pb(await self._stub.UploadAdapter(plan.messages(progress), timeout=timeout,
-                                                                metadata=self._metadata))
+            return AdapterInfo.from_pb(await self._stub.UploadAdapter(iter(stream), timeout=timeout,
+                                                                      metadata=self._metadata))
         except grpc.aio.AioRpcError as exc:
+            if stream.error is not None:  # the folder or the progress callback failed, not the server
+                raise stream.error from None
             raise from_rpc_error(exc) from None
 
     async def list_adapters(self, prefix: str = "", *, timeout: float | None = None) -> list[AdapterInfo]:

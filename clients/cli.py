@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -28,6 +29,17 @@ from typing import Any
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
+def _seconds(text: str) -> float:
+    """A --timeout: a finite number of seconds > 0 (0, negatives and nan only ever timed out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every subcommand except ``serve`` (which takes the server's flags)."""
     from clients.requests import DEFAULT_ADDRESS  # noqa: PLC0415
@@ -36,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--address", default=os.environ.get("LORAPLEX_ADDRESS", DEFAULT_ADDRESS),
                    help="server host:port (env LORAPLEX_ADDRESS)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (generate: the whole stream)")
+    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds per call (generate: the whole stream)")
     p.add_argument("--token", default=os.environ.get("LORAPLEX_TOKEN") or None,
                    help="bearer token for a server started with --auth tokens (env LORAPLEX_TOKEN)")
     p.add_argument("--tls", action="store_true", help="connect with TLS using the system's CAs")

@@ -81,22 +81,37 @@ def generate_request(
     elif token_ids is not None:
         req.token_ids.ids.extend(token_ids)
     else:
-        req.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages or ())
+        req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages or ()))
     s = req.sampling
-    s.temperature, s.top_k, s.logprobs, s.top_logprobs = temperature, top_k, logprobs, top_logprobs
-    if top_p is not None:
-        s.top_p = top_p
-    if seed is not None:
-        s.seed = seed
-    if repetition_penalty is not None:
-        s.repetition_penalty = repetition_penalty
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("logprobs", logprobs),
+                        ("top_logprobs", top_logprobs), ("top_p", top_p), ("seed", seed),
+                        ("repetition_penalty", repetition_penalty)):
+        if value is not None:
+            _set(s, name, value)
     st = req.stopping
     if max_new_tokens is not None:
-        st.max_new_tokens = max_new_tokens
+        _set(st, "max_new_tokens", max_new_tokens)
     st.stop_strings.extend(stop)
-    st.stop_token_ids.extend(stop_token_ids)
+    try:
+        st.stop_token_ids.extend(stop_token_ids)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"stop_token_ids: {e}") from None
     st.ignore_eos = ignore_eos
     return req
+
+
+def _set(message: object, name: str, value: object) -> None:
+    """message.name = value, a protobuf range or type error naming the argument."""
+    try:
+        setattr(message, name, value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: {e} (got {value!r})") from None
+
+
+def _chat_message(i: int, m: object) -> pb.ChatMessage:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
+    return pb.ChatMessage(role=m["role"], content=m["content"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +173,23 @@ class UploadPlan:
                         progress(sent, total)
         if progress is not None and total == 0:
             progress(0, 0)
+
+
+class CapturedStream:
+    """An upload's request iterator that remembers what it raised (a file gone or changed, a
+    progress callback that failed): gRPC reports only "Exception iterating requests!" (UNKNOWN),
+    so the client re-raises this instead."""
+
+    def __init__(self, messages: Iterator[pb.UploadAdapterRequest]) -> None:
+        self._messages = messages
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[pb.UploadAdapterRequest]:
+        try:
+            yield from self._messages
+        except BaseException as e:
+            self.error = e
+            raise
 
 
 def _sha256(path: Path) -> str:

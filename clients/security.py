@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +60,20 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", f"Bearer {token}"),)
 
 
+def check_address(address: str) -> str:
+    """``address`` if it is a usable gRPC target, else ValueError naming the problem (a port past
+    65535 was taken modulo 65536 by the resolver, and the call failed naming another port)."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"address must be host:port, got {address!r}")
+    m = re.search(r":(\d+)\Z", address)
+    if m is not None and not 1 <= int(m[1]) <= 65535:
+        raise ValueError(f"address {address!r}: port {m[1]} is outside 1-65535")
+    return address
+
+
 def make_channel(address: str, options: list[tuple[str, Any]], tls: TlsConfig | None, aio: bool) -> Any:
     """A sync or asyncio channel to ``address``, over TLS when ``tls`` is given."""
+    check_address(address)
     if tls is None:
         return (grpc.aio.insecure_channel if aio else grpc.insecure_channel)(address, options=options)
     return (grpc.aio.secure_channel if aio else grpc.secure_channel)(address, tls.credentials(), options=options)

@@ -11,7 +11,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.errors import from_rpc_error
-from clients.requests import DEFAULT_ADDRESS, Progress, UploadPlan, channel_options, generate_request
+from clients.requests import (
+    DEFAULT_ADDRESS,
+    CapturedStream,
+    Progress,
+    UploadPlan,
+    channel_options,
+    generate_request,
+)
 from clients.security import TlsConfig, auth_metadata, make_channel
 from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
@@ -86,10 +93,13 @@ class LoraplexClient:
         ``public``: every tenant may generate with it, show it and list it (only you may write it);
         each upload sets this anew, so re-uploading without it makes the adapter private again."""
         plan = UploadPlan.from_folder(adapter_id, folder, public)
+        stream = CapturedStream(plan.messages(progress))
         try:
-            return AdapterInfo.from_pb(self._stub.UploadAdapter(plan.messages(progress), timeout=timeout,
+            return AdapterInfo.from_pb(self._stub.UploadAdapter(iter(stream), timeout=timeout,
                                                                 metadata=self._metadata))
         except grpc.RpcError as exc:
+            if stream.error is not None:  # the folder or the progress callback failed, not the server
+                raise stream.error from None
             raise from_rpc_error(exc) from None
 
     def list_adapters(self, prefix: str = "", *, timeout: float | None = None) -> list[AdapterInfo]:

@@ -93,3 +93,43 @@ def test_unreachable_server_is_a_clean_error(capsys) -> None:
 def test_upload_of_a_missing_folder_is_a_clean_error(capsys, address: str, tmp_path: Path) -> None:
     code, _, err = run(capsys, address, "adapters", "upload", "x", str(tmp_path / "nope"))
     assert code == 1 and "not a folder" in err
+
+
+def test_bad_arguments_name_the_option_before_any_call(capsys, address: str) -> None:
+    """Out-of-range numbers name their option (protobuf only said "Value out of range: -3"), a
+    timeout must be > 0 seconds, and a port past 65535 is refused (the resolver took it modulo
+    65536 and the error named another port)."""
+    code, _, err = run(capsys, address, "generate", "x", "--max-new-tokens", "-3")
+    assert code == 1 and "max_new_tokens: Value out of range: -3" in err
+    code, _, err = run(capsys, address, "generate", "x", "--seed", "-1")
+    assert code == 1 and err.startswith("loraplex: seed:")
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--address", address, "--timeout", bad, "health"])
+        assert exit_.value.code == 2 and "must be a number of seconds > 0" in capsys.readouterr().err
+    assert main(["--address", "127.0.0.1:99999", "health"]) == 1
+    assert "port 99999 is outside 1-65535" in capsys.readouterr().err
+
+
+def test_an_upload_that_fails_on_the_client_side_says_why(address: str, tmp_path: Path) -> None:
+    """A progress callback that raises, or a file that vanishes mid-upload, surfaces as itself,
+    not as gRPC's "Exception iterating requests!" (UNKNOWN)."""
+    from clients.sync_client import LoraplexClient
+
+    folder = write_fake_adapter(tmp_path / "a")
+
+    def explode(sent: int, total: int) -> None:
+        raise RuntimeError("progress bar broke")
+
+    def vanish(sent: int, total: int) -> None:
+        (folder / "adapter_model.safetensors").unlink(missing_ok=True)
+
+    with LoraplexClient(address) as client:
+        with pytest.raises(RuntimeError, match="progress bar broke"):
+            client.upload_adapter("t/a", folder, progress=explode)
+        with pytest.raises(FileNotFoundError):
+            client.upload_adapter("t/a", folder, progress=vanish)
+    with pytest.raises(ValueError, match=r"messages\[0\] must be a dict with string 'role' and 'content'"):
+        from clients.requests import generate_request
+
+        generate_request(messages=[{"content": "x"}])

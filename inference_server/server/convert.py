@@ -126,6 +126,9 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
     return ids
 
 
+CHAT_ROLES = ("system", "user", "assistant")  # ChatMessage.role in inference.proto
+
+
 def _chat_ids(chat: pb.ChatMessages, tokenizer: PromptTokenizer) -> list[int]:
     if not chat.messages:
         raise InvalidRequestError("at least one message is required", "chat.messages")
@@ -133,6 +136,9 @@ def _chat_ids(chat: pb.ChatMessages, tokenizer: PromptTokenizer) -> list[int]:
     for i, m in enumerate(chat.messages):
         if not m.role:
             raise InvalidRequestError(f"message {i} has no role", "chat.messages.role")
+        if m.role not in CHAT_ROLES:
+            raise InvalidRequestError(f"message {i} has role {m.role!r}; roles are {', '.join(CHAT_ROLES)}",
+                                      "chat.messages.role")
         messages.append({"role": m.role, "content": m.content})
     try:
         return tokenizer.apply_chat_template(messages)
