@@ -27,8 +27,10 @@ def load_base_config(path: str | None) -> ModelConfig | None:
         return ModelConfig.from_hf(json.loads(p.read_text()), name=p.parent.name)
     except FileNotFoundError:
         raise ValueError(f"base model config {p} does not exist") from None
-    except (json.JSONDecodeError, KeyError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"base model config {p} is not a Hugging Face config.json ({e})") from None
+    except OSError as e:
+        raise ValueError(f"base model config {p} cannot be read ({e.strerror or e})") from None
 
 
 def build_store(

@@ -86,9 +86,15 @@ async def _serve(settings: StoreSettings, store: Store, metrics: StoreMetrics, s
     if settings.metrics_port:
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        start_http_server(settings.metrics_port, registry=metrics.registry)
+        try:
+            start_http_server(settings.metrics_port, registry=metrics.registry)
+        except OSError as e:
+            raise StartupError(f"cannot serve metrics on port {settings.metrics_port}: {e.strerror or e}") from None
     server = StoreServer(store, settings.listen, settings.chunk_bytes, settings.maintain_interval_s, secret=secret)
-    port = await server.start()
+    try:
+        port = await server.start()
+    except (RuntimeError, OSError) as e:  # gRPC's "Failed to bind" is a RuntimeError
+        raise StartupError(f"cannot listen on {settings.listen}: {e}") from None
     print(f"loraplex-store listening on port {port}", flush=True)  # the line scripts wait for
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,6 +105,11 @@ async def _serve(settings: StoreSettings, store: Store, metrics: StoreMetrics, s
     await server.stop()
 
 
+class StartupError(Exception):
+    """The store cannot start as configured (a port taken, a folder it cannot use): said in one
+    line, without a traceback."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point."""
     try:
@@ -106,12 +117,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         metrics = StoreMetrics()
         secret = read_secret(settings.secret_file) if settings.secret_file else None
-        store = build_store(settings, metrics=metrics)
+        store = _build(settings, metrics)
     except ValueError as e:
         print(f"loraplex-store: {e}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(settings, store, metrics, secret))
+    try:
+        asyncio.run(_serve(settings, store, metrics, secret))
+    except StartupError as e:
+        print(f"loraplex-store: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _build(settings: StoreSettings, metrics: StoreMetrics) -> Store:
+    try:
+        return build_store(settings, metrics=metrics)
+    except OSError as e:  # e.g. --local-dir is a file, or cannot be created
+        where = f" {e.filename}" if e.filename else ""
+        raise ValueError(f"cannot use{where}: {e.strerror or e}") from None
 
 
 if __name__ == "__main__":

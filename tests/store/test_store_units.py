@@ -340,3 +340,26 @@ def test_s3_404_means_missing_only_for_one_key_read(aws_test_credentials):
                 op()
     finally:
         server.shutdown()
+
+
+def test_store_cli_says_in_one_line_why_it_cannot_start(tmp_path, capsys):
+    """A port in use, a --local-dir that is a file and a --base-config that is not an object each
+    end the process with one line naming the problem, not a traceback."""
+    import socket
+
+    from adapter_store.main import main
+
+    (tmp_path / "a-file").write_text("")
+    assert main(["--local-dir", str(tmp_path / "a-file" / "x"), "--listen", "127.0.0.1:0"]) == 2
+    assert "cannot use" in capsys.readouterr().err
+    (tmp_path / "base.json").write_text("[1]")
+    assert main(["--local-dir", str(tmp_path / "d1"), "--base-config", str(tmp_path / "base.json")]) == 2
+    assert "is not a Hugging Face config.json" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--local-dir", str(tmp_path / "d2"), "--listen", f"127.0.0.1:{port}", "--metrics-port", "0"]) == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+        assert main(["--local-dir", str(tmp_path / "d3"), "--listen", "127.0.0.1:0", "--metrics-port", str(port)]) == 1
+        assert f"cannot serve metrics on port {port}" in capsys.readouterr().err
