@@ -58,6 +58,9 @@ def test_inline_s3_credentials_are_refused_without_echoing_them(values: dict) ->
     assert "wJalrXUtnFEMI" not in message and "AKIAEXAMPLE" not in message, "the error leaks the secret"
 
 
+SHARED_REDIS = {"redis": {"mode": "external", "external": {"url": "redis://redis:6379/0"}}}
+
+
 @pytest.mark.parametrize(("values", "words"), [
     ({"replicaCount": 2}, "adapterStore.blobs=s3"),
     ({"autoscaling": {"enabled": True}}, "adapterStore.blobs=s3"),
@@ -72,11 +75,14 @@ def test_inline_s3_credentials_are_refused_without_echoing_them(values: dict) ->
     ({"redis": {"mode": "external"}}, "redis.external.url"),
     ({"redis": {"mode": "external", "external": {"url": "http://redis:6379"}}}, "redis://"),
     ({"server": {"defaultMaxNewTokens": 5000}}, "maxNewTokensLimit"),
-    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}},
+    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}}, **SHARED_REDIS,
       "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}, "minReplicas (5) is above"),
-    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}},
+    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}}, **SHARED_REDIS,
       "autoscaling": {"enabled": True, "customMetric": {"enabled": False}, "cpuTargetUtilization": None}},
      "needs a metric"),
+    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}}, "replicaCount": 2}, "set redis.mode=external"),
+    ({"adapterStore": {"blobs": "s3", "s3": {"bucket": "b"}}, "autoscaling": {"enabled": True}},
+     "each pod its own in-memory index"),
 ])
 def test_chart_refuses_inconsistent_values_with_a_message(values: dict, words: str) -> None:
     assert words in render_error(values)

@@ -134,6 +134,9 @@ values to change.
 {{- if and (eq $v.adapterStore.blobs "local") (or $v.autoscaling.enabled (gt (int $v.replicaCount) 1)) }}
 {{- fail "adapterStore.blobs=local keeps adapters inside each pod, so replicas would serve different adapters: set adapterStore.blobs=s3 (with adapterStore.s3.bucket) before replicaCount > 1 or autoscaling.enabled=true" }}
 {{- end }}
+{{- if and (eq $v.adapterStore.blobs "s3") (eq $v.redis.mode "none") (or $v.autoscaling.enabled (gt (int $v.replicaCount) 1)) }}
+{{- fail "adapterStore.blobs=s3 with redis.mode=none gives each pod its own in-memory index and change feed, so a pod would go on serving an adapter that another pod replaced or deleted: set redis.mode=external (or bundled) before replicaCount > 1 or autoscaling.enabled=true" }}
+{{- end }}
 {{- if and $v.autoscaling.enabled (gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) }}
 {{- fail (printf "autoscaling.minReplicas (%v) is above autoscaling.maxReplicas (%v)" $v.autoscaling.minReplicas $v.autoscaling.maxReplicas) }}
 {{- end }}
