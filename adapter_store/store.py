@@ -218,8 +218,21 @@ class Store:
             ) from e
         if record is None:
             raise AdapterNotFoundError(adapter_id)
-        self.keeper.write(self.index.fill, record, lost_ok=True)
+        self._fill_index(record)
         return record
+
+    def _fill_index(self, record: StoredRecord) -> None:
+        """Put a record read from its head into the index, unless a write replaced or deleted it
+        since: under the adapter's write lock (writes hold it over head and index), the head is read
+        again and the record filled only if it is still current (else a delete that completed
+        between the read and the fill was undone in the index)."""
+        with self._write_lock(record.adapter_id):
+            try:
+                current = self._heads.read(record.adapter_id)
+            except BackendUnavailable:
+                return  # not filled: the index stays a miss, which reads the head again
+            if current is not None and current.version == record.version:
+                self.keeper.write(self.index.fill, current, lost_ok=True)
 
     def _from_cache(self, record: StoredRecord) -> dict[str, bytes] | None:
         pieces = self._cache_call(self.cache.pieces, record.blob_key)

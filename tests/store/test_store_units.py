@@ -363,3 +363,32 @@ def test_store_cli_says_in_one_line_why_it_cannot_start(tmp_path, capsys):
         assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
         assert main(["--local-dir", str(tmp_path / "d3"), "--listen", "127.0.0.1:0", "--metrics-port", str(port)]) == 1
         assert f"cannot serve metrics on port {port}" in capsys.readouterr().err
+
+
+def test_a_lookup_that_races_a_delete_does_not_bring_the_adapter_back(tmp_path, adapters, base_config):
+    """A lookup that missed the index reads the head, then fills the index with it; a delete that
+    completes in between must not be undone by that fill (the adapter came back in List and Stat
+    until a Get happened to clean it up)."""
+    from adapter_store.factory import build_store
+    from inference_server.errors import AdapterNotFoundError
+
+    store = build_store(StoreSettings(blob_backend="local", local_dir=str(tmp_path / "blobs"),
+                                      index_backend="memory"), base=base_config)
+    store.put("acme/g", adapters["r4-fp32"])
+    store.index.remove("acme/g")  # the index misses it (e.g. a lost write): lookups read the head
+    heads_read = store._heads.read
+
+    def read_then_deleted(adapter_id):
+        record = heads_read(adapter_id)
+        if record is not None and not raced:
+            raced.append(adapter_id)
+            store.delete(adapter_id)  # completes between the lookup's head read and its fill
+        return record
+
+    raced: list[str] = []
+    store._heads.read = read_then_deleted
+    store.stat("acme/g")  # answered from the head it read: the delete came after that
+    assert raced == ["acme/g"] and store.index.get("acme/g") is None
+    with pytest.raises(AdapterNotFoundError):
+        store.stat("acme/g")
+    assert [r.adapter_id for r in store.list("", "", 10)] == []
