@@ -46,15 +46,16 @@ def build_store(
         blobs = LocalBlobBackend(settings.local_dir)
     if settings.index_backend == "redis":
         from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415  (redis is an extra)
-        from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+        from adapter_store.backends.redis_conn import Breaker, connect  # noqa: PLC0415
         from adapter_store.backends.redis_feed import RedisChangeFeed  # noqa: PLC0415
         from adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
 
         client = connect(settings.redis)
         ns = settings.redis.namespace
+        breaker = Breaker()  # one for the client: a Redis that does not answer is skipped by index and cache
         index, cache, feed = (
-            RedisIndex(client, ns),
-            RedisBlobCache(client, ns, settings.cache_max_bytes),
+            RedisIndex(client, ns, breaker=breaker),
+            RedisBlobCache(client, ns, settings.cache_max_bytes, breaker=breaker),
             RedisChangeFeed(client, ns),
         )
     else:

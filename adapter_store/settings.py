@@ -21,7 +21,9 @@ class S3Settings:
     multipart_threshold: int = 16 * MIB
     multipart_chunksize: int = 16 * MIB
     connect_timeout_s: float = 2.0
-    read_timeout_s: float = 30.0
+    # between two reads of a socket (not a whole transfer); with the retry, an S3 that stops
+    # answering costs a call ~20 s, under the clients' deadlines (30 s in the CLI), not past them
+    read_timeout_s: float = 10.0
     max_attempts: int = 2
 
     def __post_init__(self) -> None:
@@ -41,7 +43,7 @@ class RedisSettings:
 
     url: str = "redis://127.0.0.1:6379/0"
     namespace: str = "loraplex:store"  # key prefix; stores sharing it share adapters
-    socket_timeout_s: float = 5.0
+    socket_timeout_s: float = 2.0  # a Redis that does not answer is then skipped a while (redis_conn.Breaker)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("redis://", "rediss://", "unix://")):

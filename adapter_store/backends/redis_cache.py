@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
-from adapter_store.backends.redis_conn import describe, translated
+from adapter_store.backends.redis_conn import Breaker, describe, translated
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 
@@ -65,7 +65,8 @@ READ_THREADS = 4  # GETRANGEs in flight at once (connections of the client's poo
 class RedisBlobCache:
     """An LRU of blobs in Redis whose sizes sum to at most ``capacity`` bytes."""
 
-    def __init__(self, client: redis.Redis, namespace: str, capacity: int) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, capacity: int, breaker: Breaker | None = None) -> None:
+        self._breaker = breaker or Breaker()
         if capacity < 0:
             raise ValueError(f"cache capacity must be >= 0, got {capacity}")
         self.capacity = capacity
@@ -85,25 +86,25 @@ class RedisBlobCache:
 
     @property
     def total_bytes(self) -> int:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             return int(self._r.get(self._total) or 0)
 
     def keys(self) -> list[str]:
         """Cached keys, least recently used first."""
         cut = len(self._blob(""))
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             return [k.decode()[cut:] for k in self._r.zrange(self._lru, 0, -1)]
 
     def get(self, key: str) -> bytes | None:
         pieces = self.pieces(key)
         if pieces is None:
             return None
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             return b"".join(pieces)
 
     def pieces(self, key: str) -> Iterator[bytes] | None:
         blob = self._blob(key)
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             pipe = self._r.pipeline(transaction=False)
             pipe.exists(blob)
             pipe.strlen(blob)
@@ -120,7 +121,7 @@ class RedisBlobCache:
         try:
             yield first
             for future in rest:
-                with translated(self.description):
+                with translated(self.description, self._breaker):
                     yield future.result()
         finally:  # the consumer stopped early (e.g. a bad checksum): do not read the rest
             for future in rest:
@@ -129,7 +130,7 @@ class RedisBlobCache:
     def put(self, key: str, data: bytes) -> bool:
         if len(data) > self.capacity:
             return False
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             pipe = self._r.pipeline(transaction=True)
             pipe.set(self._blob(key), data)
             self._account(keys=[self._blob(key), self._lru, self._total, self._sizes],
@@ -138,5 +139,5 @@ class RedisBlobCache:
         return True
 
     def discard(self, key: str) -> None:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             self._discard(keys=[self._blob(key), self._lru, self._total, self._sizes])

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import redis
 
-from adapter_store.backends.redis_conn import REDIS_DOWN, describe, translated
+from adapter_store.backends.redis_conn import REDIS_DOWN, Breaker, describe, translated
 from adapter_store.records import StoredRecord
 
 # Write a record read from the blob backend unless the stored one is newer than ARGV[3]
@@ -37,7 +37,9 @@ return 1
 class RedisIndex:
     """Adapter records in Redis, shared by every store process using the same namespace."""
 
-    def __init__(self, client: redis.Redis, namespace: str, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, lock_timeout_s: float = 120.0,
+                 breaker: Breaker | None = None) -> None:
+        self._breaker = breaker or Breaker()
         self._r = client
         self._ns = namespace
         self._lock_timeout = lock_timeout_s
@@ -51,26 +53,26 @@ class RedisIndex:
         return f"{self._ns}:rec:{adapter_id}"
 
     def get(self, adapter_id: str) -> StoredRecord | None:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             raw = self._r.get(self._rec(adapter_id))
         return StoredRecord.from_json(raw) if raw is not None else None
 
     def put(self, record: StoredRecord) -> None:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             pipe = self._r.pipeline(transaction=True)
             pipe.set(self._rec(record.adapter_id), record.to_json())
             pipe.zadd(self._ids, {record.adapter_id: 0})
             pipe.execute()
 
     def fill(self, record: StoredRecord) -> None:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             self._upsert(
                 keys=[self._rec(record.adapter_id), self._ids],
                 args=[record.adapter_id, record.to_json(), record.info.created_at],
             )
 
     def remove(self, adapter_id: str) -> None:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             pipe = self._r.pipeline(transaction=True)
             pipe.delete(self._rec(adapter_id))
             pipe.zrem(self._ids, adapter_id)
@@ -82,22 +84,22 @@ class RedisIndex:
         else:
             low = b"[" + prefix.encode() if prefix else b"-"
         high = b"[" + prefix.encode() + b"\xff" if prefix else b"+"
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             ids = self._r.zrangebylex(self._ids, low, high, start=0, num=limit)
             raws = self._r.mget([self._rec(i.decode()) for i in ids]) if ids else []
         return [StoredRecord.from_json(raw) for raw in raws if raw is not None]
 
     def is_complete(self) -> bool:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             return bool(self._r.exists(self._complete))
 
     def mark_incomplete(self) -> None:
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             self._r.delete(self._complete)
 
     def rebuild(self, records: Iterable[StoredRecord], started_at: float) -> None:
         scanned = {r.adapter_id: r for r in records}
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             for record in scanned.values():
                 self._upsert(keys=[self._rec(record.adapter_id), self._ids],
                              args=[record.adapter_id, record.to_json(), started_at])
@@ -112,7 +114,7 @@ class RedisIndex:
         lock = self._r.lock(
             f"{self._ns}:lock:{adapter_id}", timeout=self._lock_timeout, blocking_timeout=self._lock_timeout
         )
-        with translated(self.description):
+        with translated(self.description, self._breaker):
             acquired = lock.acquire()
         if not acquired:
             raise RuntimeError(f"adapter {adapter_id!r} has been locked by another writer for {self._lock_timeout}s")

@@ -392,3 +392,36 @@ def test_a_lookup_that_races_a_delete_does_not_bring_the_adapter_back(tmp_path, 
     with pytest.raises(AdapterNotFoundError):
         store.stat("acme/g")
     assert [r.adapter_id for r in store.list("", "", 10)] == []
+
+
+def test_a_redis_that_does_not_answer_is_skipped_for_a_while():
+    """After one Redis command got no answer, the next ones fail at once for the cool-down (a hung
+    Redis made every store operation wait 10 s a command, 30-80 s in all), then Redis is tried
+    again; a Redis that answers "no" (out of memory) does not open the breaker."""
+    import redis
+
+    from adapter_store.backends.redis_conn import Breaker, translated
+    from adapter_store.errors import BackendUnavailable
+
+    now = [100.0]
+    breaker = Breaker(cool_down_s=5.0, clock=lambda: now[0])
+    calls = []
+
+    def command(error):
+        with translated("Redis at x", breaker):
+            calls.append(error)
+            if error is not None:
+                raise error
+
+    with pytest.raises(BackendUnavailable, match="OutOfMemoryError"):
+        command(redis.exceptions.OutOfMemoryError("OOM"))
+    command(None)  # still tried: OOM is an answer
+    with pytest.raises(BackendUnavailable, match="TimeoutError"):
+        command(redis.exceptions.TimeoutError("read timed out"))
+    now[0] += 4.0
+    with pytest.raises(BackendUnavailable, match="not tried"):
+        command(None)
+    assert len(calls) == 3  # the skipped command never ran
+    now[0] += 1.5
+    command(None)  # the cool-down is over: tried again
+    assert len(calls) == 4
