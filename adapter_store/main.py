@@ -95,6 +95,8 @@ async def _serve(settings: StoreSettings, store: Store, metrics: StoreMetrics, s
         port = await server.start()
     except (RuntimeError, OSError) as e:  # gRPC's "Failed to bind" is a RuntimeError
         raise StartupError(f"cannot listen on {settings.listen}: {e}") from None
+    except ValueError as e:  # a backend configured wrong (Store.check_backends)
+        raise StartupError(f"cannot start: {e}") from None
     print(f"loraplex-store listening on port {port}", flush=True)  # the line scripts wait for
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

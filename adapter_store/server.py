@@ -52,6 +52,7 @@ class StoreServer:
         self.port = server.add_insecure_port(self._listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self._listen}")
+        await asyncio.to_thread(self.store.check_backends)  # say now which backends do not answer
         await asyncio.to_thread(self.store.maintain)  # build the index before the first request
         await server.start()
         self._server = server

@@ -281,6 +281,21 @@ class Store:
         """Periodic upkeep: rebuild the index from the blob store when it missed writes or was emptied."""
         self.keeper.maintain()
 
+    def check_backends(self) -> None:
+        """At start: a warning for each backend that does not answer now (the store serves anyway,
+        and recovers when they do), and ValueError for an S3 bucket that does not exist (a setting
+        to fix, not an outage to wait out)."""
+        try:
+            self.blobs.list_heads("", "", 1)
+        except BackendUnavailable as e:
+            if e.detail.startswith("NoSuchBucket"):
+                raise ValueError(f"{e.backend} does not exist (check --s3-bucket and --s3-endpoint-url)") from None
+            log.warning("at start: %s; serving, and the calls that need it fail with UNAVAILABLE until it answers", e)
+        try:
+            self.index.is_complete()
+        except BackendUnavailable as e:
+            log.warning("at start: %s; serving without it until it answers", e)
+
     # ------------------------------------------------------------------ events and helpers
 
     def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:

@@ -425,3 +425,29 @@ def test_a_redis_that_does_not_answer_is_skipped_for_a_while():
     now[0] += 1.5
     command(None)  # the cool-down is over: tried again
     assert len(calls) == 4
+
+
+def test_at_start_a_missing_bucket_is_an_error_and_an_unreachable_redis_a_warning(shared_moto, caplog):
+    """The store used to report SERVING with no word about a bucket that does not exist (then
+    UNAVAILABLE on every call, which clients retried) or a Redis nobody listens on."""
+    import logging
+    import socket
+
+    from adapter_store.factory import build_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]  # closed again: nothing listens there
+    s3 = S3Settings(bucket="no-such-bucket", endpoint_url=shared_moto.endpoint, region="us-east-1",
+                    connect_timeout_s=0.5, read_timeout_s=2, max_attempts=1)
+    store = build_store(StoreSettings(blob_backend="s3", s3=s3, index_backend="memory"))
+    with pytest.raises(ValueError, match="S3 bucket 'no-such-bucket'.* does not exist"):
+        store.check_backends()
+    bucket = f"b-{uuid.uuid4().hex[:8]}"
+    shared_moto.s3().create_bucket(Bucket=bucket)
+    redis_settings = RedisSettings(url=f"redis://127.0.0.1:{dead_port}/0", socket_timeout_s=0.5)
+    s3 = S3Settings(bucket=bucket, endpoint_url=shared_moto.endpoint, region="us-east-1", max_attempts=1)
+    store = build_store(StoreSettings(blob_backend="s3", s3=s3, index_backend="redis", redis=redis_settings))
+    with caplog.at_level(logging.WARNING, logger="adapter_store.store"):
+        store.check_backends()
+    assert any("at start: Redis at 127.0.0.1" in r.getMessage() for r in caplog.records), caplog.records
