@@ -30,6 +30,7 @@ from inference_server.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from inference_server.lora.naming import validate_adapter_id
 
 from adapter_store.auth import caller_of
 from adapter_store.convert import event_to_pb, record_to_pb
@@ -115,9 +116,13 @@ def _check_filter(tenant: str, prefix: str) -> str:
 def _page_token(token: str) -> str:
     if not token:
         return ""
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
+    try:  # strictly: the encoding of an adapter id, as List issues it (lax decoding read "!!!" as "")
+        after = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+        if base64.urlsafe_b64encode(after.encode()).decode() != token:
+            raise ValueError(token)
+        validate_adapter_id(after)
+        return after
+    except (ValueError, UnicodeDecodeError, InvalidRequestError):
         raise InvalidRequestError("not a token this store issued", "page_token") from None
 
 

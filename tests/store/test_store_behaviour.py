@@ -10,7 +10,7 @@ import pytest
 from store_adapters import ADAPTERS, WEIGHTS, peft_files
 
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
-from inference_server.errors import AdapterNotFoundError
+from inference_server.errors import AdapterNotFoundError, InvalidRequestError
 
 pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)
 
@@ -64,6 +64,9 @@ def test_list_pages_by_tenant_and_prefix(env, adapters):
                                                                                            "acme/b3"]
     assert [r.adapter_id for r in env.client.iter_records(prefix="s")] == ["solo"]
     assert list(env.client.iter_records(tenant="nobody")) == []
+    for bad in ("!!!", "YWNtZS9hMg", "YWNtZS9hMg==x", "Li4vZXRj"):  # junk, unpadded, trailing junk, '../etc'
+        with pytest.raises(InvalidRequestError, match="not a token this store issued"):
+            env.client.list_page(page_token=bad)
 
 
 def test_delete_removes_the_name_and_every_version(env, adapters):
