@@ -229,3 +229,30 @@ def test_uploads_of_non_finite_weights_are_refused_and_nothing_is_stored(tmp_pat
     with pytest.raises(AdapterValidationError, match="infinite or NaN"):
         store.put("poisoned", files)
     assert [i.adapter_id for i in store.list()] == ["ok"]
+
+
+def test_local_directory_lists_without_rereading_unchanged_adapters(tmp_path: Path, monkeypatch) -> None:
+    """List and Get read and hash an adapter's files once while they are unchanged (every
+    ListAdapters used to re-read all of them); a re-upload, or a hand-made folder edited in
+    place, is read again."""
+    import os
+
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    store.put("acme/a", _files())
+    store.put("acme/b", _files(r=8))
+    folder = tmp_path / "team" / "manual"
+    folder.mkdir(parents=True)
+    for name, data in _files().items():
+        (folder / name).write_bytes(data)
+    first = store.list()
+    reads: list[str] = []
+    resolve = store.resolve
+    monkeypatch.setattr(store, "resolve", lambda adapter_id: reads.append(adapter_id) or resolve(adapter_id))
+    assert store.list() == first and reads == []
+    second = store.put("acme/b", _files(r=2))
+    assert store.get("acme/b").version == second.version
+    (folder / "adapter_model.safetensors").write_bytes(_files(r=16)["adapter_model.safetensors"])
+    (folder / "adapter_config.json").write_bytes(_files(r=16)["adapter_config.json"])
+    os.utime(folder / "adapter_config.json", ns=(1, 1))  # even with an old time the size changed
+    assert {i.adapter_id: i.rank for i in store.list()} == {"acme/a": 4, "acme/b": 2, "team/manual": 16}
+    assert sorted(set(reads)) == ["acme/b", "team/manual"]
