@@ -129,6 +129,9 @@ def _generate(client: Any, args: argparse.Namespace) -> int:
 def _upload(client: Any, args: argparse.Namespace) -> int:
     from tqdm import tqdm  # noqa: PLC0415
 
+    from clients.requests import check_folder  # noqa: PLC0415
+
+    check_folder(args.folder)  # a folder that is not an adapter's: say so before a bar is drawn
     with tqdm(desc=f"uploading {args.adapter_id}", unit="B", unit_scale=True, unit_divisor=1024,
               file=sys.stderr) as bar:
         def progress(sent: int, total: int) -> None:

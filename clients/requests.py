@@ -138,18 +138,9 @@ class UploadPlan:
     def from_folder(cls, adapter_id: str, folder: str | os.PathLike[str], public: bool = False) -> "UploadPlan":
         """Scan ``folder`` (adapter_config.json + adapter_model.safetensors); a clear error if it is
         not a PEFT LoRA folder the server can take."""
-        root = Path(folder)
-        if not root.is_dir():
-            raise ValueError(f"{root}: not a folder")
-        if not (root / ADAPTER_FILES[1]).is_file() and any((root / p).is_file() for p in PICKLE_WEIGHTS):
-            raise ValueError(f"{root}: has pickle weights only; save the adapter with safe_serialization=True "
-                             "(adapter_model.safetensors)")
-        files = []
-        for name in ADAPTER_FILES:
-            path = root / name
-            if not path.is_file():
-                raise ValueError(f"{root}: missing {name} (a PEFT LoRA folder needs {' and '.join(ADAPTER_FILES)})")
-            files.append(UploadFile(name, path, path.stat().st_size, _sha256(path)))
+        root = check_folder(folder)
+        files = [UploadFile(name, root / name, (root / name).stat().st_size, _sha256(root / name))
+                 for name in ADAPTER_FILES]
         return cls(adapter_id, tuple(files), public)
 
     def metadata(self) -> pb.UploadAdapterRequest:
@@ -173,6 +164,21 @@ class UploadPlan:
                         progress(sent, total)
         if progress is not None and total == 0:
             progress(0, 0)
+
+
+def check_folder(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` if it holds a PEFT LoRA adapter's files (adapter_config.json and
+    adapter_model.safetensors), else ValueError saying what is missing. Reads no file."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a folder")
+    if not (root / ADAPTER_FILES[1]).is_file() and any((root / p).is_file() for p in PICKLE_WEIGHTS):
+        raise ValueError(f"{root}: has pickle weights only; save the adapter with safe_serialization=True "
+                         "(adapter_model.safetensors)")
+    for name in ADAPTER_FILES:
+        if not (root / name).is_file():
+            raise ValueError(f"{root}: missing {name} (a PEFT LoRA folder needs {' and '.join(ADAPTER_FILES)})")
+    return root
 
 
 class CapturedStream:
