@@ -130,11 +130,22 @@ class Tenancy:
               public: bool | None = None) -> None:
         """One audit line for an upload or delete: who, which adapter, the outcome (and for an
         upload the visibility it asked for)."""
-        outcome = "ok" if error is None else type(error).__name__
+        cancelled = error is not None and _cancelled(context)  # the caller went away: nothing was refused
+        outcome = "ok" if error is None else "cancelled" if cancelled else type(error).__name__
         tenant = self._caller(context)
         principal = principal_of(context)
         role = principal.role.value if principal is not None else "none"
-        self.metrics.adapter_writes.labels(tenant, action, "ok" if error is None else "refused").inc()
+        result = "ok" if error is None else "cancelled" if cancelled else "refused"
+        self.metrics.adapter_writes.labels(tenant, action, result).inc()
         visibility = "" if public is None else f" visibility={'public' if public else 'private'}"
         audit.info("audit: %s tenant=%s role=%s adapter=%s outcome=%s peer=%s%s", action, tenant, role,
                    adapter_id or "-", outcome, context.peer(), visibility)
+
+
+def _cancelled(context: Any) -> bool:
+    """Whether the call was cancelled by its caller (a cancelled or timed-out upload ends its
+    stream early, which reads like an incomplete upload)."""
+    try:
+        return bool(context.cancelled())
+    except (AttributeError, RuntimeError):
+        return False
