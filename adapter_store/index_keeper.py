@@ -37,10 +37,6 @@ class IndexKeeper:
         (a Redis out of memory answers reads and refuses writes), so lookups read the heads."""
         return self._dirty.is_set()
 
-    @property
-    def index_description(self) -> str:
-        return getattr(self.index, "description", "the index")
-
     def write(self, fn: Callable[..., object], *args: object, lost_ok: bool = False) -> None:
         """Apply one index write; if the index is down, note it (and unless ``lost_ok``, rebuild later)."""
         try:

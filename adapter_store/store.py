@@ -198,16 +198,17 @@ class Store:
 
     def _lookup(self, adapter_id: str) -> StoredRecord:
         complete = False
-        try:
-            if self.keeper.missed_writes:  # (it may answer reads and refuse writes: out of memory)
-                raise BackendUnavailable(self.keeper.index_description, "it missed writes since its last rebuild")
-            record = self.index.get(adapter_id)
-            self.health.ok("index")
-            if record is not None:
-                return record
-            complete = self.index.is_complete()
-        except BackendUnavailable as e:
-            self.health.fell_back("index", e)
+        # An index that missed writes since its last rebuild may be stale (a Redis out of memory
+        # answers reads and refuses writes): until the rebuild, the heads answer.
+        if not self.keeper.missed_writes:
+            try:
+                record = self.index.get(adapter_id)
+                self.health.ok("index")
+                if record is not None:
+                    return record
+                complete = self.index.is_complete()
+            except BackendUnavailable as e:
+                self.health.fell_back("index", e)
         try:
             record = self._heads.read(adapter_id)
         except BackendUnavailable as e:
