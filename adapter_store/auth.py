@@ -64,7 +64,11 @@ def is_loopback(listen: str) -> bool:
 def caller_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal | None:
     """The tenant a call is made for, from its metadata (None: the server's own call).
     InvalidRequestError names a malformed value."""
-    values = dict(metadata or ())
+    pairs = list(metadata or ())
+    for key in (TENANT_METADATA_KEY, ROLE_METADATA_KEY):
+        if sum(k == key for k, _ in pairs) > 1:  # which one counts would be a guess: refuse
+            raise InvalidRequestError(f"metadata {key} given more than once")
+    values = dict(pairs)
     tenant, role = values.get(TENANT_METADATA_KEY), values.get(ROLE_METADATA_KEY)
     if tenant is None:
         if role is not None:
@@ -100,7 +104,8 @@ class SecretInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         if details.method.startswith(_OPEN_PREFIXES):
             return await continuation(details)
-        given = dict(details.invocation_metadata or ()).get(SECRET_METADATA_KEY, "")
+        secrets = [v for k, v in (details.invocation_metadata or ()) if k == SECRET_METADATA_KEY]
+        given = secrets[0] if len(secrets) == 1 else ""  # none, or several (one of them right): refused
         given_bytes = given.encode("utf-8", "replace") if isinstance(given, str) else bytes(given)
         if not hmac.compare_digest(given_bytes, self._secret):
             log.warning("audit: store call refused: method=%s outcome=unauthenticated (%s)",

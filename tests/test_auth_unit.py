@@ -73,6 +73,9 @@ def test_reload_on_change_without_restart_and_bad_file_keeps_old_tokens(tmp_path
     ('{"tokens": [{"sha256": "abc", "tenant": "a"}]}', "64 hex"),
     ('{"tokens": [{"sha256": "' + "0" * 64 + '", "tenant": "a", "role": "root"}]}', "role"),
     ('{"tokens": [{"sha256": "' + "0" * 64 + '", "tenant": "a/b"}]}', "tenant"),
+    # one token listed for two tenants acted as the last of them (QA: acme's token read beta's adapters)
+    ('{"tokens": [{"sha256": "' + "a" * 64 + '", "tenant": "acme"}, {"sha256": "' + "A" * 64 + '", "tenant": "beta"}]}',
+     r"tokens\[1\]: the same sha256 as tokens\[0\]"),
 ])
 def test_bad_tokens_file_names_the_problem(text, problem) -> None:
     with pytest.raises(ValueError, match=problem):

@@ -85,6 +85,7 @@ def parse_tokens_file(text: str, source: str = "tokens file") -> list[tuple[byte
     if not isinstance(entries, list):
         raise ValueError(f'{source}: expected an object {{"tokens": [...]}}')
     out: list[tuple[bytes, Principal]] = []
+    first: dict[str, int] = {}  # digest -> the entry that listed it
     for i, entry in enumerate(entries):
         where = f"{source}: tokens[{i}]"
         if not isinstance(entry, dict):
@@ -92,6 +93,9 @@ def parse_tokens_file(text: str, source: str = "tokens file") -> list[tuple[byte
         digest = str(entry.get("sha256", "")).lower()
         if not _HEX64.match(digest):
             raise ValueError(f"{where}: sha256 must be 64 hex characters (hash the token; never store it)")
+        if digest in first:  # one token, two identities: which one it would act as is not to be guessed
+            raise ValueError(f"{where}: the same sha256 as tokens[{first[digest]}]; each token is listed once")
+        first[digest] = i
         try:
             role = Role(entry.get("role", "tenant"))
         except ValueError:

@@ -9,12 +9,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from store_services import ServerThread
 
-from adapter_store.auth import is_loopback, read_secret
+from adapter_store.auth import SECRET_METADATA_KEY, is_loopback, read_secret
 from adapter_store.client import StoreClient
 from adapter_store.factory import build_store
 from adapter_store.main import parse_args
 from adapter_store.settings import StoreSettings
 from inference_server.errors import LoraplexError
+from loraplex.v1 import store_pb2, store_pb2_grpc
 
 SECRET = "store-secret-0123456789"
 
@@ -36,6 +37,12 @@ def test_calls_without_the_secret_are_refused_and_leave_adapters_untouched(tmp_p
                 for call in calls:
                     with pytest.raises(LoraplexError, match="UNAUTHENTICATED"):
                         call()
+        with grpc.insecure_channel(server.target) as channel:  # a wrong secret beside the right one: refused
+            stub = store_pb2_grpc.AdapterStoreStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.List(store_pb2.StoreListRequest(), timeout=10, metadata=(
+                    (SECRET_METADATA_KEY, "wrong-secret-0123456789"), (SECRET_METADATA_KEY, SECRET)))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with StoreClient(server.target, secret=SECRET) as trusted:
             assert [i.adapter_id for i in trusted.list()] == ["b/private"]
             assert trusted.get("b/private").rank == 16  # not overwritten by the r4 attempt

@@ -90,6 +90,8 @@ def test_malformed_caller_metadata_is_invalid_argument_naming_it(make_env):
             (((TENANT_METADATA_KEY, "b"), (ROLE_METADATA_KEY, "root")), "must be 'tenant' or 'admin', got 'root'"),
             (((ROLE_METADATA_KEY, "admin"),), f"needs {TENANT_METADATA_KEY}"),
             (((TENANT_METADATA_KEY, "b/x"),), f"metadata {TENANT_METADATA_KEY}: tenant 'b/x'"),
+            # two tenants in one call used to act as the last of them
+            (((TENANT_METADATA_KEY, "a"), (TENANT_METADATA_KEY, "b")), f"{TENANT_METADATA_KEY} given more than once"),
         ):
             with pytest.raises(grpc.RpcError) as info:
                 stub.List(pb.StoreListRequest(), metadata=metadata, timeout=10)
