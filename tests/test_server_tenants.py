@@ -160,6 +160,12 @@ def test_cross_tenant_attempts_are_refused_and_change_nothing(tenants, caplog) -
     scrape = generate_latest(srv.server.metrics.registry).decode()
     assert 'loraplex_tenant_generate_requests_total{tenant="a"} 2.0' in scrape
     assert 'loraplex_tenant_adapter_writes_total{action="delete",outcome="refused",tenant="a"} 3.0' in scrape
+    # the metrics endpoint has no authentication: no private adapter id there, and no series for
+    # ids that do not exist (a tenant could grow it without bound)
+    assert 'loraplex_generate_requests_total{adapter="a/*"} 1.0' in scrape
+    assert 'loraplex_generate_requests_total{adapter="b/*"} 1.0' in scrape  # the admin's b/private
+    assert 'loraplex_generate_requests_total{adapter="shared"} 1.0' in scrape
+    assert "a/private" not in scrape and "b/private" not in scrape and "never-existed" not in scrape
     audit = [r.getMessage() for r in caplog.records if r.name == "loraplex.audit"]
     assert any("audit: delete tenant=a role=tenant adapter=b/private outcome=PermissionDeniedError" in m
                for m in audit)

@@ -71,6 +71,7 @@ class GrpcServer:
         self.options = options
         self.metrics = metrics or ServerMetrics()
         self.security = security or Security()  # default: no authentication, plaintext
+        self.metrics.tenant_adapter_labels = self.security.tokens is not None
         self.tenant_metrics = TenantMetrics(self.metrics.registry)
         self.state = ServingState(options.max_concurrent_streams)
         self.health = health.aio.HealthServicer()

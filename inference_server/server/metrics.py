@@ -27,11 +27,13 @@ class ServerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._stats: Callable[[], Any | None] = lambda: None
+        self.tenant_adapter_labels = False  # set for authenticated (multi-tenant) serving: adapter_label
         r = self.registry
         self.rpcs = Counter("loraplex_rpc_requests", "RPCs by method and status code", ["method", "code"], registry=r)
         self.rpc_seconds = Histogram("loraplex_rpc_duration_seconds", "RPC duration by method", ["method"],
                                      buckets=_LATENCY_BUCKETS, registry=r)
-        self.generate_requests = Counter("loraplex_generate_requests", "Generate requests by adapter",
+        self.generate_requests = Counter("loraplex_generate_requests",
+                                         "Generate streams that produced tokens, by adapter (see adapter_label)",
                                          ["adapter"], registry=r)
         self.generated_tokens = Counter("loraplex_generated_tokens", "Tokens streamed to clients", registry=r)
         self.prompt_tokens = Counter("loraplex_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
@@ -72,10 +74,20 @@ class ServerMetrics:
         self.rpc_seconds.labels(method).observe(seconds)
 
     def stream(self, adapter_id: str | None, prompt_tokens: int) -> "StreamMetrics":
-        """Start timing one admitted Generate stream."""
-        self.generate_requests.labels(adapter_id or BASE_MODEL_LABEL).inc()
+        """Start timing one admitted Generate stream (counted by adapter at its first token: a
+        request for an adapter that does not exist adds no series)."""
         self.prompt_tokens.inc(prompt_tokens)
-        return StreamMetrics(self)
+        return StreamMetrics(self, self.adapter_label(adapter_id))
+
+    def adapter_label(self, adapter_id: str | None) -> str:
+        """The adapter label of a request. With tenants, an adapter of a tenant is labelled by the
+        tenant alone ("acme/*"): the metrics endpoint has no authentication, and a private
+        adapter's id must not show there (nor may one label per adapter of thousands grow it)."""
+        if adapter_id is None:
+            return BASE_MODEL_LABEL
+        if self.tenant_adapter_labels and "/" in adapter_id:
+            return adapter_id.split("/", 1)[0] + "/*"
+        return adapter_id
 
 
 @dataclass(slots=True)
@@ -83,6 +95,7 @@ class StreamMetrics:
     """Per-stream timing: TTFT at the first token, then the gap between tokens."""
 
     metrics: ServerMetrics
+    adapter: str  # its generate_requests label
     start: float = field(default_factory=time.perf_counter)
     last: float | None = None
 
@@ -93,6 +106,7 @@ class StreamMetrics:
         now = time.perf_counter()
         m = self.metrics
         if self.last is None:
+            m.generate_requests.labels(self.adapter).inc()
             m.ttft.observe(now - self.start)
             n_gaps, gap = n - 1, 0.0
         else:
