@@ -282,6 +282,38 @@ def test_adapter_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> 
         srv.close()
 
 
+def test_parallel_uploads_cannot_pass_the_adapter_quota_together(tmp_path) -> None:
+    """Each upload's quota check and store are one step per tenant: six uploads at once by a
+    tenant allowed two adapters store two, and the others are RESOURCE_EXHAUSTED (QA: all six
+    passed the check before any was stored)."""
+    import threading
+
+    folder = write_fake_adapter(tmp_path / "peft")
+    srv, _ = _quota_server(tmp_path, TenantLimits(max_adapters=2))
+    start, results = threading.Barrier(6), []
+
+    def upload(i: int) -> None:
+        with client(srv, "a") as a:
+            start.wait()
+            try:
+                a.upload_adapter(f"a/p{i}", folder)
+                results.append("ok")
+            except ResourceExhaustedError:
+                results.append("refused")
+
+    try:
+        threads = [threading.Thread(target=upload, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(results) == ["ok", "ok"] + ["refused"] * 4
+        with client(srv, "a") as a:
+            assert len(a.list_adapters()) == 2
+    finally:
+        srv.close()
+
+
 @pytest.fixture
 def store_tenants(tmp_path: Path):
     """A server with tenant tokens whose adapters live in a store sidecar (a real StoreThread)."""

@@ -106,9 +106,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     if assembler.adapter_id is not None and assembler.received_bytes == 0:
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
                 adapter_id, files = assembler.finish()
-                await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
-                writer = self._tenancy.adapters_for(context, engine)
-                info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
+                async with self._tenancy.quota_held(adapter_id):
+                    await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
+                    writer = self._tenancy.adapters_for(context, engine)
+                    info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
             except Exception as exc:
                 self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
                 raise

@@ -39,6 +39,7 @@ class Tenancy:
     def __init__(self, security: Security, metrics: TenantMetrics) -> None:
         self.security = security
         self.metrics = metrics
+        self._quota_locks: dict[str, asyncio.Lock] = {}  # owner -> held over its uploads' check and store
 
     def _caller(self, context: Any) -> str:
         principal = principal_of(context)
@@ -111,6 +112,19 @@ class Tenancy:
     def check_write(self, context: Any, adapter_id: str, action: str) -> None:
         """PERMISSION_DENIED unless the caller may ``action`` (upload/delete) ``adapter_id``."""
         policy.check_write(principal_of(context), adapter_id, action)
+
+    @asynccontextmanager
+    async def quota_held(self, adapter_id: str) -> AsyncIterator[None]:
+        """Held from an upload's quota check to its store, per owning tenant when adapter quotas
+        are on: parallel uploads each passed the check before any was stored (QA: 7 adapters
+        against a limit of 2). Within this process; replicas each check their own."""
+        owner = policy.adapter_owner(adapter_id)
+        limits = self.security.limits
+        if owner is None or not (limits.max_adapters or limits.max_adapter_bytes):
+            yield
+            return
+        async with self._quota_locks.setdefault(owner, asyncio.Lock()):
+            yield
 
     async def check_upload_quota(self, context: Any, engine: Any, adapter_id: str, files: dict[str, bytes]) -> None:
         """RESOURCE_EXHAUSTED if storing ``files`` takes the owning tenant over its adapter quotas."""
