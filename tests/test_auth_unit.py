@@ -139,13 +139,37 @@ def test_request_quotas_name_the_limit() -> None:
     assert q.usage("a") == (0, 0)
 
 
+def test_tokens_per_minute_reserves_each_request_budget_at_admission() -> None:
+    """Requests started together cannot overrun the limit (QA: five admitted at once used 755
+    tokens against 100/min, as only the prompt was checked): each reserves prompt +
+    max_new_tokens, and gives back what it did not generate when it ends. A request whose budget
+    alone is over the limit is told so, not to retry."""
+    clock = Clock()
+    q = QuotaTracker(TenantLimits(tokens_per_minute=100), clock)
+    first = q.start_request("a", 2, 40)
+    second = q.start_request("a", 2, 40)  # 84 reserved
+    with pytest.raises(ResourceExhaustedError, match=r"tokens_per_minute reached .*; retry later"):
+        q.start_request("a", 2, 40)
+    first.add_tokens(10)  # stops early: 30 of its reservation come back at the end
+    first.close()
+    assert q.tokens_last_minute("a") == 54
+    q.start_request("a", 2, 40).close()  # fits now; its unused 40 come back at once
+    second.add_tokens(40)
+    second.close()
+    assert q.tokens_last_minute("a") == 56
+    with pytest.raises(ResourceExhaustedError, match=r"this request alone may use 150 tokens \(50 prompt \+ 100"):
+        q.start_request("b", 50, 100)
+    clock.t += 61
+    assert q.tokens_last_minute("a") == 0 and q.usage("a") == (0, 0)
+
+
 def test_adapter_quotas_count_bytes_and_adapters_and_reupload_replaces() -> None:
     q = QuotaTracker(TenantLimits(max_adapter_bytes=1000, max_adapters=2))
     q.check_upload("a", "a/x", 500, [("a/y", 400)])
     q.check_upload("a", "a/y", 900, [("a/y", 400)])  # re-upload replaces its old bytes
     with pytest.raises(ResourceExhaustedError, match="max_adapter_bytes"):
         q.check_upload("a", "a/x", 700, [("a/y", 400)])
-    with pytest.raises(ResourceExhaustedError, match="max_adapters"):
+    with pytest.raises(ResourceExhaustedError, match="max_adapters.*delete one of the tenant's adapters first"):
         q.check_upload("a", "a/z", 1, [("a/x", 1), ("a/y", 1)])
     with pytest.raises(ValueError, match="tokens_per_minute"):
         TenantLimits(tokens_per_minute=-1)

@@ -3,7 +3,9 @@ stored adapter bytes and count. A hit raises ResourceExhaustedError naming the l
 
 "Concurrent" counts a tenant's open Generate streams; "queued" counts those of them that
 have not produced their first token yet; tokens per minute counts prompt and generated
-tokens over a sliding 60-second window. 0 means unlimited.
+tokens over a sliding 60-second window: a request is admitted with its whole budget (prompt +
+max_new_tokens) reserved, and what it did not generate is given back when it ends, so requests
+started together cannot overrun the limit. 0 means unlimited.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ class TenantLimits:
 class _Usage:
     open: int = 0
     queued: int = 0
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    tokens: deque[list] = field(default_factory=deque)  # [time, tokens]: a reservation shrinks in place
     token_sum: int = 0
 
 
-def _exhausted(tenant: str, limit: str, value: int, unit: str = "") -> ResourceExhaustedError:
-    return ResourceExhaustedError(f"tenant {tenant!r}: quota {limit} reached (limit {value}{unit}); retry later")
+def _exhausted(tenant: str, limit: str, value: int, unit: str = "", then: str = "retry later"
+               ) -> ResourceExhaustedError:
+    return ResourceExhaustedError(f"tenant {tenant!r}: quota {limit} reached (limit {value}{unit}); {then}")
 
 
 class QuotaTracker:
@@ -68,25 +71,34 @@ class QuotaTracker:
             usage.token_sum -= usage.tokens.popleft()[1]
         return usage.token_sum
 
-    def start_request(self, tenant: str, prompt_tokens: int) -> "RequestTicket":
-        """Admit one Generate request of ``tenant`` or raise ResourceExhaustedError naming the limit."""
+    def start_request(self, tenant: str, prompt_tokens: int, max_new_tokens: int = 0) -> "RequestTicket":
+        """Admit one Generate request of ``tenant`` (its prompt and up to ``max_new_tokens``
+        reserved against the tokens per minute) or raise ResourceExhaustedError naming the limit."""
         lim, usage = self.limits, self._get(tenant)
         if lim.max_concurrent_requests and usage.open >= lim.max_concurrent_requests:
             raise _exhausted(tenant, "max_concurrent_requests", lim.max_concurrent_requests)
         if lim.max_queued_requests and usage.queued >= lim.max_queued_requests:
             raise _exhausted(tenant, "max_queued_requests", lim.max_queued_requests)
-        if lim.tokens_per_minute and self.tokens_last_minute(tenant) + prompt_tokens > lim.tokens_per_minute:
+        budget = prompt_tokens + max_new_tokens
+        if lim.tokens_per_minute and budget > lim.tokens_per_minute:  # never admitted, whatever the wait
+            raise _exhausted(tenant, "tokens_per_minute", lim.tokens_per_minute, " tokens/min",
+                             f"this request alone may use {budget} tokens ({prompt_tokens} prompt + "
+                             f"{max_new_tokens} max_new_tokens): shorten it or lower max_new_tokens")
+        if lim.tokens_per_minute and self.tokens_last_minute(tenant) + budget > lim.tokens_per_minute:
             raise _exhausted(tenant, "tokens_per_minute", lim.tokens_per_minute, " tokens/min")
         usage.open += 1
         usage.queued += 1
-        ticket = RequestTicket(self, tenant)
-        ticket.add_tokens(prompt_tokens)
-        return ticket
+        entry = [self._clock(), budget]
+        usage.tokens.append(entry)
+        usage.token_sum += budget
+        return RequestTicket(self, tenant, entry, max_new_tokens)
 
-    def _add_tokens(self, tenant: str, n: int) -> None:
+    def _give_back(self, tenant: str, entry: list, n: int) -> None:
+        """Tokens a request reserved and did not use (its entry shrinks, if still in the window)."""
         usage = self._get(tenant)
-        usage.tokens.append((self._clock(), n))
-        usage.token_sum += n
+        if n > 0 and any(e is entry for e in usage.tokens):  # (not yet out of the window)
+            entry[1] -= n
+            usage.token_sum -= n
 
     def usage(self, tenant: str) -> tuple[int, int]:
         """(open, queued) requests of ``tenant`` now."""
@@ -100,27 +112,38 @@ class QuotaTracker:
         others = [(a, b) for a, b in stored if a != adapter_id]
         lim = self.limits
         if lim.max_adapters and len(others) + 1 > lim.max_adapters:
-            raise _exhausted(tenant, "max_adapters", lim.max_adapters, " adapters")
+            raise _exhausted(tenant, "max_adapters", lim.max_adapters, " adapters",
+                             "delete one of the tenant's adapters first")
         total = sum(b for _, b in others) + new_bytes
         if lim.max_adapter_bytes and total > lim.max_adapter_bytes:
-            raise _exhausted(tenant, "max_adapter_bytes", lim.max_adapter_bytes, " bytes")
+            raise _exhausted(tenant, "max_adapter_bytes", lim.max_adapter_bytes, " bytes",
+                             f"this upload would make {total}: delete adapters or upload a smaller one")
 
 
 class RequestTicket:
     """One admitted request's hold on its tenant's counters; ``close`` exactly once."""
 
-    __slots__ = ("_tracker", "tenant", "_queued", "_open")
+    __slots__ = ("_tracker", "tenant", "_queued", "_open", "_entry", "_unused")
 
-    def __init__(self, tracker: QuotaTracker, tenant: str) -> None:
+    def __init__(self, tracker: QuotaTracker, tenant: str, entry: list, reserved_new: int) -> None:
         self._tracker = tracker
         self.tenant = tenant
         self._queued = True
         self._open = True
+        self._entry = entry  # the reservation in the tenant's window
+        self._unused = reserved_new  # reserved generated tokens not streamed yet
 
     def add_tokens(self, n: int) -> None:
-        """``n`` more tokens count against the tenant's tokens per minute."""
-        if n > 0:
-            self._tracker._add_tokens(self.tenant, n)
+        """``n`` tokens were generated: they were reserved at admission (a stream that outgrew its
+        reservation, which the engine's max_new_tokens prevents, counts the excess anew)."""
+        if n <= 0:
+            return
+        over = max(0, n - self._unused)
+        self._unused -= n - over
+        if over:
+            usage = self._tracker._get(self.tenant)
+            usage.tokens.append([self._tracker._clock(), over])
+            usage.token_sum += over
 
     def started(self) -> None:
         """The request produced its first token: it no longer counts as queued."""
@@ -133,3 +156,5 @@ class RequestTicket:
         if self._open:
             self._open = False
             self._tracker._get(self.tenant).open -= 1
+            self._tracker._give_back(self.tenant, self._entry, self._unused)
+            self._unused = 0

@@ -65,7 +65,8 @@ class Tenancy:
             request = dataclasses.replace(request, tenant=principal.tenant)
         tenant = self._caller(context)
         try:
-            ticket = self.security.quotas.start_request(tenant, len(request.prompt_token_ids))
+            ticket = self.security.quotas.start_request(tenant, len(request.prompt_token_ids),
+                                                        request.stopping.max_new_tokens)
         except ResourceExhaustedError as exc:
             self.metrics.quota_rejections.labels(tenant, _limit_name(exc)).inc()
             raise
