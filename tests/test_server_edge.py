@@ -3,6 +3,7 @@ reflection, metrics, draining. (tests/test_server_integration.py runs the real e
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import urllib.request
@@ -295,3 +296,27 @@ def test_message_over_the_size_limit_is_resource_exhausted(tmp_path: Path) -> No
             assert client.generate_text("small", max_new_tokens=2).finish_reason == "length"
     finally:
         srv.close()
+
+
+def test_request_bodies_that_do_not_parse_are_invalid_argument_without_a_traceback(served, caplog) -> None:
+    """gRPC's default decoding answered UNKNOWN ('Unexpected DecodeError') and logged an ERROR
+    traceback per call, before any handler ran: anyone could fill the log."""
+    srv, engine, client = served
+    with grpc.insecure_channel(srv.address) as channel, caplog.at_level(logging.INFO):
+        for method in ("GetAdapter", "ListAdapters", "DeleteAdapter"):
+            call = channel.unary_unary(f"/loraplex.v1.InferenceService/{method}")
+            for body in (b"\xff\xff\xff", b"\n\x02\xc3("):  # not a message; invalid UTF-8 in a string
+                with pytest.raises(grpc.RpcError) as info:
+                    call(body, timeout=10)
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, info.value)
+                assert "not a valid message" in info.value.details()
+        generate = channel.unary_stream("/loraplex.v1.InferenceService/Generate")
+        with pytest.raises(grpc.RpcError) as info:
+            list(generate(b"\xff\xff\xff", timeout=10))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        upload = channel.stream_unary("/loraplex.v1.InferenceService/UploadAdapter")
+        with pytest.raises(grpc.RpcError) as info:
+            upload(iter([b"\xff\xff\xff"]), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert engine.requests == []

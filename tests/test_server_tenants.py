@@ -384,3 +384,17 @@ def test_the_store_holds_reads_and_lists_to_the_callers_rules_too(store_tenants,
         assert b.get_adapter("a/shared").public
     with client(srv, "admin") as admin:  # the records are all there
         assert [i.adapter_id for i in admin.list_adapters()] == ["a/private", "a/shared", "b/own"]
+
+
+def test_a_body_that_does_not_parse_is_unauthenticated_first_without_a_token(tenants) -> None:
+    """Authentication comes before decoding: without a token, garbage is UNAUTHENTICATED (an
+    anonymous caller learns nothing about the method's input), with one INVALID_ARGUMENT."""
+    srv = tenants[0]
+    with grpc.insecure_channel(srv.address) as channel:
+        call = channel.unary_unary("/loraplex.v1.InferenceService/GetAdapter")
+        with pytest.raises(grpc.RpcError) as info:
+            call(b"\xff\xff\xff", timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as info:
+            call(b"\xff\xff\xff", timeout=10, metadata=(("authorization", f"Bearer {TOKENS['a']}"),))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

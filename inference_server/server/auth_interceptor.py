@@ -18,6 +18,7 @@ import grpc
 
 from inference_server.auth.tokens import AuthError, Principal, TokenFile
 from inference_server.errors import UnauthenticatedError
+from inference_server.server.decoding import checked, lenient
 
 AUTH_METADATA_KEY = "authorization"
 audit = logging.getLogger("loraplex.audit")
@@ -78,7 +79,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             behavior = getattr(handler, attr)
             if behavior is not None:
                 return make(self._wrap(behavior, details.method, principal, failure),
-                            request_deserializer=handler.request_deserializer,
+                            request_deserializer=lenient(handler.request_deserializer),
                             response_serializer=handler.response_serializer)
         return handler
 
@@ -94,12 +95,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 if failure is not None:
                     raise self._refuse(method, context, failure)
-                async for item in behavior(request, PrincipalContext(context, principal)):
+                async for item in behavior(checked(request), PrincipalContext(context, principal)):
                     yield item
             return stream
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if failure is not None:
+            if failure is not None:  # authentication first: a body that does not parse is the caller's next problem
                 raise self._refuse(method, context, failure)
-            return await behavior(request, PrincipalContext(context, principal))
+            return await behavior(checked(request), PrincipalContext(context, principal))
         return unary
