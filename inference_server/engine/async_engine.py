@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from inference_server.engine import cpu_threads
+from inference_server.engine.admission import Admission
 from inference_server.engine.config import EngineConfig
 from inference_server.engine.info import EngineInfo, EngineStats
 from inference_server.engine.llm_engine import LLMEngine
@@ -39,6 +40,7 @@ class AsyncEngine:
         self.tokenizer = core.tokenizer
         self._config = config
         self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._admission = Admission(config.max_waiting + config.max_num_seqs)  # streams, by tenant
         self._ops: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._on_cpu = str(config.device).startswith("cpu")
@@ -86,6 +88,7 @@ class AsyncEngine:
         self._admit(request)
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._streams[request.request_id] = queue
+        self._admission.opened(request.tenant)
         finished = False
         try:
             adapter = await self._acquire(request)
@@ -98,6 +101,7 @@ class AsyncEngine:
                     return
         finally:
             self._streams.pop(request.request_id, None)
+            self._admission.closed(request.tenant)
             if not finished:
                 self.abort(request.request_id)
 
@@ -108,7 +112,7 @@ class AsyncEngine:
             raise InvalidRequestError(f"at most {self.info.max_new_tokens_limit}", "max_new_tokens")
         if request.request_id in self._streams:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
-        if len(self._streams) >= self._config.max_waiting + self._config.max_num_seqs:
+        if not self._admission.room_for(request.tenant):
             raise ResourceExhaustedError(f"request queue is full ({self._config.max_waiting} waiting)")
         self._core.check(request)
 
