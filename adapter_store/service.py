@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from inference_server.auth import policy
 from inference_server.auth.tokens import Principal
 from inference_server.errors import (
@@ -31,13 +30,14 @@ from inference_server.errors import (
     UnavailableError,
 )
 from inference_server.lora.naming import validate_adapter_id
+from inference_server.server.decoding import Undecodable, lenient
 
 from adapter_store.auth import caller_of
 from adapter_store.convert import event_to_pb, record_to_pb
 from adapter_store.errors import AdapterCorruptError
 from adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
 from adapter_store.store import Store
-from adapter_store.upload import Undecodable, receive_upload
+from adapter_store.upload import receive_upload
 from loraplex.v1 import store_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -251,13 +251,7 @@ def _offer(queue: asyncio.Queue[ChangeEvent], event: ChangeEvent) -> None:
 
 
 def _lenient(message_type: Any) -> Callable[[bytes], Any]:
-    def deserialize(raw: bytes) -> Any:
-        try:
-            return message_type.FromString(raw)
-        except DecodeError as e:
-            return Undecodable(message_type.DESCRIPTOR.name, str(e))
-
-    return deserialize
+    return lenient(message_type.FromString, message_type.DESCRIPTOR.name)
 
 
 def handler(service: AdapterStoreService) -> grpc.GenericRpcHandler:

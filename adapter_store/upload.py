@@ -15,27 +15,13 @@ from dataclasses import dataclass
 
 from inference_server.errors import AdapterValidationError, InvalidRequestError
 from inference_server.lora.naming import validate_adapter_id
+from inference_server.server.decoding import Undecodable
 
 from adapter_store.records import check_file_name
 from loraplex.v1 import store_pb2 as pb
 
 MAX_FILES = 8
 _SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
-
-
-@dataclass(frozen=True, slots=True)
-class Undecodable:
-    """Stands in for a request message that did not parse (the servicer turns it into
-    INVALID_ARGUMENT instead of gRPC's INTERNAL 'Exception deserializing request')."""
-
-    message_type: str
-    detail: str
-
-    def error(self) -> InvalidRequestError:
-        return InvalidRequestError(
-            f"request is not a valid {self.message_type} ({self.detail}); adapter ids and file names "
-            "must be valid UTF-8"
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Request bodies that do not parse: gRPC's default decoding answers UNKNOWN ("Unexpected
 DecodeError") and logs a traceback before any handler or interceptor code runs, so anyone could
 fill the log without a token. ``lenient`` decodes to an ``Undecodable`` marker instead, which the
-authentication wrapper turns into INVALID_ARGUMENT once the caller is known."""
+authentication wrapper turns into INVALID_ARGUMENT once the caller is known (the adapter store's
+handlers use the same markers)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ class Undecodable:
     """Stands in for a request message that did not parse."""
 
     detail: str
+    message_type: str = "message"
 
     def error(self) -> InvalidRequestError:
-        return InvalidRequestError(f"the request is not a valid message ({self.detail}); strings must be UTF-8")
+        return InvalidRequestError(f"the request is not a valid {self.message_type} ({self.detail}); adapter ids, "
+                                   "file names and other strings must be valid UTF-8")
 
 
-def lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def lenient(deserializer: Callable[[bytes], Any] | None, message_type: str = "message"
+            ) -> Callable[[bytes], Any] | None:
     """``deserializer``, with a body that does not parse decoded to ``Undecodable``."""
     if deserializer is None:
         return None
@@ -33,7 +37,7 @@ def lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], An
         try:
             return deserializer(raw)
         except DecodeError as e:
-            return Undecodable(str(e))
+            return Undecodable(str(e), message_type)
 
     return deserialize
 
