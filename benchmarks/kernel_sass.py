@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.checks import Problem  # noqa: E402
 from kernels.cuda import _launch  # noqa: E402
+from kernels.cuda._tiles import dynamic_smem_bytes  # noqa: E402
 
 CSRC = ROOT / "kernels" / "csrc"
 SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
@@ -106,13 +107,13 @@ def compile_source(source: str, arch: str, cuobjdump: str, work: Path) -> dict[s
     return entries
 
 
-def blocks_per_sm(e: Entry, threads: int) -> int:
+def blocks_per_sm(e: Entry, threads: int, dynamic_smem: int = 0) -> int:
     """sm_90's occupancy for a kernel (what the driver's cuOccupancyMaxActiveBlocksPerMultiprocessor
-    says): registers are allocated per warp in units of 256 from 64 K, shared memory from 228 KB
-    with 1 KB reserved per block; at most 64 warps and 32 blocks."""
+    says): registers are allocated per warp in units of 256 from 64 K, shared memory (static and the
+    launch's dynamic) from 228 KB with 1 KB reserved per block; at most 64 warps and 32 blocks."""
     warps = -(-threads // 32)
     by_regs = 65536 // (-(-e.registers * 32 // 256) * 256) // warps
-    by_smem = 233472 // (e.smem + 1024)
+    by_smem = 233472 // (e.smem + dynamic_smem + 1024)
     return min(by_regs, by_smem, 64 // warps, 32)
 
 
@@ -126,13 +127,13 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
         prefill = not _launch.is_decode(rows_, mode)
         pdl = not prefill and rank <= _launch.SHRINK_DEC_RC  # sm_90: the expand follows early (expand_follows_early)
         kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
-        per_sm = min(blocks_per_sm(entries[f"lora_{kind}_bf16_{variant}"], _launch.THREADS),
+        shrink = f"lora_{kind}_bf16_{variant}"
+        per_sm = min(blocks_per_sm(entries[shrink], _launch.THREADS, dynamic_smem_bytes(shrink)),
                      _launch.PREFILL_MAX_BLOCKS_PER_SM)  # as plan_call caps it
         wave = per_sm * sms
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
         tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN)
-        shrink = f"lora_{kind}_bf16_{variant}"
-        expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}"
+        expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}_n{_launch.EXPAND_BN}"
         rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.items} |")
     return rows
 
@@ -160,12 +161,12 @@ def main() -> None:
         entries = {name: e for source in SOURCES
                    for name, e in compile_source(source, args.arch, cuobjdump, Path(tmp)).items() if "bf16" in name}
     print("\n".join(plan_rows(entries, args.sms)), "\n")
-    print("| kernel | registers | spill bytes | static smem | blocks/SM | SASS instructions | "
+    print("| kernel | registers | spill bytes | static smem | dynamic smem | blocks/SM | SASS instructions | "
           + " | ".join(OPCODES) + " |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in OPCODES) + " |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in OPCODES) + " |")
     for name, e in sorted(entries.items()):
-        counts = mix(e.sass)
-        print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {blocks_per_sm(e, _launch.THREADS)} | "
+        counts, dyn = mix(e.sass), dynamic_smem_bytes(name)
+        print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {dyn} | {blocks_per_sm(e, _launch.THREADS, dyn)} | "
               f"{len(e.sass)} | " + " | ".join(str(counts[o]) for o in OPCODES) + " |")
 
 

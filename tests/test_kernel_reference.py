@@ -112,7 +112,7 @@ def test_bf16_reference_rounds_shrink_result_once():
 
 def test_launch_plan_covers_every_work_item():
     from kernels.checks import Problem
-    from kernels.cuda._launch import DEC_ROWS, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, make_plan
+    from kernels.cuda._launch import DEC_ROWS, MAX_CLUSTER, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, PREFILL_BM, make_plan
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -127,12 +127,12 @@ def test_launch_plan_covers_every_work_item():
         assert plan.kc % 64 == 0 and (plan.ksplit - 1) * plan.kc < h_in <= plan.ksplit * plan.kc
         if plan.decode:  # one-row items up to ONE_ROW_ITEMS_ROWS rows, 4-row tiles past it
             assert plan.bm == (1 if rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS)
-        else:
-            assert plan.bm == 64
+        else:  # one cluster of split blocks per item
+            assert plan.bm == PREFILL_BM and plan.ksplit <= MAX_CLUSTER
         assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
         assert 1 <= plan.ksplit <= MAX_KSPLIT
         if not plan.decode and plan.ksplit > 1:  # the prefill shrink's grid fits one wave of the device
-            assert plan.ksplit * math.ceil(rows / 64) * len(problem.widths) <= wave
+            assert plan.ksplit * math.ceil(rows / PREFILL_BM) * len(problem.widths) <= wave
 
 
 def test_cuda_wrappers_reject_cpu_tensors():
@@ -163,19 +163,22 @@ def test_expand_follows_its_shrink_early_only_for_one_pass_decode_calls():
     assert not follows(64, 16, device_pdl=False)
 
 
-def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor():
+def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster_size():
     """plan_call caps the prefill wave at PREFILL_MAX_BLOCKS_PER_SM blocks a multiprocessor,
-    however many the shrink's occupancy allows (more splits measured slower)."""
+    however many the shrink's occupancy allows (more splits measured slower), and the split at
+    MAX_CLUSTER (an item's split blocks are one thread-block cluster)."""
     from types import SimpleNamespace
 
     import torch
 
     from kernels.checks import Problem
-    from kernels.cuda._launch import PREFILL_MAX_BLOCKS_PER_SM, plan_call
+    from kernels.cuda._launch import MAX_CLUSTER, PREFILL_BM, PREFILL_MAX_BLOCKS_PER_SM, plan_call
 
     rt = SimpleNamespace(sms=132, resident_blocks=lambda *a: 16 * 132)
-    for rows in (300, 1024, 4096):
+    for rows in (300, 1024, 4096, 9000):
         plan = plan_call(rt, Problem(rows, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16)
-        assert not plan.decode
-        assert plan.ksplit * math.ceil(rows / 64) <= PREFILL_MAX_BLOCKS_PER_SM * 132
-        assert (plan.ksplit + 1) * math.ceil(rows / 64) > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == 16
+        items = math.ceil(rows / PREFILL_BM)
+        assert not plan.decode and plan.bm == PREFILL_BM
+        assert plan.ksplit * items <= PREFILL_MAX_BLOCKS_PER_SM * 132 and plan.ksplit <= MAX_CLUSTER
+        assert (plan.ksplit + 1) * items > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == MAX_CLUSTER
+    assert plan_call(rt, Problem(300, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16).ksplit == MAX_CLUSTER

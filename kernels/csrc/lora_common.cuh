@@ -53,7 +53,7 @@ template <> __device__ __forceinline__ void mma16816<1>(float* c, const u32* a, 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Programmatic dependent launch (kernels/cuda/_pdl.py; sm_90 and later, no-ops before):
+// Programmatic dependent launch (kernels/cuda/_launch_ex.py; sm_90 and later, no-ops before):
 // a kernel lets the one launched after it start early, and that one waits for it to complete
 // before reading what it wrote. Without the launch attribute both return at once.
 __device__ __forceinline__ void pdl_launch_dependents() {

@@ -1,25 +1,28 @@
 // Prefill SGMV / BGMV expand: y[rows, c_p + n] += scale * (v[rows, :r] @ B_slot(layer))[:, n],
 // B_slot: [r, w_p], for every slice p of a fused output (q/k/v, gate/up) in one launch.
 //
-// Grid (column tiles of BN = 64 over all slices, items of 64 rows). A block first puts
+// Grid (column tiles of BN over all slices, items of BM = 128 rows). A block first puts
 // its y tile in flight into shared memory (cp.async: the read-modify-write of y is what bounds
 // the kernel, so those bytes go out before anything else), then walks the rank in chunks of
 // EXPAND_KC rows, two deep: v[item rows, chunk] (the workspace, already rounded to the input
 // dtype) and B[chunk, tile] land in shared memory while the tensor cores (ldmatrix fragments,
-// mma.sync m16n8k16, fp32 accumulate; 2 x 2 warps of 32 rows x BN / 2 columns) work on the chunk
+// mma.sync m16n8k16, fp32 accumulate; 2 x 2 warps of BM / 2 rows x BN / 2 columns) work on the chunk
 // before. Then each thread adds scale * its accumulators into the y tile in shared memory (one
 // rounding), and the tile goes back to y with 16-byte stores.
+#include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 
-#define EXPAND_BM 64   // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
+#define EXPAND_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
 #define EXPAND_KC 32   // rank rows per chunk
 #define EXPAND_LDV (EXPAND_KC + 8)
 
-// BN: columns per block (EXPAND_BN in kernels/cuda/_launch.py); each of the 2 x 2 warps does 32
-// rows x BN / 2 columns. Row strides of 8 elements past the tiles' widths: conflict-free ldmatrix.
+// BN: columns per block (EXPAND_BN in kernels/cuda/_launch.py); each of the 2 x 2 warps does
+// EXPAND_BM / 2 rows (MT m16 tiles) x BN / 2 columns. Row strides of 8 elements past the tiles'
+// widths: conflict-free ldmatrix. In dynamic shared memory (its size mirrored in
+// kernels/cuda/_tiles.py; the kernel traps if it was given less).
 template <int BN>
 struct ExpandTiles {
-  static constexpr int LDY = BN + 8, LDB = BN + 8, NT = BN / 16;  // NT: n-tiles of 8 per warp
+  static constexpr int LDY = BN + 8, LDB = BN + 8, NT = BN / 16, MT = EXPAND_BM / 32;
   u16 y[EXPAND_BM * LDY];
   u16 v[2][EXPAND_BM * EXPAND_LDV];
   u16 b[2][EXPAND_KC * LDB];
@@ -46,23 +49,24 @@ __device__ __forceinline__ void load_chunk(ExpandTiles<BN>& t, int buf, const u1
   }
 }
 
-// acc[i][j] += v rows [wm*32 + 16i, +16) @ B columns [wn*BN/2 + 8j, +8) over the chunk's k16 steps.
+// acc[i][j] += v rows [wm*BM/2 + 16i, +16) @ B columns [wn*BN/2 + 8j, +8) over the chunk's k16 steps.
 template <int DT, int BN>
-__device__ __forceinline__ void mma_chunk(float (&acc)[2][BN / 16][4], const ExpandTiles<BN>& t, int buf,
-                                          int ksteps, int wm, int wn, int nrows, int ncols) {
+__device__ __forceinline__ void mma_chunk(float (&acc)[EXPAND_BM / 32][BN / 16][4], const ExpandTiles<BN>& t,
+                                          int buf, int ksteps, int wm, int wn, int nrows, int ncols) {
+  constexpr int MT = EXPAND_BM / 32, WR = EXPAND_BM / 2;
   for (int ks = 0; ks < ksteps; ++ks) {
-    u32 a[2][4];
+    u32 a[MT][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (wm * 32 + i * 16 < nrows) ldsm_a(a[i], t.v[buf], EXPAND_LDV, wm * 32 + i * 16, ks * 16);
+    for (int i = 0; i < MT; ++i)
+      if (wm * WR + i * 16 < nrows) ldsm_a(a[i], t.v[buf], EXPAND_LDV, wm * WR + i * 16, ks * 16);
 #pragma unroll
     for (int jp = 0; jp < BN / 32; ++jp) {
       if (wn * (BN / 2) + jp * 16 >= ncols) continue;  // warp-uniform: past the slice's last column
       u32 b[4];
       ldsm_b2(b, t.b[buf], t.LDB, ks * 16, wn * (BN / 2) + jp * 16);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (wm * 32 + i * 16 < nrows) {
+      for (int i = 0; i < MT; ++i) {
+        if (wm * WR + i * 16 < nrows) {
           mma16816<DT>(acc[i][2 * jp], a[i], b);
           mma16816<DT>(acc[i][2 * jp + 1], a[i], b + 2);
         }
@@ -73,16 +77,16 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[2][BN / 16][4], const Exp
 
 // y tile += scale * acc, in shared memory: each element belongs to one thread.
 template <int DT, int BN>
-__device__ __forceinline__ void add_into_tile(ExpandTiles<BN>& t, const float (&acc)[2][BN / 16][4], float scale,
-                                              int wm, int wn) {
+__device__ __forceinline__ void add_into_tile(ExpandTiles<BN>& t, const float (&acc)[EXPAND_BM / 32][BN / 16][4],
+                                              float scale, int wm, int wn) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < EXPAND_BM / 32; ++i)
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        u32* cell = (u32*)&t.y[(wm * 32 + i * 16 + g + 8 * h) * t.LDY + wn * (BN / 2) + j * 8 + 2 * q];
+        u32* cell = (u32*)&t.y[(wm * (EXPAND_BM / 2) + i * 16 + g + 8 * h) * t.LDY + wn * (BN / 2) + j * 8 + 2 * q];
         const u32 in = *cell;
         const float lo = to_f32<DT>((u16)(in & 0xffffu)) + scale * acc[i][j][2 * h];
         const float hi = to_f32<DT>((u16)(in >> 16)) + scale * acc[i][j][2 * h + 1];
@@ -96,7 +100,9 @@ __device__ __forceinline__ void expand_body(
     const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
     const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
     i64 y_stride, int nslices, const SliceTable& sl, int mode) {
-  __shared__ __align__(16) ExpandTiles<BN> t;
+  extern __shared__ __align__(16) u16 dsmem[];
+  if (dynamic_smem_bytes() < (u32)sizeof(ExpandTiles<BN>)) __trap();  // kernels/cuda/_tiles.py is stale
+  ExpandTiles<BN>& t = *reinterpret_cast<ExpandTiles<BN>*>(dsmem);
   const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
   const int wm = warp >> 1, wn = warp & 1;
   ExpandWork wk;
@@ -123,9 +129,9 @@ __device__ __forceinline__ void expand_body(
   load_chunk(t, 0, vsrc, R, v_vec, B, w, n0, b_vec, r, 0, nrows);
   cp_async_commit();
 
-  float acc[2][BN / 16][4];
+  float acc[EXPAND_BM / 32][BN / 16][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < EXPAND_BM / 32; ++i)
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
   const int nchunks = (r + EXPAND_KC - 1) / EXPAND_KC;
@@ -170,9 +176,10 @@ __device__ __forceinline__ void expand_body(
                         rows, layer, y, y_stride, nslices, sl, mode);                         \
   }
 
-// Prefill: 64-row items, 64 columns, registers capped for 7 blocks a multiprocessor (launched
-// preferring shared memory over L1: EXPAND_CARVEOUT in kernels/cuda/_launch.py). Measured on the
-// H200 against 128 columns at 4 blocks: 11-14% faster at ranks 16-128. (The decode path's expand
+// Prefill: 128-row items; 128 columns at 2 blocks a multiprocessor or 64 at 4 (launched preferring
+// shared memory over L1: EXPAND_CARVEOUT in kernels/cuda/_launch.py). (The decode path's expand
 // is lora_expand_dec.cu.)
-LORA_EXPAND_KERNEL(lora_expand_bf16_m64, 0, 64, 7)
-LORA_EXPAND_KERNEL(lora_expand_fp16_m64, 1, 64, 7)
+LORA_EXPAND_KERNEL(lora_expand_bf16_m128_n128, 0, 128, 2)
+LORA_EXPAND_KERNEL(lora_expand_fp16_m128_n128, 1, 128, 2)
+LORA_EXPAND_KERNEL(lora_expand_bf16_m128_n64, 0, 64, 4)
+LORA_EXPAND_KERNEL(lora_expand_fp16_m128_n64, 1, 64, 4)

@@ -1,29 +1,40 @@
 // Prefill SGMV / BGMV shrink on tensor cores: v[rows of item, :r] = x[rows] @ A_slot(layer), A_slot: [h_in, r].
 //
-// Grid (ksplit, items, P): block (ks, item, p) multiplies the item's rows (64 at most) by the
-// k-range [ks*kc, ks*kc + kc) of slice p's A, NC rank columns at a time (one pass for ranks up
-// to the variant's NC). x and A go through shared memory in stages of BK input features,
-// STAGES deep: cp.async copies of the next stages are in flight while the tensor cores
-// (ldmatrix fragments, mma.sync m16n8k16, fp32 accumulate) work on the current one, so the
-// x bytes, which bound the kernel, stream without a gap. Each warp owns 16 rows and all NC
-// columns (no reduction inside the block). Each block stores an fp32 partial
-// [P][ksplit][T][R]; then the last block of an item (an atomic counter that it resets to 0,
-// so counters are zero between launches and a captured graph replays) sums them in fixed
-// order (deterministic) and writes v rounded to x's dtype into the workspace. With
-// ksplit = 1 the block writes the workspace directly.
+// Grid (ksplit, items, P): block (ks, item, p) multiplies the item's rows (128 at most) by the
+// k-range [ks*kc, ks*kc + kc) of slice p's A, all r <= NC rank columns at once (the launcher picks
+// the variant whose NC covers the rank cap). x and A go through shared memory in stages of BK input
+// features, STAGES deep: cp.async copies of the next stages are in flight while the tensor cores
+// (ldmatrix fragments, mma.sync m16n8k16, fp32 accumulate) work on the current one, so the x bytes,
+// which bound the kernel, stream without a gap. The 4 warps split the tile WM x WN ways.
+//
+// The split-K sum. cluster = 1 (sm_90+, launched in clusters of (ksplit, 1, 1): an item's ksplit
+// blocks are one cluster): each block leaves its fp32 partial tile in its shared memory, and block
+// ks sums its share of the item's outputs over the cluster's tiles in order (distributed shared
+// memory: deterministic, no global partials, no block left to sum alone) into the workspace,
+// rounded to x's dtype. cluster = 0 (older devices): each block stores fp32 partials
+// [P][ksplit][T][R] and the item's last block (an atomic counter that it resets to 0, so counters
+// are zero between launches and a captured graph replays) sums them in the same order. ksplit = 1:
+// the block's own tile goes to the workspace.
+#include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 
-#define SHRINK_BM 64                   // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
+#define SHRINK_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
 
-// NC: rank columns per pass; BK: input features per stage; STAGES: stages in shared memory.
+// NC: rank columns; BK: input features per stage; STAGES: stages in shared memory. (The launcher
+// mirrors SMEM: kernels/cuda/_tiles.py; the kernel traps if it was given less.)
 template <int NC, int BK, int STAGES>
 struct ShrinkTiles {
-  static constexpr int LDX = BK + 8;                 // x tile row stride (elements): conflict-free ldmatrix rows
-  static constexpr int LDA = NC + 8;                 // A tile row stride (elements)
-  static constexpr int XS = SHRINK_BM * LDX;         // x tile elements
-  static constexpr int AS = BK * LDA;                // A tile elements
+  static constexpr int WN = NC >= 128 ? 2 : 1, WM = 4 / WN;  // warps along the rows / the columns
+  static constexpr int WR = SHRINK_BM / WM, WC = NC / WN;    // a warp's rows / columns
+  static constexpr int MT = WR / 16, NT = WC / 8;            // its m16 / n8 tiles
+  static constexpr int LDX = BK + 8;                         // x tile row stride (elements): conflict-free ldmatrix rows
+  static constexpr int LDA = NC + 8;                         // A tile row stride (elements)
+  static constexpr int XS = SHRINK_BM * LDX;                 // x tile elements
+  static constexpr int AS = BK * LDA;                        // A tile elements
   static constexpr int STAGE = XS + AS;
-  static constexpr int SMEM = STAGES * STAGE * 2;    // bytes
+  static constexpr int LDR = NC + 4;  // the fp32 partial tile's row stride (16-byte rows), over the stages after the loop
+  static constexpr int PIPE = STAGES * STAGE * 2, RED = SHRINK_BM * LDR * 4;
+  static constexpr int SMEM = PIPE > RED ? PIPE : RED;  // bytes
 };
 
 // What a block's A chunk is: columns [c0, c0 + cw) of A [h_in, r]; vec: 16-byte copies.
@@ -125,78 +136,71 @@ __device__ __forceinline__ void load_stage(StageCopies<NC, BK, STAGES>& cp, u16*
   }
 }
 
-// acc += x rows [warp * 16, + 16) of the stage at byte offset `off` @ its A chunk (ntiles n-tiles
-// of 8 columns). a_addr / b_addr: this lane's ldmatrix addresses in stage 0.
+// acc += the warp's rows x columns of the stage at byte offset `off`; npairs: its 16-column pairs
+// that hold rank columns (0: nothing to do). a_addr / b_addr: this lane's ldmatrix addresses in stage 0.
 template <int DT, int NC, int BK, int STAGES>
-__device__ __forceinline__ void mma_stage(float (&acc)[NC / 8][4], u32 a_addr, u32 b_addr, u32 off, int ntiles) {
+__device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGES>::MT][ShrinkTiles<NC, BK, STAGES>::NT][4],
+                                          u32 a_addr, u32 b_addr, u32 off, int npairs) {
   typedef ShrinkTiles<NC, BK, STAGES> S;
 #pragma unroll
   for (int kk = 0; kk < BK; kk += 16) {
-    u32 a[4];
-    ldmatrix_x4(a, a_addr + off + kk * 2);
+    u32 a[S::MT][4];
 #pragma unroll
-    for (int np = 0; np < NC / 16; ++np) {
-      if (2 * np < ntiles) {
+    for (int i = 0; i < S::MT; ++i) ldmatrix_x4(a[i], a_addr + off + (i * 16 * S::LDX + kk) * 2);
+#pragma unroll
+    for (int np = 0; np < S::NT / 2; ++np) {
+      if (np < npairs) {
         u32 b[4];
         ldmatrix_x4_trans(b, b_addr + off + (kk * S::LDA + np * 16) * 2);
-        mma16816<DT>(acc[2 * np], a, b);
-        mma16816<DT>(acc[2 * np + 1], a, b + 2);
+#pragma unroll
+        for (int i = 0; i < S::MT; ++i) {
+          mma16816<DT>(acc[i][2 * np], a[i], b);
+          mma16816<DT>(acc[i][2 * np + 1], a[i], b + 2);
+        }
       }
     }
   }
 }
 
-// Columns [c0, c0 + cw) of v for the item's rows over k in [kb, ke), stored from the warps'
-// accumulators: fp32 partials at part (or, store_ws: rounded to x's dtype at wsp), row * R + col.
-template <int DT, int NC, int BK, int STAGES>
-__device__ __forceinline__ void shrink_chunk(u16* smem, const u16* x, i64 x_stride, bool x_vec, const AChunk& a,
-                                             int kb, int ke, const LoraItem& it, u16* wsp, int R, float* part,
-                                             bool store_ws) {
-  typedef ShrinkTiles<NC, BK, STAGES> S;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, mat = lane >> 3;
-  const int ntiles = (a.cw + 7) >> 3, nk = (ke - kb + BK - 1) / BK;
-  const bool active = warp * 16 < it.nrows;  // warp-uniform: ldmatrix needs the whole warp
-  const bool fast = x_vec && a.vec;
-  const u32 sbase = smem_addr(smem);
-  const u32 a_addr = sbase + ((warp * 16 + (lane & 15)) * S::LDX + (lane >> 4) * 8) * 2;
-  const u32 b_addr = sbase + (S::XS + ((mat & 1) * 8 + (lane & 7)) * S::LDA + (mat >> 1) * 8) * 2;
-  StageCopies<NC, BK, STAGES> cp(sbase, x, x_stride, a, kb, it);
-  float acc[NC / 8][4];
+// v quad [n, n + 4) of item row m (valid of them in the rank) into the workspace row.
+template <int DT>
+__device__ __forceinline__ void store_quad(u16* dst, float4 s, int valid) {
+  if (valid == 4 && (((u64)dst) & 7) == 0) {
+    *(uint2*)dst = make_uint2((u32)from_f32<DT>(s.x) | ((u32)from_f32<DT>(s.y) << 16),
+                              (u32)from_f32<DT>(s.z) | ((u32)from_f32<DT>(s.w) << 16));
+  } else {
+    const float e[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
-  for (int i = 0; i < NC / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nk) load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);
-    cp_async_commit();
+    for (int k = 0; k < 4; ++k)
+      if (k < valid) dst[k] = from_f32<DT>(e[k]);
   }
-  for (int i = 0; i < nk; ++i) {
-    cp_async_wait<STAGES - 2>();  // stage i has landed (this thread's copies) ...
-    __syncthreads();              // ... everyone's, and stage i - 1's buffer is free
-    if (i + STAGES - 1 < nk)
-      load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
-    cp_async_commit();
-    if (active) mma_stage<DT, NC, BK, STAGES>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, ntiles);
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // the buffers are free for the next chunk
-  const int g = lane >> 2, t = lane & 3;
+}
+
+// Quads [lo, hi) of the item's nrows x ceil(cw / 4) output quads, each the sum in order over the
+// partial tiles of the cluster's nsrc blocks (CL; nsrc = 1 without: this block's tile), into wsp.
+template <int DT, bool CL>
+__device__ __forceinline__ void sum_tiles(const float* red, int ldr, int lo, int hi, int cw, int nsrc,
+                                          const LoraItem& it, u16* wsp, int R) {
+  const int nq = (cw + 3) >> 2;
+  const u32 rbase = smem_addr(red);
+  for (int e = lo + (int)threadIdx.x; e < hi; e += LORA_THREADS) {
+    const int m = e / nq, n = (e - m * nq) * 4;
+    float4 s;
+    if (CL) {
+#if LORA_HAVE_CLUSTERS
+      float4 t[LORA_MAX_CLUSTER];
 #pragma unroll
-  for (int nt = 0; nt < NC / 8; ++nt) {
+      for (int j = 0; j < LORA_MAX_CLUSTER; ++j)  // every load in flight before the first add
+        if (j < nsrc) t[j] = cluster_load4(cluster_map(rbase + (m * ldr + n) * 4, j));
+      s = t[0];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = warp * 16 + g + 8 * h;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = nt * 8 + 2 * t + e;
-        if (m < it.nrows && col < a.cw) {
-          const i64 at = (it.row0 + m) * (i64)R + a.c0 + col;
-          if (store_ws)
-            wsp[at] = from_f32<DT>(acc[nt][2 * h + e]);
-          else
-            part[at] = acc[nt][2 * h + e];
-        }
-      }
+      for (int j = 1; j < LORA_MAX_CLUSTER; ++j)
+        if (j < nsrc) s = make_float4(s.x + t[j].x, s.y + t[j].y, s.z + t[j].z, s.w + t[j].w);
+#endif
+    } else {
+      s = *(const float4*)&red[m * ldr + n];
     }
+    store_quad<DT>(wsp + (it.row0 + m) * (i64)R + n, s, min(4, cw - n));
   }
 }
 
@@ -218,8 +222,7 @@ __device__ __forceinline__ void finish_split(int p, int item, int items, int ksp
   if (!s_last) return;
   __threadfence();
   // U outputs a thread at a time, every partial of all of them loaded before the first sum is
-  // stored: one round trip to L2 per U outputs, not per output (an item has up to 64 x 128 outputs
-  // for 128 threads; H200, rank 128, T = 4096: the shrink 83.7 -> 62.1 us against one at a time).
+  // stored: one round trip to L2 per U outputs, not per output.
   constexpr int U = 4;
   const int nout = it.nrows * r;
   for (int i0 = tid; i0 < nout; i0 += U * LORA_THREADS) {
@@ -243,42 +246,110 @@ __device__ __forceinline__ void shrink_body(
     int ks, int item, int p, u16* smem, const u16* __restrict__ x, i64 x_stride, const u16* __restrict__ pool,
     const i64* __restrict__ a_off, const int* __restrict__ ranks, const int* __restrict__ table, int ntable,
     int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride, int R,
-    float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc, int items, int mode) {
-  ShrinkWork wk;
-  if (!shrink_work(wk, p, item, SHRINK_BM, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R))
+    float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc, int items, int mode, int cluster) {
+  typedef ShrinkTiles<NC, BK, STAGES> S;
+  if (dynamic_smem_bytes() < (u32)S::SMEM) __trap();  // the launcher's size (kernels/cuda/_tiles.py) is stale
+#if !LORA_HAVE_CLUSTERS
+  cluster = 0;  // no clusters before sm_90: the global partials, whatever the launcher passed
+#endif
+  ShrinkWork wk;  // every block of a cluster has the same item and slice: they return together
+  if (!shrink_work(wk, p, item, SHRINK_BM, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R) ||
+      wk.r > NC)  // (the launcher's variant covers the rank cap, so every rank that passed)
     return;
-  const int r = wk.r, kb = ks * kc, ke = min(h_in, kb + kc);
+  const LoraItem& it = wk.it;
+  const int cw = wk.r, kb = ks * kc, ke = min(h_in, kb + kc);
   const bool x_vec = ((((u64)x) & 15) == 0) && ((x_stride & 7) == 0);
+  const AChunk a = {wk.A, cw, 0, cw, ((((u64)wk.A) & 15) == 0) && ((cw & 7) == 0)};
   u16* wsp = ws + p * ws_pstride;
-  float* kpart = part + (i64)(p * ksplit + ks) * rows * R;
-  // The rank in chunks of NC (the accumulators' width): one chunk for ranks up to it, so the
-  // kernel variant bounds registers and shared memory, not the ranks it serves.
-  for (int c0 = 0; c0 < r; c0 += NC) {
-    const AChunk a = {wk.A, r, c0, min(NC, r - c0), ((((u64)wk.A) & 15) == 0) && ((r & 7) == 0)};
-    shrink_chunk<DT, NC, BK, STAGES>(smem, x, x_stride, x_vec, a, kb, ke, wk.it, wsp, R, kpart, ksplit == 1);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, mat = lane >> 3;
+  const int wm = warp / S::WN, wn = warp % S::WN;
+  const int npairs = max(0, min(S::NT / 2, (cw - wn * S::WC + 15) >> 4));  // warp-uniform
+  const int nk = (ke - kb + BK - 1) / BK;
+  const bool fast = x_vec && a.vec;
+  const u32 sbase = smem_addr(smem);
+  const u32 a_addr = sbase + ((wm * S::WR + (lane & 15)) * S::LDX + (lane >> 4) * 8) * 2;
+  const u32 b_addr = sbase + (S::XS + ((mat & 1) * 8 + (lane & 7)) * S::LDA + wn * S::WC + (mat >> 1) * 8) * 2;
+  StageCopies<NC, BK, STAGES> cp(sbase, x, x_stride, a, kb, it);
+  float acc[S::MT][S::NT][4];
+#pragma unroll
+  for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < S::NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);
+    cp_async_commit();
   }
-  if (ksplit > 1) finish_split<DT>(p, item, items, ksplit, wk.it, r, rows, R, part, counters, wsp);
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<STAGES - 2>();  // stage i has landed (this thread's copies) ...
+    __syncthreads();              // ... everyone's, and stage i - 1's buffer is free
+    if (i + STAGES - 1 < nk)
+      load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
+    cp_async_commit();
+    if (npairs > 0) mma_stage<DT, NC, BK, STAGES>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the stage buffers are free: the partial tile goes over them
+
+  const int g = lane >> 2, q = lane & 3;
+  if (ksplit > 1 && !cluster) {  // fp32 partials in global memory, summed by the item's last block
+    float* kpart = part + (i64)(p * ksplit + ks) * rows * R;
+#pragma unroll
+    for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int m = wm * S::WR + i * 16 + g + 8 * h, col = wn * S::WC + j * 8 + 2 * q + e;
+            if (m < it.nrows && col < cw) kpart[(it.row0 + m) * (i64)R + col] = acc[i][j][2 * h + e];
+          }
+    finish_split<DT>(p, item, items, ksplit, it, cw, rows, R, part, counters, wsp);
+    return;
+  }
+  float* red = (float*)smem;
+#pragma unroll
+  for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *(float2*)&red[(wm * S::WR + i * 16 + g + 8 * h) * S::LDR + wn * S::WC + j * 8 + 2 * q] =
+            make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+  const int total = it.nrows * ((cw + 3) >> 2);
+#if LORA_HAVE_CLUSTERS
+  if (cluster) {
+    cluster_sync();  // every block's tile is written
+    sum_tiles<DT, true>(red, S::LDR, (int)((i64)total * ks / ksplit), (int)((i64)total * (ks + 1) / ksplit), cw,
+                        ksplit, it, wsp, R);
+    cluster_sync();  // no block leaves (freeing its tile) while another still reads it
+    return;
+  }
+#endif
+  __syncthreads();
+  sum_tiles<DT, false>(red, S::LDR, 0, total, cw, 1, it, wsp, R);
 }
 
 #define LORA_SHRINK_KERNEL(NAME, DT, NC, BK, STAGES)                                           \
-  extern "C" __global__ void __launch_bounds__(LORA_THREADS) NAME(                             \
+  extern "C" __global__ void __launch_bounds__(LORA_THREADS, 2) NAME(                          \
       const u16* x, i64 x_stride, const u16* pool, const i64* a_off, const int* ranks,         \
       const int* table, int ntable, int nslots, int rows, int h_in, int layer, u16* ws,        \
       i64 ws_pstride, int R, float* part, int* counters, int ksplit, int kc, int items,        \
-      int mode) {                                                                              \
-    __shared__ __align__(16) u16 smem[ShrinkTiles<NC, BK, STAGES>::SMEM / 2];                  \
+      int mode, int cluster) {                                                                 \
+    extern __shared__ __align__(16) u16 smem[];                                                \
     shrink_body<DT, NC, BK, STAGES>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride,     \
                                     pool, a_off, ranks, table, ntable, nslots, rows, h_in,     \
                                     layer, ws, ws_pstride, R, part, counters, ksplit, kc,      \
-                                    items, mode);                                              \
+                                    items, mode, cluster);                                     \
   }
 
-// Prefill (64-row items): the rank chunk width by rank cap, stages of 64 input features (128
-// bytes of each x row: measured 11% faster than 32 on the H200 at rank 16) where two or three
-// fit in 48 KB of static shared memory, else 32. (Decode: lora_shrink_dec.cu.)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r32, 0, 32, 64, 3)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r64, 0, 64, 64, 2)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m64_r128, 0, 128, 32, 3)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r32, 1, 32, 64, 3)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r64, 1, 64, 64, 2)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m64_r128, 1, 128, 32, 3)
+// Prefill (128-row items), by rank cap: (NC, BK, STAGES) = (32, 64, 4), (64, 64, 3), (128, 32, 4)
+// (PREFILL_SHRINK_TILES in kernels/cuda/_tiles.py). (Decode: lora_shrink_dec.cu.)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r32, 0, 32, 64, 4)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r64, 0, 64, 64, 3)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r128, 0, 128, 32, 4)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r32, 1, 32, 64, 4)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r64, 1, 64, 64, 3)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r128, 1, 128, 32, 4)

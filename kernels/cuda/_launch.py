@@ -12,17 +12,23 @@ import numpy as np
 import torch
 
 from kernels.checks import Problem
-from kernels.cuda._pdl import launch_after
+from kernels.cuda._launch_ex import launch_ex
 from kernels.cuda._runtime import DeviceRuntime
+from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, expand_smem_bytes
 
 THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
 SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode path
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
-PREFILL_BM = 64  # prefill: rows per work item (the tensor-core kernels' row tile)
-EXPAND_BN = 64  # prefill: output columns per tensor-core expand block (its kernels' BN, lora_expand.cu)
-EXPAND_CARVEOUT = 100  # prefill expand: shared memory over L1, so its 7 blocks (28 KB each) fit an SM
+PREFILL_BM = SHRINK_BM  # prefill: rows per work item (the tensor-core kernels' row tile)
+EXPAND_BN = 128  # prefill: output columns per tensor-core expand block (its kernels' BN, lora_expand.cu)
+# The prefill kernels prefer shared memory over L1 (their copies bypass L1), so two blocks of each
+# fit an SM (shrink 76-94 KB, expand 71 KB at 128 columns).
+PREFILL_CARVEOUT = 100
+# Prefill split-K blocks form one thread-block cluster per item and slice (sm_90+), whose blocks sum
+# their partials in each other's shared memory: the portable cluster size bounds the split.
+MAX_CLUSTER = 8  # LORA_MAX_CLUSTER in lora_cluster.cuh
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode SGMV calls of up to this many rows take one-row items in both kernels (the row's segment
 # looked up by the block, or read from row_slot): a grouped batch then spreads over as many blocks
@@ -45,11 +51,11 @@ DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank
 # shrink keeps L1: its passes over rank columns re-read A there (r64: 20.9 -> 23.6 us without).
 SHRINK_PDL_CARVEOUT = 100
 SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_dec.cuh)
-# The prefill split-K fills one wave of the shrink, and at most this many blocks a multiprocessor:
-# more splits add fp32 partials for each item's last block to sum, and shorter pipelines, than the
-# extra blocks gain. H200, add_lora at T = 4096 for 1 / 2 / 3 / 4 blocks an SM (2 / 4 / 6 / 8 splits):
-# r16 53.1 / 48.5 / 49.4 / 49.9 us, r64 81.1 / 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 /
-# 114.6 / 121.9, 4096 x 11008 r128 201 / 196 / 202 / 209.
+# The prefill split-K fills one wave of the shrink, and at most this many blocks a multiprocessor
+# (and MAX_CLUSTER splits). Measured with the 64-row kernels and global partials (session 10, H200,
+# add_lora at T = 4096 for 1 / 2 / 3 / 4 blocks an SM): r16 53.1 / 48.5 / 49.4 / 49.9 us, r64 81.1 /
+# 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 / 114.6 / 121.9. The 128-row cluster kernels hold
+# 2 blocks an SM at most (shared memory); benchmarks/bench_prefill_tunables.py sweeps 1 against 2.
 PREFILL_MAX_BLOCKS_PER_SM = 2
 
 
@@ -115,7 +121,7 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
     if decode:  # about two blocks a multiprocessor, and each thread's loads of A in flight together
         ksplit = max(_ceil(TARGET_BLOCKS, max(1, expected) * nslices), _ceil(h_in, DEC_KC))
     else:
-        ksplit = prefill_wave // (expected * nslices)
+        ksplit = min(prefill_wave // (expected * nslices), MAX_CLUSTER)
     ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
     kc = _ceil(_ceil(h_in, ksplit), K_GRAIN) * K_GRAIN
     return Plan(mode, ntable, decode, bm, items, _ceil(h_in, kc), kc)
@@ -127,7 +133,8 @@ def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype
     wave = 0
     if not is_decode(problem.rows, mode):
         kind, variant = shrink_kernel(True, problem.rank_cap)
-        wave = min(rt.resident_blocks(kind, dtype, variant, THREADS), PREFILL_MAX_BLOCKS_PER_SM * rt.sms)
+        smem = prefill_shrink_tiles(problem.rank_cap).smem_bytes
+        wave = min(rt.resident_blocks(kind, dtype, variant, THREADS, smem), PREFILL_MAX_BLOCKS_PER_SM * rt.sms)
     return make_plan(problem, mode, ntable, wave)
 
 
@@ -137,7 +144,12 @@ def shrink_kernel(prefill: bool, rank_cap: int, pdl: bool = False) -> tuple[str,
     dependent; prefill: lora_shrink with the widest rank chunk the cap needs."""
     if not prefill:
         return "shrink_dec", f"m{DEC_ROWS}" + ("_pdl" if pdl else "")
-    return "shrink", f"m{PREFILL_BM}_{rank_variant(rank_cap, (32, 64, 128))}"
+    return "shrink", f"m{PREFILL_BM}_{rank_variant(rank_cap, tuple(PREFILL_SHRINK_TILES))}"
+
+
+def prefill_shrink_tiles(rank_cap: int):
+    """The tiles of the prefill shrink variant that serves ranks up to rank_cap."""
+    return PREFILL_SHRINK_TILES[int(rank_variant(rank_cap, tuple(PREFILL_SHRINK_TILES))[1:])]
 
 
 def _ptr(t: torch.Tensor) -> np.uint64:
@@ -180,7 +192,10 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
     A decode call's expand may go as a programmatic dependent of its shrink (expand_follows_early):
     its blocks are placed, read their B and y and wait while the shrink finishes."""
     rows, cap = problem.rows, problem.rank_cap
-    partials, counters = rt.scratch(len(problem.widths) * plan.ksplit * rows * cap, len(problem.widths) * plan.items)
+    # fp32 partials: the decode path's, and the prefill split's where it cannot sum in a cluster
+    global_partials = plan.decode or (plan.ksplit > 1 and not rt.clusters)
+    partials, counters = rt.scratch(len(problem.widths) * plan.ksplit * rows * cap if global_partials else 0,
+                                    len(problem.widths) * plan.items)
     pdl = expand_follows_early(plan, problem, only, rt.pdl)
     with rt.launching():
         if only != "expand":
@@ -202,16 +217,20 @@ def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     i32, i64 = np.int32, np.int64
     cap = problem.rank_cap
     table, ntable, mode, items = _shrink_items(plan, c, problem.rows)
-    if plan.decode:  # fp32 partials only: the decode expand sums them
-        tail = (i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(mode))
-    else:
-        tail = (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
-                i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode))
+    grid = (plan.ksplit, items, len(problem.widths))
+    head = (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(table),
+            i32(ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(c.layer))
     kind, variant = shrink_kernel(not plan.decode, cap, pdl)
-    shrink = rt.function(kind, c.x.dtype, variant, carveout=SHRINK_PDL_CARVEOUT if pdl else None)
-    shrink((plan.ksplit, items, len(problem.widths)), (THREADS,),
-           (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(table),
-            i32(ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(c.layer), *tail))
+    if plan.decode:  # fp32 partials only: the decode expand sums them
+        shrink = rt.function(kind, c.x.dtype, variant, carveout=SHRINK_PDL_CARVEOUT if pdl else None)
+        shrink(grid, (THREADS,), (*head, i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(mode)))
+        return
+    smem = prefill_shrink_tiles(cap).smem_bytes
+    shrink = rt.function(kind, c.x.dtype, variant, carveout=PREFILL_CARVEOUT, smem=smem)
+    args = (*head, _ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
+            i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(rt.clusters))
+    launch_ex(shrink, grid, (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream, shared_mem=smem,
+              cluster=(plan.ksplit, 1, 1) if rt.clusters else None)
 
 
 def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
@@ -221,11 +240,13 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN)
     tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     if not plan.decode:
-        rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=EXPAND_CARVEOUT)(
+        smem = expand_smem_bytes(EXPAND_BN)
+        rt.function("expand", c.x.dtype, f"m{plan.bm}_n{EXPAND_BN}", carveout=PREFILL_CARVEOUT, smem=smem)(
             (ntiles, plan.items), (THREADS,),
             (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
              _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(rows),
              *tail, i32(plan.mode)),
+            shared_mem=smem,
         )
         return
     # the expand's items: BGMV items (a row each) from row_slot where the call has one
@@ -234,7 +255,8 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     args = (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
             _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode))
     if pdl:
-        launch_after(expand, (ntiles, eitems), (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream)
+        launch_ex(expand, (ntiles, eitems), (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream,
+                  programmatic=True)
     else:
         expand((ntiles, eitems), (THREADS,), args)
 

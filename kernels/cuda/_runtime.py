@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.cuda._pdl import MIN_COMPUTE_CAPABILITY
+from kernels.cuda._launch_ex import MIN_COMPUTE_CAPABILITY
 from kernels.cuda._scratch import GrowOnly
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 _DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
@@ -54,20 +55,25 @@ class DeviceRuntime:
     streams: dict = field(default_factory=dict)
     resident: dict = field(default_factory=dict)  # (kind, dtype, variant, threads) -> blocks at once
     carveouts: dict = field(default_factory=dict)  # kernel name -> the carveout set on it
+    smem_limits: dict = field(default_factory=dict)  # kernel name -> its dynamic shared memory limit set
     partials: GrowOnly = field(init=False)  # fp32 split-K partials
     counters: GrowOnly = field(init=False)  # int32 per-item counters, zero between launches
-    pdl: bool = field(init=False)  # programmatic dependent launch available (kernels/cuda/_pdl.py)
+    pdl: bool = field(init=False)  # programmatic dependent launch available (kernels/cuda/_launch_ex.py)
+    clusters: bool = field(init=False)  # thread-block clusters available (sm_90+)
     sms: int = field(init=False)  # multiprocessors of the device
 
     def __post_init__(self) -> None:
         self.partials = GrowOnly(torch.float32, self.device, 1 << 16)  # nothing allocated until used
         self.counters = GrowOnly(torch.int32, self.device, 1 << 12)
         self.pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
+        self.clusters = self.pdl
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
 
-    def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None):
+    def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None,
+                 smem: int = 0):
         """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``;
-        carveout: the share of shared memory (percent) its multiprocessors prefer over L1."""
+        carveout: the share of shared memory (percent) its multiprocessors prefer over L1; smem:
+        the dynamic shared memory its launches give a block (its limit raised to that)."""
         import cupy  # noqa: PLC0415
 
         source = f"lora_{kind}.cu"  # shrink, expand, decode
@@ -84,18 +90,24 @@ class DeviceRuntime:
             with cupy.cuda.Device(self.device.index):
                 cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, _PREFERRED_CARVEOUT, carveout)
             self.carveouts[name] = carveout
+        if smem > self.smem_limits.get(name, 48 * 1024):
+            with cupy.cuda.Device(self.device.index):
+                cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, _MAX_DYNAMIC_SHARED, smem)
+            self.smem_limits[name] = smem
         return function
 
-    def resident_blocks(self, kind: str, dtype: torch.dtype, variant: str, threads: int) -> int:
-        """How many blocks of ``threads`` threads of that kernel the device runs at once (the
-        driver's occupancy for its registers and shared memory, times the multiprocessors)."""
+    def resident_blocks(self, kind: str, dtype: torch.dtype, variant: str, threads: int, smem: int = 0) -> int:
+        """How many blocks of ``threads`` threads (and ``smem`` bytes of dynamic shared memory) of
+        that kernel the device runs at once (the driver's occupancy for its registers and shared
+        memory, times the multiprocessors)."""
         import cupy  # noqa: PLC0415
 
-        key = (kind, dtype, variant, threads)
+        key = (kind, dtype, variant, threads, smem)
         if key not in self.resident:
-            function = self.function(kind, dtype, variant)
+            function = self.function(kind, dtype, variant, smem=smem)
             with cupy.cuda.Device(self.device.index):
-                per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, 0)
+                per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads,
+                                                                                     smem)
             self.resident[key] = max(1, per_sm) * self.sms
         return self.resident[key]
 

@@ -89,6 +89,42 @@ def test_prefill_long_segments(rank, decode_path, monkeypatch):
     _run(batch, bgmv=False)
 
 
+@pytest.mark.parametrize("split", ["global", "unsplit"])
+@pytest.mark.parametrize("rank_cap", [16, 64, 128])
+def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, rank_cap, monkeypatch):
+    """The prefill shrink's split-K partials, summed in the cluster's shared memory (sm_90+) or in
+    global memory by each item's last block (devices without clusters), give bitwise the same y
+    (the same sums in the same order); a shrink with no split at all gives the reference's."""
+    from kernels.checks import check_args
+    from kernels.cuda._launch import plan_call
+
+    gen = torch.Generator().manual_seed(4100 + rank_cap)
+    lengths = [700, 0, 1300, 130, 1]
+    ranks = torch.randint(1, rank_cap + 1, (2, len(lengths)), generator=gen)
+    batch = make_batch(gen, rows=sum(lengths), h_in=3000, widths=(1000, 333), ranks=ranks,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    rt = kcuda.default_cache().get(batch.x.device)
+    if not rt.clusters:
+        pytest.skip("no thread-block clusters on this device")
+    problem = check_args(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales,
+                         batch.layer, batch.widths, batch.workspace)
+    assert plan_call(rt, problem, 0, problem.nslots, batch.x.dtype).ksplit > 1  # the split is what is tested
+    y0 = batch.y.clone()
+    kcuda.add_lora_slices(*batch.args())
+    in_cluster = batch.y.clone()
+    batch.y.copy_(y0)
+    if split == "global":
+        monkeypatch.setattr(rt, "clusters", False)
+    else:
+        monkeypatch.setattr("kernels.cuda._launch.PREFILL_MAX_BLOCKS_PER_SM", 0)
+        assert plan_call(rt, problem, 0, problem.nslots, batch.x.dtype).ksplit == 1
+    kcuda.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    if split == "global":
+        assert torch.equal(batch.y, in_cluster)
+    assert_close_rows(batch.y, reference64(batch, False), y0)
+
+
 def _workload_lengths(name, batch_size, gen):
     if name == "distinct":
         return [1] * batch_size
@@ -387,7 +423,7 @@ def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(captur
 
 def test_outgrown_scratch_stays_with_the_graph_that_captured_it():
     """A captured graph keeps raw pointers into the kernels' scratch. A later, larger eager call
-    (a long prefill after the decode graphs were captured) grows it; the outgrown buffer must
+    (a larger decode batch after the graphs were captured) grows it; the outgrown buffer must
     stay allocated, so a tensor allocated afterwards is never written by a replay, and the
     replay still gives the eager result."""
     from kernels.checks import check_args
@@ -414,8 +450,8 @@ def test_outgrown_scratch_stays_with_the_graph_that_captured_it():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call(small)
-    big = make_batch(gen, rows=3000, h_in=2048, widths=(1024, 512), ranks=_random_ranks(gen, 2, 3),
-                     table=seg_from_lengths([1000, 1500, 500]), rank_cap=128)
+    big = make_batch(gen, rows=256, h_in=2048, widths=(1024, 512), ranks=_random_ranks(gen, 2, 3),
+                     table=seg_from_lengths([100, 150, 6]), rank_cap=128)
     call(big)  # grows the scratch past the captured buffer
     torch.cuda.synchronize()
     assert rt.partials.current.numel() > captured.numel() and any(t is captured for t in rt.partials.retired)

@@ -1,0 +1,66 @@
+"""Prefill add_lora, shrink alone and expand alone (T = 4096 rows, h_in = 4096) for settings of
+the launcher's prefill tunables, each checked against the Loop baseline before it is timed.
+
+    python3 benchmarks/bench_prefill_tunables.py [BN:BLOCKS ...]
+
+BN:BLOCKS sets EXPAND_BN (the expand's column tile: 64 or 128) and PREFILL_MAX_BLOCKS_PER_SM (the
+split-K's blocks a multiprocessor); with none, the launcher's own. Prints one line per case and
+setting: device microseconds (CUDA-graph replays, bench_kernels.time_graph) and the share of the
+bandwidth roofline (bytes / 4.23 TB/s). Run it from another tree (cd there; it imports the
+kernels of the working directory) to compare two versions in one lease."""
+import sys
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, ".")  # the kernels of the tree it is run from
+import bench_kernels as bk  # noqa: E402
+from kernels import cuda as kcuda  # noqa: E402
+from kernels.checks import check_args  # noqa: E402
+from kernels.cuda import _launch  # noqa: E402
+
+CASES = [(4096, 16, "prefill4096"), (4096, 16, "prefill512"), (4096, 64, "prefill4096"), (4096, 128, "prefill4096"),
+         (4096, 128, "prefill1024"), (11008, 16, "prefill4096"), (11008, 128, "prefill4096")]
+
+
+def timed(rt, pool, sets, x, y, ws, h_out):
+    out = []
+    for only in (None, "shrink", "expand"):
+        fns = []
+        for s in sets:
+            c = _launch.Call(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, ws)
+            prob = check_args(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, 0, (h_out,), ws)
+            plan = _launch.plan_call(rt, prob, 0, prob.nslots, bk.DT)
+            fns.append(lambda c=c, prob=prob, plan=plan, only=only: _launch.launch(rt, plan, prob, c, only))
+        out.append(bk.time_graph(fns, 16))
+    return out, plan
+
+
+def main():
+    configs = sys.argv[1:] or ["default"]  # "default": the launcher's settings as they are
+    rt = kcuda.default_cache().get(torch.device("cuda", 0))
+    gen = torch.Generator().manual_seed(0)
+    for h_out, rank, w in CASES:
+        pool, sets = bk.build(4096, h_out, rank, bk.workload_rows(w, 4096, gen), 4, gen)
+        x = torch.randn(4096, 4096, device="cuda", dtype=bk.DT)
+        y = torch.randn(4096, h_out, device="cuda", dtype=bk.DT)
+        ws = torch.empty(1, 4096, rank, device="cuda", dtype=bk.DT)
+        nbytes = rank * (4096 + h_out) * 2 * len(sets[0].bounds) + 4096 * (4096 + 2 * h_out) * 2
+        roof = nbytes / bk.HBM_BPS * 1e6
+        for cfg in configs:
+            if cfg != "default":
+                bn, blocks = (int(v) for v in cfg.split(":"))
+                if hasattr(_launch, "EXPAND_BN"):
+                    _launch.EXPAND_BN = bn
+                _launch.PREFILL_MAX_BLOCKS_PER_SM = blocks
+            err = bk.check(pool, ws, x, y, sets[0], h_out, "sgmv")
+            assert err < 2e-2, (cfg, h_out, rank, w, err)
+            (both, sh, ex), plan = timed(rt, pool, sets, x, y, ws, h_out)
+            print(f"4096x{h_out} r{rank} {w} [{cfg}]: add_lora {both:.1f} us ({roof / both:.0%} of {roof:.1f}) "
+                  f"shrink {sh:.1f} expand {ex:.1f} ksplit={plan.ksplit} err={err:.1e}", flush=True)
+        del pool, sets, x, y, ws
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Kernel launches with attributes, through the driver's ``cuLaunchKernelEx`` (CUDA 12+, ctypes):
+CuPy launches through ``cuLaunchKernel``, which has none.
+
+- Programmatic dependent launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), for a
+  kernel that follows another on the same stream: its blocks may be scheduled as soon as every
+  block of the kernel ahead has run ``griddepcontrol.launch_dependents`` (or exited), and it must
+  run ``griddepcontrol.wait`` before it reads what that kernel writes (the wait returns when the
+  kernel ahead has completed and its memory is visible). Launched without the attribute, the same
+  kernel's wait returns at once. Stream capture records the launch as a programmatic edge of the
+  CUDA graph.
+- Thread-block clusters (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, sm_90+): the blocks of one
+  cluster are scheduled together and read each other's shared memory.
+- Dynamic shared memory (the launch's sharedMemBytes).
+
+The ctypes structures mirror cuda.h's ``CUlaunchConfig`` and ``CUlaunchAttribute``
+(tests/test_launch_ex_layout.py compares their layout with the C compiler's where cuda.h is present).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+MIN_COMPUTE_CAPABILITY = (9, 0)  # griddepcontrol and clusters: sm_90 and later
+
+
+class LaunchAttributeValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("programmaticStreamSerializationAllowed", ctypes.c_int),
+                ("clusterDim", ctypes.c_uint * 3)]
+
+
+class LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", LaunchAttributeValue)]
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
+           np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.float32): ctypes.c_float}
+
+
+def kernel_params(args: tuple) -> tuple[ctypes.Array, list]:
+    """(void* array for cuLaunchKernelEx, the values it points at: keep them alive). Each
+    argument is a NumPy scalar whose dtype is the kernel parameter's C type."""
+    values = []
+    for a in args:
+        ctype = _CTYPES.get(a.dtype) if isinstance(a, np.generic) else None
+        if ctype is None:
+            raise TypeError(f"kernel argument {a!r}: not an int32/int64/uint64/float32 NumPy scalar")
+        values.append(ctype(a.item()))
+    return (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)), values
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuLaunchKernelEx.restype = ctypes.c_int
+    return lib
+
+
+def _dims(d: tuple) -> tuple:
+    return tuple(d) + (1,) * (3 - len(d))
+
+
+def launch_ex(function, grid: tuple, block: tuple, args: tuple, stream_handle: int, *, shared_mem: int = 0,
+              cluster: tuple | None = None, programmatic: bool = False) -> None:
+    """Launch ``function`` (a ``cupy.RawKernel``, as ``RawModule.get_function`` gives it: its
+    ``kernel`` is the current device's compiled ``Function``, whose ``ptr`` is the CUfunction) on
+    the stream ``stream_handle`` with ``shared_mem`` bytes of dynamic shared memory, in clusters of
+    ``cluster`` blocks (each grid dimension a multiple of it), and as a programmatic dependent of
+    the kernel ahead of it on the stream where ``programmatic``."""
+    attrs = []
+    if cluster is not None:
+        attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        attr.value.clusterDim[:] = _dims(cluster)
+        attrs.append(attr)
+    if programmatic:
+        attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    array = (LaunchAttribute * max(1, len(attrs)))(*attrs)
+    config = LaunchConfig(*_dims(grid), *_dims(block), shared_mem, ctypes.c_void_p(stream_handle),
+                          ctypes.cast(array, ctypes.POINTER(LaunchAttribute)), len(attrs))
+    params, _keep = kernel_params(args)
+    cu_function = function.kernel.ptr  # compiles for the current device on first use
+    status = _driver().cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(cu_function), params, None)
+    if status != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
