@@ -182,3 +182,8 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
         assert plan.ksplit * items <= PREFILL_MAX_BLOCKS_PER_SM * 132 and plan.ksplit <= MAX_CLUSTER
         assert (plan.ksplit + 1) * items > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == MAX_CLUSTER
     assert plan_call(rt, Problem(300, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16).ksplit == MAX_CLUSTER
+    from kernels.cuda._launch import MODE_SGMV, Plan
+
+    with pytest.raises(ValueError, match="invalid launch plan"):  # more splits than one cluster holds
+        Plan(MODE_SGMV, 4, False, PREFILL_BM, 40, MAX_CLUSTER + 1, 64)
+    assert Plan(MODE_SGMV, 4, True, 4, 40, MAX_CLUSTER + 1, 64).ksplit == MAX_CLUSTER + 1  # decode: global partials

@@ -32,6 +32,18 @@ __device__ __forceinline__ float4 cluster_load4(u32 addr) {  // addr from cluste
 #define LORA_HAVE_CLUSTERS 0
 #endif
 
+#if LORA_HAVE_CLUSTERS
+__device__ __forceinline__ int cluster_blocks() {  // blocks in this block's cluster
+  u32 n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return (int)n;
+}
+#endif
+
+// Ends the kernel with an error (the launch fails: cudaErrorLaunchFailure): for a launch whose
+// configuration contradicts the kernel's, which no result could survive.
+__device__ __forceinline__ void launch_error() { asm volatile("trap;"); }
+
 // Bytes of dynamic shared memory this launch gave the block.
 __device__ __forceinline__ u32 dynamic_smem_bytes() {
   u32 n;

@@ -101,7 +101,7 @@ __device__ __forceinline__ void expand_body(
     const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
     i64 y_stride, int nslices, const SliceTable& sl, int mode) {
   extern __shared__ __align__(16) u16 dsmem[];
-  if (dynamic_smem_bytes() < (u32)sizeof(ExpandTiles<BN>)) __trap();  // kernels/cuda/_tiles.py is stale
+  if (dynamic_smem_bytes() < (u32)sizeof(ExpandTiles<BN>)) launch_error();  // kernels/cuda/_tiles.py is stale
   ExpandTiles<BN>& t = *reinterpret_cast<ExpandTiles<BN>*>(dsmem);
   const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
   const int wm = warp >> 1, wn = warp & 1;

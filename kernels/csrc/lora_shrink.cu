@@ -7,14 +7,14 @@
 // (ldmatrix fragments, mma.sync m16n8k16, fp32 accumulate) work on the current one, so the x bytes,
 // which bound the kernel, stream without a gap. The 4 warps split the tile WM x WN ways.
 //
-// The split-K sum. cluster = 1 (sm_90+, launched in clusters of (ksplit, 1, 1): an item's ksplit
-// blocks are one cluster): each block leaves its fp32 partial tile in its shared memory, and block
-// ks sums its share of the item's outputs over the cluster's tiles in order (distributed shared
-// memory: deterministic, no global partials, no block left to sum alone) into the workspace,
-// rounded to x's dtype. cluster = 0 (older devices): each block stores fp32 partials
-// [P][ksplit][T][R] and the item's last block (an atomic counter that it resets to 0, so counters
-// are zero between launches and a captured graph replays) sums them in the same order. ksplit = 1:
-// the block's own tile goes to the workspace.
+// The split-K sum. cluster = 1 (sm_90+, ksplit > 1; launched in clusters of (ksplit, 1, 1), so an
+// item's ksplit blocks are one cluster, and any other launch fails): each block leaves its fp32
+// partial tile in its shared memory, and block ks sums its share of the item's outputs over the
+// cluster's tiles in order (distributed shared memory: deterministic, no global partials, no block
+// left to sum alone) into the workspace, rounded to x's dtype. cluster = 0 (older devices): each
+// block stores fp32 partials [P][ksplit][T][R] and the item's last block (an atomic counter that it
+// resets to 0, so counters are zero between launches and a captured graph replays) sums them in the
+// same order. ksplit = 1: the block's own tile goes to the workspace.
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 
@@ -248,9 +248,11 @@ __device__ __forceinline__ void shrink_body(
     int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride, int R,
     float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc, int items, int mode, int cluster) {
   typedef ShrinkTiles<NC, BK, STAGES> S;
-  if (dynamic_smem_bytes() < (u32)S::SMEM) __trap();  // the launcher's size (kernels/cuda/_tiles.py) is stale
-#if !LORA_HAVE_CLUSTERS
-  cluster = 0;  // no clusters before sm_90: the global partials, whatever the launcher passed
+  if (dynamic_smem_bytes() < (u32)S::SMEM) launch_error();  // the launcher's size (kernels/cuda/_tiles.py) is stale
+#if LORA_HAVE_CLUSTERS
+  if (cluster && (ksplit > LORA_MAX_CLUSTER || cluster_blocks() != ksplit)) launch_error();  // not one cluster an item
+#else
+  if (cluster) launch_error();  // no clusters before sm_90 (the launcher sized no global partials)
 #endif
   ShrinkWork wk;  // every block of a cluster has the same item and slice: they return together
   if (!shrink_work(wk, p, item, SHRINK_BM, mode, table, ntable, nslots, rows, ranks, a_off, pool, layer, h_in, R) ||
@@ -265,6 +267,7 @@ __device__ __forceinline__ void shrink_body(
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, mat = lane >> 3;
   const int wm = warp / S::WN, wn = warp % S::WN;
   const int npairs = max(0, min(S::NT / 2, (cw - wn * S::WC + 15) >> 4));  // warp-uniform
+  const bool active = npairs > 0 && wm * S::WR < it.nrows;  // the warp has rank columns and item rows
   const int nk = (ke - kb + BK - 1) / BK;
   const bool fast = x_vec && a.vec;
   const u32 sbase = smem_addr(smem);
@@ -287,7 +290,7 @@ __device__ __forceinline__ void shrink_body(
     if (i + STAGES - 1 < nk)
       load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
     cp_async_commit();
-    if (npairs > 0) mma_stage<DT, NC, BK, STAGES>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
+    if (active) mma_stage<DT, NC, BK, STAGES>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
   }
   cp_async_wait<0>();
   __syncthreads();  // the stage buffers are free: the partial tile goes over them

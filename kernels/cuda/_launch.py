@@ -91,7 +91,7 @@ class Plan:
         bm_ok = self.bm in (1, DEC_ROWS) if self.decode else self.bm == PREFILL_BM
         if self.mode not in (MODE_SGMV, MODE_BGMV) or not bm_ok or self.items < 1:
             raise ValueError(f"invalid launch plan {self}")
-        if not 1 <= self.ksplit <= MAX_KSPLIT:
+        if not 1 <= self.ksplit <= (MAX_KSPLIT if self.decode else MAX_CLUSTER):
             raise ValueError(f"invalid launch plan {self}")
 
 
@@ -134,7 +134,8 @@ def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype
     if not is_decode(problem.rows, mode):
         kind, variant = shrink_kernel(True, problem.rank_cap)
         smem = prefill_shrink_tiles(problem.rank_cap).smem_bytes
-        wave = min(rt.resident_blocks(kind, dtype, variant, THREADS, smem), PREFILL_MAX_BLOCKS_PER_SM * rt.sms)
+        wave = min(rt.resident_blocks(kind, dtype, variant, THREADS, smem, PREFILL_CARVEOUT),
+                   PREFILL_MAX_BLOCKS_PER_SM * rt.sms)
     return make_plan(problem, mode, ntable, wave)
 
 
@@ -227,10 +228,11 @@ def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
         return
     smem = prefill_shrink_tiles(cap).smem_bytes
     shrink = rt.function(kind, c.x.dtype, variant, carveout=PREFILL_CARVEOUT, smem=smem)
+    cluster = rt.clusters and plan.ksplit > 1  # one cluster an item and slice (the kernel checks)
     args = (*head, _ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
-            i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(rt.clusters))
+            i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(cluster))
     launch_ex(shrink, grid, (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream, shared_mem=smem,
-              cluster=(plan.ksplit, 1, 1) if rt.clusters else None)
+              cluster=(plan.ksplit, 1, 1) if cluster else None)
 
 
 def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,

@@ -90,21 +90,22 @@ class DeviceRuntime:
             with cupy.cuda.Device(self.device.index):
                 cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, _PREFERRED_CARVEOUT, carveout)
             self.carveouts[name] = carveout
-        if smem > self.smem_limits.get(name, 48 * 1024):
+        if smem > self.smem_limits.get(name, 0):  # (the default limit is 48 KB less the static shared memory)
             with cupy.cuda.Device(self.device.index):
                 cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, _MAX_DYNAMIC_SHARED, smem)
             self.smem_limits[name] = smem
         return function
 
-    def resident_blocks(self, kind: str, dtype: torch.dtype, variant: str, threads: int, smem: int = 0) -> int:
+    def resident_blocks(self, kind: str, dtype: torch.dtype, variant: str, threads: int, smem: int = 0,
+                        carveout: int | None = None) -> int:
         """How many blocks of ``threads`` threads (and ``smem`` bytes of dynamic shared memory) of
         that kernel the device runs at once (the driver's occupancy for its registers and shared
-        memory, times the multiprocessors)."""
+        memory, times the multiprocessors), with the carveout its launches set."""
         import cupy  # noqa: PLC0415
 
-        key = (kind, dtype, variant, threads, smem)
+        key = (kind, dtype, variant, threads, smem, carveout)
         if key not in self.resident:
-            function = self.function(kind, dtype, variant, smem=smem)
+            function = self.function(kind, dtype, variant, carveout=carveout, smem=smem)
             with cupy.cuda.Device(self.device.index):
                 per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads,
                                                                                      smem)
