@@ -19,8 +19,11 @@ from kernels import cuda as kcuda  # noqa: E402
 from kernels.checks import check_args  # noqa: E402
 from kernels.cuda import _launch  # noqa: E402
 
-CASES = [(4096, 16, "prefill4096"), (4096, 16, "prefill512"), (4096, 64, "prefill4096"), (4096, 128, "prefill4096"),
-         (4096, 128, "prefill1024"), (11008, 16, "prefill4096"), (11008, 128, "prefill4096")]
+# (h_out, rank, segments, rank cap: the workspace's R, which picks the kernel variant; the server's
+# default cap is 128, so its rank-16 prefills run the r128 variants)
+CASES = [(4096, 16, "prefill4096", 16), (4096, 16, "prefill512", 16), (4096, 16, "prefill4096", 128),
+         (4096, 64, "prefill4096", 64), (4096, 128, "prefill4096", 128), (4096, 128, "prefill1024", 128),
+         (11008, 16, "prefill4096", 16), (11008, 128, "prefill4096", 128)]
 
 
 def timed(rt, pool, sets, x, y, ws, h_out):
@@ -40,11 +43,11 @@ def main():
     configs = sys.argv[1:] or ["default"]  # "default": the launcher's settings as they are
     rt = kcuda.default_cache().get(torch.device("cuda", 0))
     gen = torch.Generator().manual_seed(0)
-    for h_out, rank, w in CASES:
+    for h_out, rank, w, cap in CASES:
         pool, sets = bk.build(4096, h_out, rank, bk.workload_rows(w, 4096, gen), 4, gen)
         x = torch.randn(4096, 4096, device="cuda", dtype=bk.DT)
         y = torch.randn(4096, h_out, device="cuda", dtype=bk.DT)
-        ws = torch.empty(1, 4096, rank, device="cuda", dtype=bk.DT)
+        ws = torch.empty(1, 4096, cap, device="cuda", dtype=bk.DT)
         nbytes = rank * (4096 + h_out) * 2 * len(sets[0].bounds) + 4096 * (4096 + 2 * h_out) * 2
         roof = nbytes / bk.HBM_BPS * 1e6
         for cfg in configs:
@@ -54,9 +57,9 @@ def main():
                     _launch.EXPAND_BN = bn
                 _launch.PREFILL_MAX_BLOCKS_PER_SM = blocks
             err = bk.check(pool, ws, x, y, sets[0], h_out, "sgmv")
-            assert err < 2e-2, (cfg, h_out, rank, w, err)
+            assert err < 2e-2, (cfg, h_out, rank, cap, w, err)
             (both, sh, ex), plan = timed(rt, pool, sets, x, y, ws, h_out)
-            print(f"4096x{h_out} r{rank} {w} [{cfg}]: add_lora {both:.1f} us ({roof / both:.0%} of {roof:.1f}) "
+            print(f"4096x{h_out} r{rank} cap{cap} {w} [{cfg}]: add_lora {both:.1f} us ({roof / both:.0%} of {roof:.1f}) "
                   f"shrink {sh:.1f} expand {ex:.1f} ksplit={plan.ksplit} err={err:.1e}", flush=True)
         del pool, sets, x, y, ws
         torch.cuda.empty_cache()
