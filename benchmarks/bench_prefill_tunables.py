@@ -1,13 +1,13 @@
 """Prefill add_lora, shrink alone and expand alone (T = 4096 rows, h_in = 4096) for settings of
-the launcher's prefill tunables, each checked against the Loop baseline before it is timed.
+the launcher's prefill split (PREFILL_MAX_BLOCKS_PER_SM: the shrink's split-K blocks a
+multiprocessor), each checked against the Loop baseline before it is timed.
 
-    python3 benchmarks/bench_prefill_tunables.py [BN:BLOCKS ...]
+    python3 benchmarks/bench_prefill_tunables.py [BLOCKS ...]
 
-BN:BLOCKS sets EXPAND_BN (the expand's column tile: 64 or 128) and PREFILL_MAX_BLOCKS_PER_SM (the
-split-K's blocks a multiprocessor); with none, the launcher's own. Prints one line per case and
-setting: device microseconds (CUDA-graph replays, bench_kernels.time_graph) and the share of the
-bandwidth roofline (bytes / 4.23 TB/s). Run it from another tree (cd there; it imports the
-kernels of the working directory) to compare two versions in one lease."""
+With no BLOCKS, the launcher's own. Prints one line per case and setting: device microseconds
+(CUDA-graph replays, bench_kernels.time_graph) and the share of the bandwidth roofline (bytes /
+4.23 TB/s). Run it from another tree (cd there; it imports the kernels of the working directory)
+to compare two versions in one lease."""
 import sys
 
 import torch
@@ -52,10 +52,7 @@ def main():
         roof = nbytes / bk.HBM_BPS * 1e6
         for cfg in configs:
             if cfg != "default":
-                bn, blocks = (int(v) for v in cfg.split(":"))
-                if hasattr(_launch, "EXPAND_BN"):
-                    _launch.EXPAND_BN = bn
-                _launch.PREFILL_MAX_BLOCKS_PER_SM = blocks
+                _launch.PREFILL_MAX_BLOCKS_PER_SM = int(cfg)
             err = bk.check(pool, ws, x, y, sets[0], h_out, "sgmv")
             assert err < 2e-2, (cfg, h_out, rank, cap, w, err)
             (both, sh, ex), plan = timed(rt, pool, sets, x, y, ws, h_out)

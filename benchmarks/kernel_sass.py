@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.checks import Problem  # noqa: E402
 from kernels.cuda import _launch  # noqa: E402
-from kernels.cuda._tiles import dynamic_smem_bytes  # noqa: E402
+from kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_bytes  # noqa: E402
 
 CSRC = ROOT / "kernels" / "csrc"
 SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
@@ -128,12 +128,20 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
         pdl = not prefill and rank <= _launch.SHRINK_DEC_RC  # sm_90: the expand follows early (expand_follows_early)
         kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
         shrink = f"lora_{kind}_bf16_{variant}"
-        per_sm = min(blocks_per_sm(entries[shrink], _launch.THREADS, dynamic_smem_bytes(shrink)),
+        threads = 32 * _launch.prefill_shrink_tiles(rank).warps if prefill else _launch.THREADS
+        per_sm = min(blocks_per_sm(entries[shrink], threads, dynamic_smem_bytes(shrink)),
                      _launch.PREFILL_MAX_BLOCKS_PER_SM)  # as plan_call caps it
         wave = per_sm * sms
         plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
-        tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS if plan.decode else _launch.EXPAND_BN)
-        expand = "lora_expand_dec_bf16_m4" if plan.decode else f"lora_expand_bf16_m{plan.bm}_n{_launch.EXPAND_BN}"
+        if plan.decode:
+            tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS)
+            expand = "lora_expand_dec_bf16_m4"
+        else:  # groups of walk tiles, walk for one wave of the kernel's blocks
+            expand = f"lora_expand_bf16_m{plan.bm}"
+            per_sm = blocks_per_sm(entries[expand], _launch.EXPAND_THREADS, walk_smem_bytes(rank))
+            walk = _launch.walk_count(problem.widths, rows_, plan.bm, per_sm * sms)
+            tiles, _ = _launch._slice_args(plan, problem, WALK_BN * walk)
+            expand += f" ({walk} tiles a block)"
         rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.items} |")
     return rows
 
@@ -166,7 +174,10 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in OPCODES) + " |")
     for name, e in sorted(entries.items()):
         counts, dyn = mix(e.sass), dynamic_smem_bytes(name)
-        print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {dyn} | {blocks_per_sm(e, _launch.THREADS, dyn)} | "
+        nc = re.fullmatch(r"lora_shrink_bf16_m128_r(\d+)", name)
+        threads = (32 * _launch.PREFILL_SHRINK_TILES[int(nc[1])].warps if nc
+                   else _launch.EXPAND_THREADS if name == "lora_expand_bf16_m128" else _launch.THREADS)
+        print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {dyn} | {blocks_per_sm(e, threads, dyn)} | "
               f"{len(e.sass)} | " + " | ".join(str(counts[o]) for o in OPCODES) + " |")
 
 

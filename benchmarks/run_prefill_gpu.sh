@@ -2,10 +2,10 @@
 # On the GPU machine: the kernel tests, then the prefill kernels' tunables swept (add_lora, shrink
 # and expand alone), optionally after the same cases on another version's kernels, then the
 # prefill rows of bench_kernels. Logs into $OUT (or ./.out).
-# Usage: [BASE=dir] bash benchmarks/run_prefill_gpu.sh [BN:BLOCKS ...]
+# Usage: [BASE=dir] bash benchmarks/run_prefill_gpu.sh [BLOCKS ...]
 #   BASE: a folder with that version's kernels/ and benchmarks/ (e.g. `git archive main kernels
-#   benchmarks | tar -x -C .gpu-assets/base`, carried with the tree); BN:BLOCKS as in
-#   benchmarks/bench_prefill_tunables.py (default: 128:2 64:2 128:1 64:1).
+#   benchmarks | tar -x -C .gpu-assets/base`, carried with the tree); BLOCKS as in
+#   benchmarks/bench_prefill_tunables.py (default: 1 2).
 set -o pipefail
 OUT=${OUT:-.out}
 mkdir -p "$OUT"
@@ -18,7 +18,7 @@ if [ -n "$BASE" ]; then
   (cd "$BASE" && timeout 150 python3 "$HERE/benchmarks/bench_prefill_tunables.py") 2>&1 | sed 's/^/base: /' \
     | tee "$OUT/base.log"
 fi
-[ $# -eq 0 ] && set -- 128:2 64:2 128:1 64:1
+[ $# -eq 0 ] && set -- 1 2
 timeout 300 python3 benchmarks/bench_prefill_tunables.py "$@" 2>&1 | tee "$OUT/tunables.log"
 timeout 200 python3 benchmarks/bench_kernels.py --prefill-only --quick --out "$OUT/bench.json" 2>&1 | tail -20 \
   | tee "$OUT/bench.log"

@@ -187,3 +187,22 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
     with pytest.raises(ValueError, match="invalid launch plan"):  # more splits than one cluster holds
         Plan(MODE_SGMV, 4, False, PREFILL_BM, 40, MAX_CLUSTER + 1, 64)
     assert Plan(MODE_SGMV, 4, True, 4, 40, MAX_CLUSTER + 1, 64).ksplit == MAX_CLUSTER + 1  # decode: global partials
+
+
+def test_walking_expand_covers_a_call_in_one_wave_of_whole_column_groups():
+    """The walking expand's tiles a block: as many column groups an item as one wave holds (whole
+    groups: no ragged second wave), every column covered, at most MAX_WALK tiles."""
+    from kernels.cuda._launch import MAX_WALK, PREFILL_BM, walk_count
+    from kernels.cuda._tiles import WALK_BN
+
+    # (widths, rows, resident blocks) -> tiles a block
+    cases = {((4096,), 4096, 528): 4,  # 32 items x 16 groups of 4 tiles = 512 blocks
+             ((11008,), 4096, 264): 22,  # 172 tiles: 32 x 8 groups = 256 blocks, not 32 x 11 = 352
+             ((4096,), 300, 528): 1,  # 3 items: every tile its own block
+             ((4096,), 200_000, 528): MAX_WALK,  # more items than a wave: the longest walk
+             ((4096, 1024, 1024), 4096, 396): 8}  # q/k/v: 96 tiles over 12 groups an item
+    for (widths, rows, wave), want in cases.items():
+        walk = walk_count(widths, rows, PREFILL_BM, wave)
+        assert walk == want, (widths, rows, wave, walk)
+        groups = sum(-(-(-(-w // WALK_BN)) // walk) for w in widths)
+        assert walk * groups >= sum(-(-w // WALK_BN) for w in widths)  # every column tile has a block

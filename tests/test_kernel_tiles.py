@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cuda._tiles import PREFILL_SHRINK_TILES, ShrinkTiles, dynamic_smem_bytes, expand_smem_bytes
+from kernels.cuda._tiles import PREFILL_SHRINK_TILES, ShrinkTiles, dynamic_smem_bytes, walk_smem_bytes
 
 CSRC = Path(__file__).resolve().parent.parent / "kernels" / "csrc"
 
@@ -23,16 +23,17 @@ def _instances(source: str, macro: str) -> list[tuple[str, list[int]]]:
 def test_shrink_variants_are_the_instantiated_ones() -> None:
     got = _instances("lora_shrink.cu", "LORA_SHRINK_KERNEL")
     assert len(got) == 2 * len(PREFILL_SHRINK_TILES)
-    for name, (_dt, nc, bk, stages) in got:
-        assert name.endswith(f"_m128_r{nc}") and PREFILL_SHRINK_TILES[nc] == ShrinkTiles(nc, bk, stages), name
-        assert dynamic_smem_bytes(name) == ShrinkTiles(nc, bk, stages).smem_bytes
+    for name, (_dt, nc, bk, stages, warps) in got:
+        assert name.endswith(f"_m128_r{nc}") and PREFILL_SHRINK_TILES[nc] == ShrinkTiles(nc, bk, stages, warps), name
+        assert dynamic_smem_bytes(name) == ShrinkTiles(nc, bk, stages, warps).smem_bytes
 
 
 def test_expand_variants_are_the_instantiated_ones() -> None:
     got = _instances("lora_expand.cu", "LORA_EXPAND_KERNEL")
-    assert {n for _, (_dt, n, _minb) in got} == {64, 128}
-    for name, (_dt, bn, _minb) in got:
-        assert name.endswith(f"_m128_n{bn}") and dynamic_smem_bytes(name) == expand_smem_bytes(bn)
+    assert sorted(name for name, _ in got) == ["lora_expand_bf16_m128", "lora_expand_fp16_m128"]
+    for name, _ in got:  # launched with the shared memory of the largest rank cap at most
+        assert dynamic_smem_bytes(name) == walk_smem_bytes(128)
+    assert walk_smem_bytes(16) < walk_smem_bytes(17) == walk_smem_bytes(32) < walk_smem_bytes(128)
     assert dynamic_smem_bytes("lora_expand_dec_bf16_m4") == 0
 
 
@@ -41,8 +42,9 @@ SIZES = r"""
 #include "lora_shrink.cu"
 #include "lora_expand.cu"
 int main() {
-  std::printf("%d %d %d %d %d\n", ShrinkTiles<32, 64, 4>::SMEM, ShrinkTiles<64, 64, 3>::SMEM,
-              ShrinkTiles<128, 32, 4>::SMEM, (int)sizeof(ExpandTiles<64>), (int)sizeof(ExpandTiles<128>));
+  std::printf("%d %d %d %d %d %d\n", ShrinkTiles<32, 64, 4, 4>::SMEM, ShrinkTiles<64, 64, 3, 8>::SMEM,
+              ShrinkTiles<128, 64, 3, 8>::SMEM, 2 * walk_smem_elems(16), 2 * walk_smem_elems(64),
+              2 * walk_smem_elems(128));
   return 0;
 }
 """
@@ -56,5 +58,5 @@ def test_mirrored_sizes_are_the_structs_sizes(tmp_path) -> None:
                    timeout=600, capture_output=True)
     got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
     want = [PREFILL_SHRINK_TILES[32].smem_bytes, PREFILL_SHRINK_TILES[64].smem_bytes,
-            PREFILL_SHRINK_TILES[128].smem_bytes, expand_smem_bytes(64), expand_smem_bytes(128)]
+            PREFILL_SHRINK_TILES[128].smem_bytes, walk_smem_bytes(16), walk_smem_bytes(64), walk_smem_bytes(128)]
     assert got == want

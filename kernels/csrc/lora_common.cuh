@@ -109,12 +109,12 @@ __device__ LoraItem sgmv_item(const int* seg, int nseg, int rows, int item, int 
     }
     return it;
   }
-  __shared__ int s_warp[LORA_THREADS / 32];
+  __shared__ int s_warp[32];  // one a warp: any block size (the prefill shrink runs 128 or 256 threads)
   __shared__ LoraItem s_item;
   const int extra = item - nseg;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthreads = blockDim.x;
   if (tid == 0) s_item = it;
-  const int per = (nseg + LORA_THREADS - 1) / LORA_THREADS;
+  const int per = (nseg + nthreads - 1) / nthreads;
   const int lo = min(nseg, tid * per), hi = min(nseg, lo + per);
   int local = 0;
   for (int i = lo; i < hi; ++i) local += seg_extra_tiles(seg, i, rows, bm);

@@ -1,69 +1,71 @@
-// Prefill SGMV / BGMV expand: y[rows, c_p + n] += scale * (v[rows, :r] @ B_slot(layer))[:, n],
-// B_slot: [r, w_p], for every slice p of a fused output (q/k/v, gate/up) in one launch.
+// Prefill SGMV expand: y[rows, c_p + n] += scale * (v[rows, :r] @ B_slot(layer))[:, n], B_slot:
+// [r, w_p], for every slice p of a fused output (q/k/v, gate/up) in one launch. A block walks
+// `walk` column tiles of WALK_BN columns of one slice, for one item of EXPAND_BM rows.
 //
-// Grid (column tiles of BN over all slices, items of BM = 128 rows). A block first puts
-// its y tile in flight into shared memory (cp.async: the read-modify-write of y is what bounds
-// the kernel, so those bytes go out before anything else), then walks the rank in chunks of
-// EXPAND_KC rows, two deep: v[item rows, chunk] (the workspace, already rounded to the input
-// dtype) and B[chunk, tile] land in shared memory while the tensor cores (ldmatrix fragments,
-// mma.sync m16n8k16, fp32 accumulate; 2 x 2 warps of BM / 2 rows x BN / 2 columns) work on the chunk
-// before. Then each thread adds scale * its accumulators into the y tile in shared memory (one
-// rounding), and the tile goes back to y with 16-byte stores.
+// Grid (column groups of walk tiles over all slices, items). The block loads its item's v rows
+// (every rank column) into shared memory once; then tile after tile, the y tile and B's rank rows
+// for it land in one of two buffers (cp.async) while the tensor cores work on the other, the
+// accumulators go into the y tile in shared memory (one rounding), and the tile goes back to y
+// with 16-byte stores. Against one tile a block (H200, session 12: the rank-16 expand at T = 4096
+// 26.2 -> 20.6 us, rank 128 55.6 -> 45.9), v is read from L2 once a group, not once a tile, the
+// item lookup is paid once a group, and the next tile's bytes are in flight during this one.
+// 8 warps, 2 along the tile's columns and 4 along its rows. (The decode path's expand is
+// lora_expand_dec.cu.)
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 
 #define EXPAND_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
-#define EXPAND_KC 32   // rank rows per chunk
-#define EXPAND_LDV (EXPAND_KC + 8)
 
-// BN: columns per block (EXPAND_BN in kernels/cuda/_launch.py); each of the 2 x 2 warps does
-// EXPAND_BM / 2 rows (MT m16 tiles) x BN / 2 columns. Row strides of 8 elements past the tiles'
-// widths: conflict-free ldmatrix. In dynamic shared memory (its size mirrored in
-// kernels/cuda/_tiles.py; the kernel traps if it was given less).
-template <int BN>
-struct ExpandTiles {
-  static constexpr int LDY = BN + 8, LDB = BN + 8, NT = BN / 16, MT = EXPAND_BM / 32;
-  u16 y[EXPAND_BM * LDY];
-  u16 v[2][EXPAND_BM * EXPAND_LDV];
-  u16 b[2][EXPAND_KC * LDB];
-};
+#define WALK_BN 64              // columns a tile
+#define WALK_LD (WALK_BN + 8)   // y and B tile row stride (elements): conflict-free ldmatrix rows
 
-// v[item rows, k0 : k0 + KC] and B[k0 : k0 + KC, n0 : n0 + BN] into chunk buffer `buf`; zeros past
-// the item's rows, the rank and the slice's columns (the padding then adds nothing).
-template <int BN>
-__device__ __forceinline__ void load_chunk(ExpandTiles<BN>& t, int buf, const u16* vsrc, int R, bool v_vec,
-                                           const u16* B, i64 w, int n0, bool b_vec, int r, int k0, int nrows) {
+// Shared memory of a block whose rank rounds up to rpad (a multiple of 16), in elements: v, then
+// two B tiles, then two y tiles (walk_smem_bytes in kernels/cuda/_tiles.py mirrors it; the
+// kernel traps if it was given less).
+__host__ __device__ constexpr int walk_ldv(int rpad) { return rpad + 8; }
+__host__ __device__ constexpr int walk_b_elems(int rpad) { return rpad * WALK_LD; }
+__host__ __device__ constexpr int walk_smem_elems(int rpad) {
+  return EXPAND_BM * walk_ldv(rpad) + 2 * walk_b_elems(rpad) + 2 * EXPAND_BM * WALK_LD;
+}
+
+// Tile n0's y piece (rows past the item, columns past the slice: zeros, never stored) and B's
+// rank rows for it (rows past the rank: zeros) into sy / sb.
+template <int NT>
+__device__ __forceinline__ void walk_load_tile(u16* sy, u16* sb, const u16* ytile, i64 y_stride, bool y_vec,
+                                               int nrows, int ncols, const u16* btile, i64 w, bool b_vec, int r,
+                                               int rpad) {
   const int tid = threadIdx.x;
-  constexpr int VPR = EXPAND_KC / 8, BPR = BN / 8;
+  constexpr int PR = WALK_BN / 8;  // 16-byte pieces a row
 #pragma unroll
-  for (int u = 0; u < EXPAND_BM * VPR / LORA_THREADS; ++u) {
-    const int pc = tid + u * LORA_THREADS, m = pc / VPR, k = (pc - m * VPR) * 8;
-    const int valid = m < nrows ? min(8, r - k0 - k) : 0;
-    tile_piece(&t.v[buf][m * EXPAND_LDV + k], vsrc + (i64)m * R + k0 + k, vsrc, v_vec, valid);
+  for (int u = 0; u < EXPAND_BM * PR / NT; ++u) {
+    const int pc = tid + u * NT, m = pc / PR, n = (pc - m * PR) * 8;
+    tile_piece(&sy[m * WALK_LD + n], ytile + (i64)m * y_stride + n, ytile, y_vec, m < nrows ? min(8, ncols - n) : 0);
   }
-#pragma unroll
-  for (int u = 0; u < EXPAND_KC * BPR / LORA_THREADS; ++u) {
-    const int pc = tid + u * LORA_THREADS, kr = pc / BPR, n = (pc - kr * BPR) * 8;
-    const int valid = k0 + kr < r ? min(8, (int)(w - n0 - n)) : 0;
-    tile_piece(&t.b[buf][kr * t.LDB + n], B + (i64)(k0 + kr) * w + n0 + n, B, b_vec, valid);
+  for (int pc = tid; pc < rpad * PR; pc += NT) {
+    const int kr = pc / PR, n = (pc - kr * PR) * 8;
+    tile_piece(&sb[kr * WALK_LD + n], btile + (i64)kr * w + n, btile, b_vec, kr < r ? min(8, ncols - n) : 0);
   }
 }
 
-// acc[i][j] += v rows [wm*BM/2 + 16i, +16) @ B columns [wn*BN/2 + 8j, +8) over the chunk's k16 steps.
-template <int DT, int BN>
-__device__ __forceinline__ void mma_chunk(float (&acc)[EXPAND_BM / 32][BN / 16][4], const ExpandTiles<BN>& t,
-                                          int buf, int ksteps, int wm, int wn, int nrows, int ncols) {
-  constexpr int MT = EXPAND_BM / 32, WR = EXPAND_BM / 2;
+// acc = v rows [wm*16*MT + 16i, +16) @ B tile columns [wn*32 + 8j, +8), over the rank's k16 steps.
+template <int DT, int MT>
+__device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], const u16* sv, int ldv, const u16* sb, int ksteps,
+                                         int wm, int wn, int nrows, int ncols) {
+  constexpr int WR = 16 * MT;  // a warp's rows
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
   for (int ks = 0; ks < ksteps; ++ks) {
     u32 a[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
-      if (wm * WR + i * 16 < nrows) ldsm_a(a[i], t.v[buf], EXPAND_LDV, wm * WR + i * 16, ks * 16);
+      if (wm * WR + i * 16 < nrows) ldsm_a(a[i], sv, ldv, wm * WR + i * 16, ks * 16);
 #pragma unroll
-    for (int jp = 0; jp < BN / 32; ++jp) {
-      if (wn * (BN / 2) + jp * 16 >= ncols) continue;  // warp-uniform: past the slice's last column
+    for (int jp = 0; jp < 2; ++jp) {
+      if (wn * 32 + jp * 16 >= ncols) continue;  // warp-uniform: past the slice's last column
       u32 b[4];
-      ldsm_b2(b, t.b[buf], t.LDB, ks * 16, wn * (BN / 2) + jp * 16);
+      ldsm_b2(b, sb, WALK_LD, ks * 16, wn * 32 + jp * 16);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         if (wm * WR + i * 16 < nrows) {
@@ -75,18 +77,17 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[EXPAND_BM / 32][BN / 16][
   }
 }
 
-// y tile += scale * acc, in shared memory: each element belongs to one thread.
-template <int DT, int BN>
-__device__ __forceinline__ void add_into_tile(ExpandTiles<BN>& t, const float (&acc)[EXPAND_BM / 32][BN / 16][4],
-                                              float scale, int wm, int wn) {
+// y tile (in shared memory) += scale * acc: each element belongs to one thread.
+template <int DT, int MT>
+__device__ __forceinline__ void walk_add(u16* sy, const float (&acc)[MT][4][4], float scale, int wm, int wn) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
-  for (int i = 0; i < EXPAND_BM / 32; ++i)
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < BN / 16; ++j)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        u32* cell = (u32*)&t.y[(wm * (EXPAND_BM / 2) + i * 16 + g + 8 * h) * t.LDY + wn * (BN / 2) + j * 8 + 2 * q];
+        u32* cell = (u32*)&sy[(wm * 16 * MT + i * 16 + g + 8 * h) * WALK_LD + wn * 32 + j * 8 + 2 * q];
         const u32 in = *cell;
         const float lo = to_f32<DT>((u16)(in & 0xffffu)) + scale * acc[i][j][2 * h];
         const float hi = to_f32<DT>((u16)(in >> 16)) + scale * acc[i][j][2 * h + 1];
@@ -94,69 +95,17 @@ __device__ __forceinline__ void add_into_tile(ExpandTiles<BN>& t, const float (&
       }
 }
 
-template <int DT, int BN>
-__device__ __forceinline__ void expand_body(
-    const u16* __restrict__ ws, i64 ws_pstride, int R, const u16* __restrict__ pool,
-    const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
-    const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
-    i64 y_stride, int nslices, const SliceTable& sl, int mode) {
-  extern __shared__ __align__(16) u16 dsmem[];
-  if (dynamic_smem_bytes() < (u32)sizeof(ExpandTiles<BN>)) launch_error();  // kernels/cuda/_tiles.py is stale
-  ExpandTiles<BN>& t = *reinterpret_cast<ExpandTiles<BN>*>(dsmem);
-  const int tile = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
-  const int wm = warp >> 1, wn = warp & 1;
-  ExpandWork wk;
-  if (!expand_work(wk, sl, nslices, tile, item, EXPAND_BM, mode, table, ntable, rows, nslots, ranks, b_off, scales,
-                   R))
-    return;
-  const int r = wk.r, w = wk.width, n0 = (tile - wk.tile0) * BN, nrows = wk.it.nrows;
-  const int ncols = min(BN, w - n0);
-  constexpr int YPR = BN / 8;
-
-  // The y tile first: the bytes that bound the kernel are in flight from here.
-  u16* ybase = y + (i64)wk.it.row0 * y_stride + wk.col + n0;
-  const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0);
+// The y tile back to y: 16-byte stores where aligned and whole, elements at the slice's edge.
+template <int NT>
+__device__ __forceinline__ void walk_store(u16* ytile, i64 y_stride, bool y_vec, const u16* sy, int nrows, int ncols) {
+  const int tid = threadIdx.x;
+  constexpr int PR = WALK_BN / 8;
 #pragma unroll
-  for (int u = 0; u < EXPAND_BM * YPR / LORA_THREADS; ++u) {
-    const int pc = tid + u * LORA_THREADS, m = pc / YPR, n = (pc - m * YPR) * 8;
-    tile_piece(&t.y[m * t.LDY + n], ybase + (i64)m * y_stride + n, ybase, y_vec,
-               m < nrows ? min(8, ncols - n) : 0);
-  }
-  const u16* vsrc = ws + (i64)wk.p * ws_pstride + (i64)wk.it.row0 * R;
-  const bool v_vec = ((((u64)vsrc) & 15) == 0) && ((R & 7) == 0);
-  const u16* B = pool + wk.boff + (i64)layer * r * w;
-  const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
-  load_chunk(t, 0, vsrc, R, v_vec, B, w, n0, b_vec, r, 0, nrows);
-  cp_async_commit();
-
-  float acc[EXPAND_BM / 32][BN / 16][4];
-#pragma unroll
-  for (int i = 0; i < EXPAND_BM / 32; ++i)
-#pragma unroll
-    for (int j = 0; j < BN / 16; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-  const int nchunks = (r + EXPAND_KC - 1) / EXPAND_KC;
-  for (int c = 0; c < nchunks; ++c) {
-    if (c + 1 < nchunks)  // chunk c + 1 into the other buffer (free: the barrier after chunk c - 1)
-      load_chunk(t, (c + 1) & 1, vsrc, R, v_vec, B, w, n0, b_vec, r, (c + 1) * EXPAND_KC, nrows);
-    cp_async_commit();
-    cp_async_wait<1>();  // chunk c (and the y tile) have landed, this thread's copies ...
-    __syncthreads();     // ... and everyone's
-    const int ksteps = (min(EXPAND_KC, r - c * EXPAND_KC) + 15) >> 4;
-    mma_chunk<DT, BN>(acc, t, c & 1, ksteps, wm, wn, nrows, ncols);
-    __syncthreads();  // chunk c's buffer is free
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-  add_into_tile<DT, BN>(t, acc, wk.scale, wm, wn);
-  __syncthreads();
-
-  // The tile back to y: 16-byte stores where aligned and whole, elements at the slice's edge.
-#pragma unroll
-  for (int u = 0; u < EXPAND_BM * YPR / LORA_THREADS; ++u) {
-    const int pc = tid + u * LORA_THREADS, m = pc / YPR, n = (pc - m * YPR) * 8, valid = min(8, ncols - n);
+  for (int u = 0; u < EXPAND_BM * PR / NT; ++u) {
+    const int pc = tid + u * NT, m = pc / PR, n = (pc - m * PR) * 8, valid = min(8, ncols - n);
     if (m >= nrows || valid <= 0) continue;
-    u16* dst = ybase + (i64)m * y_stride + n;
-    const u16* src = &t.y[m * t.LDY + n];
+    u16* dst = ytile + (i64)m * y_stride + n;
+    const u16* src = &sy[m * WALK_LD + n];
     if (y_vec && valid == 8) {
       *(uint4*)dst = *(const uint4*)src;
     } else {
@@ -165,21 +114,80 @@ __device__ __forceinline__ void expand_body(
   }
 }
 
-#define LORA_EXPAND_KERNEL(NAME, DT, BN, MINB)                                                \
-  extern "C" __global__ void __launch_bounds__(LORA_THREADS, MINB) NAME(                      \
-      const u16* ws, i64 ws_pstride, int R, const u16* pool, const i64* b_off,                \
-      const int* ranks, const float* scales, const int* table, int ntable, int nslots,        \
-      int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3, \
-      int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode) {                     \
-    const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};           \
-    expand_body<DT, BN>(ws, ws_pstride, R, pool, b_off, ranks, scales, table, ntable, nslots, \
-                        rows, layer, y, y_stride, nslices, sl, mode);                         \
+// NW warps (4 or 8): 2 along the tile's columns, NW / 2 along its rows.
+template <int DT, int NW>
+__device__ __forceinline__ void expand_walk_body(
+    const u16* __restrict__ ws, i64 ws_pstride, int R, const u16* __restrict__ pool,
+    const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
+    const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
+    i64 y_stride, int nslices, const SliceTable& sl, int mode, int walk) {
+  extern __shared__ __align__(16) u16 dsmem[];
+  constexpr int NT = NW * 32, MT = EXPAND_BM / 16 / (NW / 2);  // threads; a warp's m16 tiles
+  const int group = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1;
+  ExpandWork wk;
+  if (!expand_work(wk, sl, nslices, group, item, EXPAND_BM, mode, table, ntable, rows, nslots, ranks, b_off, scales,
+                   R))
+    return;
+  const int r = wk.r, w = wk.width, nrows = wk.it.nrows, rpad = (r + 15) & ~15, ldv = walk_ldv(rpad);
+  if (dynamic_smem_bytes() < (u32)walk_smem_elems(rpad) * 2) launch_error();  // the launcher sized less
+  const int nfirst = (group - wk.tile0) * walk * WALK_BN;
+  const int ntiles = min(walk, (w - nfirst + WALK_BN - 1) / WALK_BN);
+  u16* sv = dsmem;
+  u16* sb0 = sv + EXPAND_BM * ldv;  // B tile of buffer b: sb0 + b * bstep
+  u16* sy0 = sb0 + 2 * walk_b_elems(rpad);  // y tile of buffer b: sy0 + b * ystep
+  const int bstep = walk_b_elems(rpad), ystep = EXPAND_BM * WALK_LD;
+
+  u16* ybase = y + (i64)wk.it.row0 * y_stride + wk.col + nfirst;
+  const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0);
+  const u16* B = pool + wk.boff + (i64)layer * r * w + nfirst;
+  const bool b_vec = ((((u64)B) & 15) == 0) && ((w & 7) == 0);
+  const u16* vsrc = ws + (i64)wk.p * ws_pstride + (i64)wk.it.row0 * R;
+  const bool v_vec = ((((u64)vsrc) & 15) == 0) && ((R & 7) == 0);
+
+  // v (every rank column, zeros past the rank and the item's rows) with tile 0, then tile 1.
+  const int vpr = rpad >> 3;
+  for (int pc = tid; pc < EXPAND_BM * vpr; pc += NT) {
+    const int m = pc / vpr, k = (pc - m * vpr) * 8;
+    tile_piece(&sv[m * ldv + k], vsrc + (i64)m * R + k, vsrc, v_vec, m < nrows ? min(8, r - k) : 0);
+  }
+  for (int j = 0; j < 2; ++j) {
+    if (j < ntiles)
+      walk_load_tile<NT>(sy0 + j * ystep, sb0 + j * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, min(WALK_BN, w - nfirst - j * WALK_BN),
+                     B + j * WALK_BN, w, b_vec, r, rpad);
+    cp_async_commit();
+  }
+  float acc[MT][4][4];
+  for (int j = 0; j < ntiles; ++j) {
+    const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
+    cp_async_wait<1>();  // tile j (and v) have landed: this thread's copies ...
+    __syncthreads();     // ... and everyone's
+    walk_mma<DT, MT>(acc, sv, ldv, sb0 + buf * bstep, rpad >> 4, wm, wn, nrows, ncols);
+    walk_add<DT, MT>(sy0 + buf * ystep, acc, wk.scale, wm, wn);
+    __syncthreads();  // the tile is whole
+    walk_store<NT>(ybase + j * WALK_BN, y_stride, y_vec, sy0 + buf * ystep, nrows, ncols);
+    __syncthreads();  // the buffers of tile j are free: tile j + 2 goes into them
+    if (j + 2 < ntiles)
+      walk_load_tile<NT>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + (j + 2) * WALK_BN, y_stride, y_vec, nrows,
+                     min(WALK_BN, w - nfirst - (j + 2) * WALK_BN), B + (j + 2) * WALK_BN, w, b_vec, r, rpad);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+}
+
+#define LORA_EXPAND_KERNEL(NAME, DT, NW, MINB)                                               \
+  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) NAME(                               \
+      const u16* ws, i64 ws_pstride, int R, const u16* pool, const i64* b_off,                    \
+      const int* ranks, const float* scales, const int* table, int ntable, int nslots,            \
+      int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3,     \
+      int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode, int walk) {               \
+    const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};               \
+    expand_walk_body<DT, NW>(ws, ws_pstride, R, pool, b_off, ranks, scales, table, ntable, nslots,    \
+                         rows, layer, y, y_stride, nslices, sl, mode, walk);                      \
   }
 
-// Prefill: 128-row items; 128 columns at 2 blocks a multiprocessor or 64 at 4 (launched preferring
-// shared memory over L1: EXPAND_CARVEOUT in kernels/cuda/_launch.py). (The decode path's expand
-// is lora_expand_dec.cu.)
-LORA_EXPAND_KERNEL(lora_expand_bf16_m128_n128, 0, 128, 2)
-LORA_EXPAND_KERNEL(lora_expand_fp16_m128_n128, 1, 128, 2)
-LORA_EXPAND_KERNEL(lora_expand_bf16_m128_n64, 0, 64, 4)
-LORA_EXPAND_KERNEL(lora_expand_fp16_m128_n64, 1, 64, 4)
+// 8 warps, 2 blocks an SM at least (90 registers). Swept against 4 warps (4 blocks an SM) in
+// session 12: the same at rank 16 under cap 16, faster where the rank cap's shared memory leaves
+// 2 blocks an SM (rank 16 at cap 128: 25.9 -> 20.7 us; rank 128: 54.1 -> 45.9).
+LORA_EXPAND_KERNEL(lora_expand_bf16_m128, 0, 8, 2)
+LORA_EXPAND_KERNEL(lora_expand_fp16_m128, 1, 8, 2)

@@ -20,11 +20,12 @@
 
 #define SHRINK_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
 
-// NC: rank columns; BK: input features per stage; STAGES: stages in shared memory. (The launcher
-// mirrors SMEM: kernels/cuda/_tiles.py; the kernel traps if it was given less.)
-template <int NC, int BK, int STAGES>
+// NC: rank columns; BK: input features per stage; STAGES: stages in shared memory; NW: warps (4 or
+// 8). (The launcher mirrors SMEM: kernels/cuda/_tiles.py; the kernel traps if it was given less.)
+template <int NC, int BK, int STAGES, int NW>
 struct ShrinkTiles {
-  static constexpr int WN = NC >= 128 ? 2 : 1, WM = 4 / WN;  // warps along the rows / the columns
+  static constexpr int THREADS = NW * 32;
+  static constexpr int WN = NC >= 128 ? 2 : 1, WM = NW / WN;  // warps along the rows / the columns
   static constexpr int WR = SHRINK_BM / WM, WC = NC / WN;    // a warp's rows / columns
   static constexpr int MT = WR / 16, NT = WC / 8;            // its m16 / n8 tiles
   static constexpr int LDX = BK + 8;                         // x tile row stride (elements): conflict-free ldmatrix rows
@@ -48,21 +49,21 @@ struct AChunk {
 // any k-range (a block's last stage, misaligned x or A): cp.async where aligned, zeros past the
 // k-range, the item's rows and the chunk's columns, element loads and shared stores otherwise
 // (visible after the barrier that precedes their use).
-template <int NC, int BK, int STAGES>
+template <int NC, int BK, int STAGES, int NW>
 __device__ __forceinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, i64 x_stride, bool x_vec,
                                              const AChunk& a, int k0, int ke, const LoraItem& it) {
-  typedef ShrinkTiles<NC, BK, STAGES> S;
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   constexpr int XPR = BK / 8, APR = NC / 8;
   const int tid = threadIdx.x;
 #pragma unroll 1
-  for (int u = 0; u < SHRINK_BM * XPR / LORA_THREADS; ++u) {
-    const int pc = tid + u * LORA_THREADS, m = pc / XPR, kk = (pc - m * XPR) * 8;
+  for (int u = 0; u < SHRINK_BM * XPR / S::THREADS; ++u) {
+    const int pc = tid + u * S::THREADS, m = pc / XPR, kk = (pc - m * XPR) * 8;
     const int valid = m < it.nrows ? min(8, ke - k0 - kk) : 0;
     tile_piece(xs + m * S::LDX + kk, x + (i64)(it.row0 + m) * x_stride + k0 + kk, x, x_vec, valid);
   }
 #pragma unroll 1
-  for (int u = 0; u < (BK * APR + LORA_THREADS - 1) / LORA_THREADS; ++u) {
-    const int pc = tid + u * LORA_THREADS, kr = pc / APR, j = (pc - kr * APR) * 8;
+  for (int u = 0; u < (BK * APR + S::THREADS - 1) / S::THREADS; ++u) {
+    const int pc = tid + u * S::THREADS, kr = pc / APR, j = (pc - kr * APR) * 8;
     if (kr < BK) {
       const int valid = k0 + kr < ke ? min(8, a.cw - j) : 0;
       tile_piece(as + kr * S::LDA + j, a.A + (i64)(k0 + kr) * a.r + a.c0 + j, a.A, a.vec, valid);
@@ -74,12 +75,13 @@ __device__ __forceinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, 
 // sources of its x and A pieces (advanced a stage at a time) and their shared addresses in
 // stage 0. Pieces of rows past the item or columns past the chunk are skipped: they only feed
 // outputs that are never stored (the k-range's zeros are the edge stage's business).
-template <int NC, int BK, int STAGES>
+template <int NC, int BK, int STAGES, int NW>
 struct StageCopies {
-  typedef ShrinkTiles<NC, BK, STAGES> S;
-  static constexpr int XPR = BK / 8, XU = SHRINK_BM * XPR / LORA_THREADS, XROWS = LORA_THREADS / XPR;
-  static constexpr int APR = NC / 8, AU = BK * APR / LORA_THREADS, AROWS = LORA_THREADS / APR;
-  static_assert(XU * LORA_THREADS == SHRINK_BM * XPR && AU * LORA_THREADS == BK * APR, "pieces per thread");
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
+  static constexpr int T = S::THREADS;
+  static constexpr int XPR = BK / 8, XU = SHRINK_BM * XPR / T, XROWS = T / XPR;
+  static constexpr int APR = NC / 8, AU = BK * APR / T, AROWS = T / APR;
+  static_assert(XU * T == SHRINK_BM * XPR && AU * T == BK * APR && XU <= 32, "pieces per thread");
   const u16* xsrc;
   const u16* asrc;
   i64 xstep, astep;  // between a thread's pieces: XROWS rows of x, AROWS k-rows of A
@@ -120,16 +122,16 @@ struct StageCopies {
 
 // Stage `s` of the chunk (k from kb + s * BK) into its buffer: the fast copies when whole and
 // aligned, the edge copies otherwise (the copier still advances, so later stages stay in step).
-template <int NC, int BK, int STAGES>
-__device__ __forceinline__ void load_stage(StageCopies<NC, BK, STAGES>& cp, u16* smem, bool fast, const u16* x,
+template <int NC, int BK, int STAGES, int NW>
+__device__ __forceinline__ void load_stage(StageCopies<NC, BK, STAGES, NW>& cp, u16* smem, bool fast, const u16* x,
                                            i64 x_stride, bool x_vec, const AChunk& a, int kb, int s, int ke,
                                            const LoraItem& it) {
-  typedef ShrinkTiles<NC, BK, STAGES> S;
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   const int buf = s % STAGES, k0 = kb + s * BK;
   if (fast && k0 + BK <= ke) {
     cp.issue(buf * S::STAGE * 2);
   } else {
-    load_stage_edge<NC, BK, STAGES>(smem + buf * S::STAGE, smem + buf * S::STAGE + S::XS, x, x_stride, x_vec, a, k0,
+    load_stage_edge<NC, BK, STAGES, NW>(smem + buf * S::STAGE, smem + buf * S::STAGE + S::XS, x, x_stride, x_vec, a, k0,
                                     ke, it);
     cp.xsrc += BK;
     cp.asrc += cp.a_stage;
@@ -138,10 +140,10 @@ __device__ __forceinline__ void load_stage(StageCopies<NC, BK, STAGES>& cp, u16*
 
 // acc += the warp's rows x columns of the stage at byte offset `off`; npairs: its 16-column pairs
 // that hold rank columns (0: nothing to do). a_addr / b_addr: this lane's ldmatrix addresses in stage 0.
-template <int DT, int NC, int BK, int STAGES>
-__device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGES>::MT][ShrinkTiles<NC, BK, STAGES>::NT][4],
+template <int DT, int NC, int BK, int STAGES, int NW>
+__device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGES, NW>::MT][ShrinkTiles<NC, BK, STAGES, NW>::NT][4],
                                           u32 a_addr, u32 b_addr, u32 off, int npairs) {
-  typedef ShrinkTiles<NC, BK, STAGES> S;
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
 #pragma unroll
   for (int kk = 0; kk < BK; kk += 16) {
     u32 a[S::MT][4];
@@ -178,12 +180,12 @@ __device__ __forceinline__ void store_quad(u16* dst, float4 s, int valid) {
 
 // Quads [lo, hi) of the item's nrows x ceil(cw / 4) output quads, each the sum in order over the
 // partial tiles of the cluster's nsrc blocks (CL; nsrc = 1 without: this block's tile), into wsp.
-template <int DT, bool CL>
+template <int DT, bool CL, int NT>
 __device__ __forceinline__ void sum_tiles(const float* red, int ldr, int lo, int hi, int cw, int nsrc,
                                           const LoraItem& it, u16* wsp, int R) {
   const int nq = (cw + 3) >> 2;
   const u32 rbase = smem_addr(red);
-  for (int e = lo + (int)threadIdx.x; e < hi; e += LORA_THREADS) {
+  for (int e = lo + (int)threadIdx.x; e < hi; e += NT) {
     const int m = e / nq, n = (e - m * nq) * 4;
     float4 s;
     if (CL) {
@@ -205,7 +207,7 @@ __device__ __forceinline__ void sum_tiles(const float* red, int ldr, int lo, int
 }
 
 // The last of an item's ksplit blocks sums their partials (in order) into the workspace.
-template <int DT>
+template <int DT, int NT>
 __device__ __forceinline__ void finish_split(int p, int item, int items, int ksplit, const LoraItem& it, int r,
                                              int rows, int R, const float* part, int* counters, u16* wsp) {
   __shared__ int s_last;
@@ -225,29 +227,29 @@ __device__ __forceinline__ void finish_split(int p, int item, int items, int ksp
   // stored: one round trip to L2 per U outputs, not per output.
   constexpr int U = 4;
   const int nout = it.nrows * r;
-  for (int i0 = tid; i0 < nout; i0 += U * LORA_THREADS) {
+  for (int i0 = tid; i0 < nout; i0 += U * NT) {
     float sum[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int i = min(i0 + u * LORA_THREADS, nout - 1), m = i / r;
+      const int i = min(i0 + u * NT, nout - 1), m = i / r;
       sum[u] = sum_partials(part, p, ksplit, rows, R, it.row0 + m, i - m * r);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int i = i0 + u * LORA_THREADS, m = i / r;
+      const int i = i0 + u * NT, m = i / r;
       if (i < nout) wsp[(it.row0 + m) * (i64)R + i - m * r] = from_f32<DT>(sum[u]);
     }
   }
 }
 
 // Block (ks, item, p) of a shrink launch.
-template <int DT, int NC, int BK, int STAGES>
+template <int DT, int NC, int BK, int STAGES, int NW>
 __device__ __forceinline__ void shrink_body(
     int ks, int item, int p, u16* smem, const u16* __restrict__ x, i64 x_stride, const u16* __restrict__ pool,
     const i64* __restrict__ a_off, const int* __restrict__ ranks, const int* __restrict__ table, int ntable,
     int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride, int R,
     float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc, int items, int mode, int cluster) {
-  typedef ShrinkTiles<NC, BK, STAGES> S;
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   if (dynamic_smem_bytes() < (u32)S::SMEM) launch_error();  // the launcher's size (kernels/cuda/_tiles.py) is stale
 #if LORA_HAVE_CLUSTERS
   if (cluster && (ksplit > LORA_MAX_CLUSTER || cluster_blocks() != ksplit)) launch_error();  // not one cluster an item
@@ -273,7 +275,7 @@ __device__ __forceinline__ void shrink_body(
   const u32 sbase = smem_addr(smem);
   const u32 a_addr = sbase + ((wm * S::WR + (lane & 15)) * S::LDX + (lane >> 4) * 8) * 2;
   const u32 b_addr = sbase + (S::XS + ((mat & 1) * 8 + (lane & 7)) * S::LDA + wn * S::WC + (mat >> 1) * 8) * 2;
-  StageCopies<NC, BK, STAGES> cp(sbase, x, x_stride, a, kb, it);
+  StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it);
   float acc[S::MT][S::NT][4];
 #pragma unroll
   for (int i = 0; i < S::MT; ++i)
@@ -281,16 +283,16 @@ __device__ __forceinline__ void shrink_body(
     for (int j = 0; j < S::NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nk) load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);
+    if (s < nk) load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);
     cp_async_commit();
   }
   for (int i = 0; i < nk; ++i) {
     cp_async_wait<STAGES - 2>();  // stage i has landed (this thread's copies) ...
     __syncthreads();              // ... everyone's, and stage i - 1's buffer is free
     if (i + STAGES - 1 < nk)
-      load_stage<NC, BK, STAGES>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
+      load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
     cp_async_commit();
-    if (active) mma_stage<DT, NC, BK, STAGES>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
+    if (active) mma_stage<DT, NC, BK, STAGES, NW>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
   }
   cp_async_wait<0>();
   __syncthreads();  // the stage buffers are free: the partial tile goes over them
@@ -309,7 +311,7 @@ __device__ __forceinline__ void shrink_body(
             const int m = wm * S::WR + i * 16 + g + 8 * h, col = wn * S::WC + j * 8 + 2 * q + e;
             if (m < it.nrows && col < cw) kpart[(it.row0 + m) * (i64)R + col] = acc[i][j][2 * h + e];
           }
-    finish_split<DT>(p, item, items, ksplit, it, cw, rows, R, part, counters, wsp);
+    finish_split<DT, S::THREADS>(p, item, items, ksplit, it, cw, rows, R, part, counters, wsp);
     return;
   }
   float* red = (float*)smem;
@@ -325,34 +327,35 @@ __device__ __forceinline__ void shrink_body(
 #if LORA_HAVE_CLUSTERS
   if (cluster) {
     cluster_sync();  // every block's tile is written
-    sum_tiles<DT, true>(red, S::LDR, (int)((i64)total * ks / ksplit), (int)((i64)total * (ks + 1) / ksplit), cw,
+    sum_tiles<DT, true, S::THREADS>(red, S::LDR, (int)((i64)total * ks / ksplit), (int)((i64)total * (ks + 1) / ksplit), cw,
                         ksplit, it, wsp, R);
     cluster_sync();  // no block leaves (freeing its tile) while another still reads it
     return;
   }
 #endif
   __syncthreads();
-  sum_tiles<DT, false>(red, S::LDR, 0, total, cw, 1, it, wsp, R);
+  sum_tiles<DT, false, S::THREADS>(red, S::LDR, 0, total, cw, 1, it, wsp, R);
 }
 
-#define LORA_SHRINK_KERNEL(NAME, DT, NC, BK, STAGES)                                           \
-  extern "C" __global__ void __launch_bounds__(LORA_THREADS, 2) NAME(                          \
+#define LORA_SHRINK_KERNEL(NAME, DT, NC, BK, STAGES, NW)                                       \
+  extern "C" __global__ void __launch_bounds__(NW * 32, 2) NAME(                               \
       const u16* x, i64 x_stride, const u16* pool, const i64* a_off, const int* ranks,         \
       const int* table, int ntable, int nslots, int rows, int h_in, int layer, u16* ws,        \
       i64 ws_pstride, int R, float* part, int* counters, int ksplit, int kc, int items,        \
       int mode, int cluster) {                                                                 \
     extern __shared__ __align__(16) u16 smem[];                                                \
-    shrink_body<DT, NC, BK, STAGES>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride,     \
+    shrink_body<DT, NC, BK, STAGES, NW>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride,     \
                                     pool, a_off, ranks, table, ntable, nslots, rows, h_in,     \
                                     layer, ws, ws_pstride, R, part, counters, ksplit, kc,      \
                                     items, mode, cluster);                                     \
   }
 
-// Prefill (128-row items), by rank cap: (NC, BK, STAGES) = (32, 64, 4), (64, 64, 3), (128, 32, 4)
-// (PREFILL_SHRINK_TILES in kernels/cuda/_tiles.py). (Decode: lora_shrink_dec.cu.)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r32, 0, 32, 64, 4)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r64, 0, 64, 64, 3)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r128, 0, 128, 32, 4)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r32, 1, 32, 64, 4)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r64, 1, 64, 64, 3)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r128, 1, 128, 32, 4)
+// Prefill (128-row items), by rank cap: (NC, BK, STAGES, NW) = (32, 64, 4, 4), (64, 64, 3, 8),
+// (128, 64, 3, 8) (PREFILL_SHRINK_TILES in kernels/cuda/_tiles.py, which says why). (Decode:
+// lora_shrink_dec.cu.)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r32, 0, 32, 64, 4, 4)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r64, 0, 64, 64, 3, 8)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r128, 0, 128, 64, 3, 8)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r32, 1, 32, 64, 4, 4)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r64, 1, 64, 64, 3, 8)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r128, 1, 128, 64, 3, 8)

@@ -14,7 +14,7 @@ import torch
 from kernels.checks import Problem
 from kernels.cuda._launch_ex import launch_ex
 from kernels.cuda._runtime import DeviceRuntime
-from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, expand_smem_bytes
+from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
 
 THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
@@ -22,10 +22,14 @@ SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = SHRINK_BM  # prefill: rows per work item (the tensor-core kernels' row tile)
-EXPAND_BN = 128  # prefill: output columns per tensor-core expand block (its kernels' BN, lora_expand.cu)
 # The prefill kernels prefer shared memory over L1 (their copies bypass L1), so two blocks of each
-# fit an SM (shrink 76-94 KB, expand 71 KB at 128 columns).
+# fit an SM (shrink 83-105 KB, expand 48-106 KB by the rank cap).
 PREFILL_CARVEOUT = 100
+# The prefill expand walks column tiles (lora_expand.cu): each block reads the item's v once and
+# does `walk` tiles of WALK_BN columns, enough tiles that one wave of blocks covers the call, at
+# most MAX_WALK; EXPAND_THREADS a block.
+EXPAND_THREADS = 256
+MAX_WALK = 32
 # Prefill split-K blocks form one thread-block cluster per item and slice (sm_90+), whose blocks sum
 # their partials in each other's shared memory: the portable cluster size bounds the split.
 MAX_CLUSTER = 8  # LORA_MAX_CLUSTER in lora_cluster.cuh
@@ -55,8 +59,10 @@ SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_de
 # (and MAX_CLUSTER splits). Measured with the 64-row kernels and global partials (session 10, H200,
 # add_lora at T = 4096 for 1 / 2 / 3 / 4 blocks an SM): r16 53.1 / 48.5 / 49.4 / 49.9 us, r64 81.1 /
 # 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 / 114.6 / 121.9. The 128-row cluster kernels hold
-# 2 blocks an SM at most (shared memory); benchmarks/bench_prefill_tunables.py sweeps 1 against 2.
-PREFILL_MAX_BLOCKS_PER_SM = 2
+# 2 blocks an SM at most (shared memory), and one is faster (session 12, shrink alone, ksplit 4 / 8:
+# r16 16.9 / 20.4 us; r64 24.9 / 26.5; r128 37.7 / 36.5; r16 at cap 128 22.7 / 25.1), as
+# benchmarks/bench_prefill_tunables.py measures it.
+PREFILL_MAX_BLOCKS_PER_SM = 1
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -133,8 +139,8 @@ def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype
     wave = 0
     if not is_decode(problem.rows, mode):
         kind, variant = shrink_kernel(True, problem.rank_cap)
-        smem = prefill_shrink_tiles(problem.rank_cap).smem_bytes
-        wave = min(rt.resident_blocks(kind, dtype, variant, THREADS, smem, PREFILL_CARVEOUT),
+        tiles = prefill_shrink_tiles(problem.rank_cap)
+        wave = min(rt.resident_blocks(kind, dtype, variant, 32 * tiles.warps, tiles.smem_bytes, PREFILL_CARVEOUT),
                    PREFILL_MAX_BLOCKS_PER_SM * rt.sms)
     return make_plan(problem, mode, ntable, wave)
 
@@ -226,31 +232,25 @@ def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
         shrink = rt.function(kind, c.x.dtype, variant, carveout=SHRINK_PDL_CARVEOUT if pdl else None)
         shrink(grid, (THREADS,), (*head, i32(cap), _ptr(partials), i32(plan.ksplit), i32(plan.kc), i32(mode)))
         return
-    smem = prefill_shrink_tiles(cap).smem_bytes
+    tiles = prefill_shrink_tiles(cap)
+    smem = tiles.smem_bytes
     shrink = rt.function(kind, c.x.dtype, variant, carveout=PREFILL_CARVEOUT, smem=smem)
     cluster = rt.clusters and plan.ksplit > 1  # one cluster an item and slice (the kernel checks)
     args = (*head, _ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
             i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(cluster))
-    launch_ex(shrink, grid, (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream, shared_mem=smem,
-              cluster=(plan.ksplit, 1, 1) if cluster else None)
+    launch_ex(shrink, grid, (32 * tiles.warps,), args, torch.cuda.current_stream(c.x.device).cuda_stream,
+              shared_mem=smem, cluster=(plan.ksplit, 1, 1) if cluster else None)
 
 
 def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
                    pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
     rows, cap = problem.rows, problem.rank_cap
-    ntiles, slices = _slice_args(plan, problem, DEC_COLS if plan.decode else EXPAND_BN)
-    tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     if not plan.decode:
-        smem = expand_smem_bytes(EXPAND_BN)
-        rt.function("expand", c.x.dtype, f"m{plan.bm}_n{EXPAND_BN}", carveout=PREFILL_CARVEOUT, smem=smem)(
-            (ntiles, plan.items), (THREADS,),
-            (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
-             _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(rows),
-             *tail, i32(plan.mode)),
-            shared_mem=smem,
-        )
+        _launch_prefill_expand(rt, plan, problem, c)
         return
+    ntiles, slices = _slice_args(plan, problem, DEC_COLS)
+    tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     # the expand's items: BGMV items (a row each) from row_slot where the call has one
     etable, entable, emode, eitems = _expand_items(plan, c, rows)
     expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
@@ -261,6 +261,38 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
                   programmatic=True)
     else:
         expand((ntiles, eitems), (THREADS,), args)
+
+
+def walk_tiles(rt: DeviceRuntime, plan: Plan, problem: Problem, dtype: torch.dtype) -> tuple[int, int]:
+    """(column tiles a prefill expand block walks, its shared memory): one wave of blocks for the
+    call's shapes."""
+    smem = walk_smem_bytes(problem.rank_cap)
+    wave = rt.resident_blocks("expand", dtype, f"m{plan.bm}", EXPAND_THREADS, smem, PREFILL_CARVEOUT)
+    return walk_count(problem.widths, problem.rows, plan.bm, wave), smem
+
+
+def walk_count(widths: tuple[int, ...], rows: int, bm: int, wave: int) -> int:
+    """Column tiles a prefill expand block takes: as many column groups an item as one wave of
+    `wave` blocks holds over the call's items (whole groups: a ragged second wave costs more than
+    longer walks), at most MAX_WALK tiles."""
+    tiles = sum(_ceil(w, WALK_BN) for w in widths)
+    groups = max(1, wave // _ceil(rows, bm))
+    return max(1, min(MAX_WALK, _ceil(tiles, groups)))
+
+
+
+def _launch_prefill_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call) -> None:
+    i32, i64 = np.int32, np.int64
+    cap = problem.rank_cap
+    walk, smem = walk_tiles(rt, plan, problem, c.x.dtype)
+    groups, slices = _slice_args(plan, problem, WALK_BN * walk)
+    rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=PREFILL_CARVEOUT, smem=smem)(
+        (groups, plan.items), (EXPAND_THREADS,),
+        (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
+         _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(problem.rows),
+         i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk)),
+        shared_mem=smem,
+    )
 
 
 def _row_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:

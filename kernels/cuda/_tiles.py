@@ -1,5 +1,5 @@
 """Shared-memory sizes of the prefill tensor-core kernels, mirrored from their C++ tile structs
-(``ShrinkTiles`` in csrc/lora_shrink.cu, ``ExpandTiles`` in csrc/lora_expand.cu): the launcher
+(``ShrinkTiles`` in csrc/lora_shrink.cu, ``walk_smem_elems`` in csrc/lora_expand.cu): the launcher
 gives each block this much dynamic shared memory (and raises the kernel's limit to it), and the
 kernels trap if they were given less, so a stale mirror fails loudly instead of overrunning.
 tests/test_kernel_tiles.py checks the variants listed here against the kernels' instantiations."""
@@ -10,16 +10,16 @@ import re
 from dataclasses import dataclass
 
 SHRINK_BM = 128  # rows per item of both prefill kernels (SHRINK_BM / EXPAND_BM in csrc)
-EXPAND_KC = 32  # rank rows per expand chunk
 
 
 @dataclass(frozen=True, slots=True)
 class ShrinkTiles:
-    """Rank columns (nc), input features per stage (bk) and stages of one prefill shrink variant."""
+    """Rank columns (nc), input features per stage (bk), stages and warps of one prefill shrink variant."""
 
     nc: int
     bk: int
     stages: int
+    warps: int
 
     @property
     def smem_bytes(self) -> int:
@@ -28,19 +28,30 @@ class ShrinkTiles:
         return max(self.stages * stage * 2, partial_tile)
 
 
-# The prefill shrink's variant by the rank cap it covers (lora_shrink_<dtype>_m128_r<nc>).
-PREFILL_SHRINK_TILES = {32: ShrinkTiles(32, 64, 4), 64: ShrinkTiles(64, 64, 3), 128: ShrinkTiles(128, 32, 4)}
+# The prefill shrink's variant by the rank cap it covers (lora_shrink_<dtype>_m128_r<nc>). Swept on
+# the H200 (session 12, T = 4096, one block an SM, shrink alone, us; the split sums in clusters):
+# nc 32: (bk, stages, warps) (64, 4, 4) 16.9, (128, 2, 4) 16.6, (128, 3, 4) 23.7, (64, 6, 4) 22.2,
+# 8 warps 18.1; nc 64 at rank 64: (64, 3, 8) 24.9, 4 warps 31.8, (128, 3, 8) 32.5; nc 128 at rank
+# 128: (64, 3, 8) 37.7, (32, 4, 4) 42.2, (32, 4, 8) 39.0, (64, 3, 4) 39.9; nc 128 at rank 16 (the
+# server's default cap): (64, 3, 8) 22.7, (32, 4, 4) 23.7. More than ~110 KB of stages was slower.
+PREFILL_SHRINK_TILES = {32: ShrinkTiles(32, 64, 4, 4), 64: ShrinkTiles(64, 64, 3, 8),
+                        128: ShrinkTiles(128, 64, 3, 8)}
 
 
-def expand_smem_bytes(bn: int) -> int:
-    """ExpandTiles<bn>: the y tile and two rank chunks of v and of B, 16-bit elements."""
-    return 2 * (SHRINK_BM * (bn + 8) + 2 * SHRINK_BM * (EXPAND_KC + 8) + 2 * EXPAND_KC * (bn + 8))
+WALK_BN = 64  # columns a tile of the prefill expand (lora_expand.cu)
+
+
+def walk_smem_bytes(rank_cap: int) -> int:
+    """The prefill expand's shared memory for ranks up to rank_cap (rounded up to 16): the item's
+    v rows, two B tiles and two y tiles, 16-bit elements (walk_smem_elems in csrc)."""
+    rpad = -(-rank_cap // 16) * 16
+    return 2 * (SHRINK_BM * (rpad + 8) + 2 * rpad * (WALK_BN + 8) + 2 * SHRINK_BM * (WALK_BN + 8))
 
 
 def dynamic_smem_bytes(kernel: str) -> int:
     """Dynamic shared memory a launch of the named kernel gives each block (0: none)."""
     if m := re.fullmatch(r"lora_shrink_(?:bf16|fp16)_m128_r(\d+)", kernel):
         return PREFILL_SHRINK_TILES[int(m[1])].smem_bytes
-    if m := re.fullmatch(r"lora_expand_(?:bf16|fp16)_m128_n(\d+)", kernel):
-        return expand_smem_bytes(int(m[1]))
+    if re.fullmatch(r"lora_expand_(?:bf16|fp16)_m128", kernel):  # at the largest rank cap
+        return walk_smem_bytes(128)
     return 0
