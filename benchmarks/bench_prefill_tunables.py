@@ -8,6 +8,7 @@ With no BLOCKS, the launcher's own. Prints one line per case and setting: device
 (CUDA-graph replays, bench_kernels.time_graph) and the share of the bandwidth roofline (bytes /
 4.23 TB/s). Run it from another tree (cd there; it imports the kernels of the working directory)
 to compare two versions in one lease."""
+import math
 import sys
 
 import torch
@@ -26,11 +27,20 @@ CASES = [(4096, 16, "prefill4096", 16), (4096, 16, "prefill512", 16), (4096, 16,
          (11008, 16, "prefill4096", 16), (11008, 128, "prefill4096", 128)]
 
 
-def timed(rt, pool, sets, x, y, ws, h_out):
+def io_pairs(h_out: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) copies for the calls to cycle over: twice the 60 MB L2 in all, at most `count`
+    (as bench_kernels.io_buffers, kept here so that the script also runs over older trees)."""
+    n = max(1, min(count, math.ceil(120e6 / (4096 * (4096 + h_out) * 2))))
+    return [(torch.randn(4096, 4096, device="cuda", dtype=bk.DT), torch.randn(4096, h_out, device="cuda", dtype=bk.DT))
+            for _ in range(n)]
+
+
+def timed(rt, pool, sets, io, ws, h_out):
     out = []
     for only in (None, "shrink", "expand"):
         fns = []
-        for s in sets:
+        for i, s in enumerate(sets):
+            x, y = io[i % len(io)]
             c = _launch.Call(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, ws)
             prob = check_args(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, 0, (h_out,), ws)
             plan = _launch.plan_call(rt, prob, 0, prob.nslots, bk.DT)
@@ -45,8 +55,8 @@ def main():
     gen = torch.Generator().manual_seed(0)
     for h_out, rank, w, cap in CASES:
         pool, sets = bk.build(4096, h_out, rank, bk.workload_rows(w, 4096, gen), 4, gen)
-        x = torch.randn(4096, 4096, device="cuda", dtype=bk.DT)
-        y = torch.randn(4096, h_out, device="cuda", dtype=bk.DT)
+        io = io_pairs(h_out, len(sets))
+        x, y = io[0]
         ws = torch.empty(1, 4096, cap, device="cuda", dtype=bk.DT)
         nbytes = rank * (4096 + h_out) * 2 * len(sets[0].bounds) + 4096 * (4096 + 2 * h_out) * 2
         roof = nbytes / bk.HBM_BPS * 1e6
@@ -55,10 +65,10 @@ def main():
                 _launch.PREFILL_MAX_BLOCKS_PER_SM = int(cfg)
             err = bk.check(pool, ws, x, y, sets[0], h_out, "sgmv")
             assert err < 2e-2, (cfg, h_out, rank, cap, w, err)
-            (both, sh, ex), plan = timed(rt, pool, sets, x, y, ws, h_out)
+            (both, sh, ex), plan = timed(rt, pool, sets, io, ws, h_out)
             print(f"4096x{h_out} r{rank} cap{cap} {w} [{cfg}]: add_lora {both:.1f} us ({roof / both:.0%} of {roof:.1f}) "
                   f"shrink {sh:.1f} expand {ex:.1f} ksplit={plan.ksplit} err={err:.1e}", flush=True)
-        del pool, sets, x, y, ws
+        del pool, sets, io, x, y, ws
         torch.cuda.empty_cache()
 
 
