@@ -47,6 +47,42 @@ __device__ __forceinline__ void walk_load_tile(u16* sy, u16* sb, const u16* ytil
   }
 }
 
+// One thread's pieces of a whole tile (every row of the item, every column, aligned), set up once a
+// block: its first y piece (row pm, columns pn .. pn + 7) and the ones YROWS rows apart; its B
+// pieces are rows pm, pm + YROWS, ... of the same columns. The edge tiles take walk_load_tile and
+// walk_store instead (their index math and bounds checks are most of a tile's instructions).
+template <int NT>
+struct WalkPieces {
+  static constexpr int PR = WALK_BN / 8, YU = EXPAND_BM * PR / NT, YROWS = NT / PR;
+  int pm, pn, spiece;  // row, column, element offset in a shared tile
+  i64 ypiece, yrows;   // element offsets in y: the first piece, YROWS rows
+
+  __device__ __forceinline__ WalkPieces(i64 y_stride) {
+    pm = threadIdx.x / PR;
+    pn = (threadIdx.x - pm * PR) * 8;
+    spiece = pm * WALK_LD + pn;
+    ypiece = (i64)pm * y_stride + pn;
+    yrows = (i64)YROWS * y_stride;
+  }
+
+  __device__ __forceinline__ void load(u16* sy, u16* sb, const u16* ytile, const u16* btile, i64 w, int r,
+                                       int rpad) const {
+    const u32 dst = smem_addr(sy + spiece);
+    const u16* src = ytile + ypiece;
+#pragma unroll
+    for (int u = 0; u < YU; ++u) cp_async16(dst + u * YROWS * WALK_LD * 2, src + u * yrows);
+    for (int kr = pm; kr < rpad; kr += YROWS)  // rows past the rank: zeros
+      cp_async16_zfill(smem_addr(sb + kr * WALK_LD + pn), kr < r ? btile + (i64)kr * w + pn : btile, kr < r ? 16 : 0);
+  }
+
+  __device__ __forceinline__ void store(u16* ytile, const u16* sy) const {
+    u16* dst = ytile + ypiece;
+    const u16* src = sy + spiece;
+#pragma unroll
+    for (int u = 0; u < YU; ++u) *(uint4*)(dst + u * yrows) = *(const uint4*)(src + u * YROWS * WALK_LD);
+  }
+};
+
 // acc = v rows [wm*16*MT + 16i, +16) @ B tile columns [wn*32 + 8j, +8), over the rank's k16 steps.
 template <int DT, int MT>
 __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], const u16* sv, int ldv, const u16* sb, int ksteps,
@@ -151,10 +187,19 @@ __device__ __forceinline__ void expand_walk_body(
     const int m = pc / vpr, k = (pc - m * vpr) * 8;
     tile_piece(&sv[m * ldv + k], vsrc + (i64)m * R + k, vsrc, v_vec, m < nrows ? min(8, r - k) : 0);
   }
+  // Tile j: whole (every row, 64 columns, aligned) through the set-up pieces, else the edge copies.
+  const WalkPieces<NT> pieces(y_stride);
+  const bool whole_rows = y_vec && b_vec && nrows == EXPAND_BM;
+  auto load = [&](int j, int buf) {
+    const int ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
+    if (whole_rows && ncols == WALK_BN)
+      pieces.load(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, B + j * WALK_BN, w, r, rpad);
+    else
+      walk_load_tile<NT>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, ncols,
+                         B + j * WALK_BN, w, b_vec, r, rpad);
+  };
   for (int j = 0; j < 2; ++j) {
-    if (j < ntiles)
-      walk_load_tile<NT>(sy0 + j * ystep, sb0 + j * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, min(WALK_BN, w - nfirst - j * WALK_BN),
-                     B + j * WALK_BN, w, b_vec, r, rpad);
+    if (j < ntiles) load(j, j);
     cp_async_commit();
   }
   float acc[MT][4][4];
@@ -165,11 +210,12 @@ __device__ __forceinline__ void expand_walk_body(
     walk_mma<DT, MT>(acc, sv, ldv, sb0 + buf * bstep, rpad >> 4, wm, wn, nrows, ncols);
     walk_add<DT, MT>(sy0 + buf * ystep, acc, wk.scale, wm, wn);
     __syncthreads();  // the tile is whole
-    walk_store<NT>(ybase + j * WALK_BN, y_stride, y_vec, sy0 + buf * ystep, nrows, ncols);
+    if (whole_rows && ncols == WALK_BN)
+      pieces.store(ybase + j * WALK_BN, sy0 + buf * ystep);
+    else
+      walk_store<NT>(ybase + j * WALK_BN, y_stride, y_vec, sy0 + buf * ystep, nrows, ncols);
     __syncthreads();  // the buffers of tile j are free: tile j + 2 goes into them
-    if (j + 2 < ntiles)
-      walk_load_tile<NT>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + (j + 2) * WALK_BN, y_stride, y_vec, nrows,
-                     min(WALK_BN, w - nfirst - (j + 2) * WALK_BN), B + (j + 2) * WALK_BN, w, b_vec, r, rpad);
+    if (j + 2 < ntiles) load(j + 2, buf);
     cp_async_commit();
   }
   cp_async_wait<0>();
