@@ -46,7 +46,7 @@ FIELD_METADATA_KEY = "loraplex-field"
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 WATCH_QUEUE = 1024
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
-_PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,128}\Z")
+_PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,129}\Z")  # an id prefix: up to a whole id
 _CODES = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -109,7 +109,7 @@ def _check_filter(tenant: str, prefix: str) -> str:
     if tenant and not _TENANT.match(tenant):
         raise InvalidRequestError(f"{tenant!r} is not a tenant name (letters, digits, '.', '_', '-')", "tenant")
     if not _PREFIX.match(prefix):
-        raise InvalidRequestError(f"{prefix!r}: up to 128 characters of letters, digits, '.', '_', '-', '/'", "prefix")
+        raise InvalidRequestError(f"{prefix!r}: up to 129 characters of letters, digits, '.', '_', '-', '/'", "prefix")
     return f"{tenant}/{prefix}" if tenant else prefix
 
 

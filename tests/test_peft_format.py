@@ -109,6 +109,15 @@ def test_bad_adapter_ids_are_rejected(bad) -> None:
         validate_adapter_id(bad)
 
 
+def test_the_longest_ids_the_part_rule_allows_are_valid() -> None:
+    """Each part may have 64 characters, so a tenant's adapter id may have 129; a part of 65 may not."""
+    assert validate_adapter_id("t" * 64 + "/" + "a" * 64) == "t" * 64 + "/" + "a" * 64
+    assert validate_adapter_id("a" * 64) == "a" * 64
+    for bad in ("t" * 64 + "/" + "a" * 65, "t" * 65 + "/a", "a" * 65):
+        with pytest.raises(InvalidRequestError, match="1-64 characters|longer than"):
+            validate_adapter_id(bad)
+
+
 def test_local_directory_put_replaces_atomically_and_delete_removes(tmp_path: Path) -> None:
     store = LocalAdapterDirectory(tmp_path, CFG)
     first = store.put("acme/support", _files())

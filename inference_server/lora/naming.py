@@ -6,7 +6,7 @@ import re
 
 from inference_server.errors import InvalidRequestError
 
-MAX_ADAPTER_ID_LEN = 128
+MAX_ADAPTER_ID_LEN = 129  # tenant/name: two parts of at most 64 and the '/'
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
