@@ -221,15 +221,15 @@ __device__ __forceinline__ void expand_walk_body(
   cp_async_wait<0>();
 }
 
-#define LORA_EXPAND_KERNEL(NAME, DT, NW, MINB)                                               \
-  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) NAME(                               \
-      const u16* ws, i64 ws_pstride, int R, const u16* pool, const i64* b_off,                    \
-      const int* ranks, const float* scales, const int* table, int ntable, int nslots,            \
-      int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3,     \
-      int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode, int walk) {               \
-    const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};               \
-    expand_walk_body<DT, NW>(ws, ws_pstride, R, pool, b_off, ranks, scales, table, ntable, nslots,    \
-                         rows, layer, y, y_stride, nslices, sl, mode, walk);                      \
+#define LORA_EXPAND_KERNEL(NAME, DT, NW, MINB)                                                     \
+  extern "C" __global__ void __launch_bounds__(NW * 32, MINB) NAME(                                \
+      const u16* ws, i64 ws_pstride, int R, const u16* pool, const i64* b_off,                     \
+      const int* ranks, const float* scales, const int* table, int ntable, int nslots,             \
+      int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3,      \
+      int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode, int walk) {                \
+    const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};                \
+    expand_walk_body<DT, NW>(ws, ws_pstride, R, pool, b_off, ranks, scales, table, ntable, nslots, \
+                         rows, layer, y, y_stride, nslices, sl, mode, walk);                       \
   }
 
 // 8 warps, 2 blocks an SM at least (90 registers). Swept against 4 warps (4 blocks an SM) in
