@@ -102,6 +102,29 @@ def test_bad_adapters_are_rejected_with_a_clear_message(files: dict[str, bytes],
         parse_adapter_files(files, CFG)
 
 
+@pytest.mark.parametrize("targets, ok", [
+    (["q_proj", "down_proj"], True),
+    (["self_attn.q_proj", "mlp.down_proj"], True),  # PEFT matches a name that ends with '.' + an entry
+    (r"model\.layers\.\d+\.(self_attn\.q_proj|mlp\.down_proj)", True),  # a string: a full-match pattern
+    ("all-linear", True),
+    (["q_proj"], False),  # down_proj has weights that PEFT would leave unused
+    (["proj"], False),  # an entry matches a whole name part, not a substring
+    (r".*q_proj", False),
+])
+def test_weights_of_modules_outside_target_modules_are_refused(targets, ok: bool) -> None:
+    files = _files(config={"target_modules": targets})
+    if ok:
+        assert {m.module for m in parse_adapter_files(files, CFG).modules} == {"q_proj", "down_proj"}
+    else:
+        with pytest.raises(AdapterValidationError, match="down_proj: has weights but is not among target_modules"):
+            parse_adapter_files(files, CFG)
+
+
+def test_a_target_modules_pattern_that_does_not_compile_is_named() -> None:
+    with pytest.raises(AdapterValidationError, match="target_modules .* is not a valid pattern"):
+        parse_adapter_files(_files(config={"target_modules": "(q_proj"}), CFG)
+
+
 @pytest.mark.parametrize("bad", ["", "../x", "a/b/c", ".hidden", "a b", "x" * 200, "t/..", "é", None, "-a",
                                  "acme/a\n", "acme\n/a", "a\n"])  # ($ would match before a final newline)
 def test_bad_adapter_ids_are_rejected(bad) -> None:

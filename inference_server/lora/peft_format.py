@@ -155,6 +155,11 @@ def _check_field_types(config: dict) -> None:
             isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
         raise AdapterValidationError(f"{CONFIG_FILE}: target_modules must be a string or a list of strings, "
                                      f"got {targets!r}")
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as e:
+            raise AdapterValidationError(f"{CONFIG_FILE}: target_modules {targets!r} is not a valid pattern ({e})") from None
     layers = config.get("layers_to_transform")
     if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)) and not (
             isinstance(layers, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in layers)):
@@ -230,11 +235,35 @@ def _module_specs(
         raise AdapterValidationError(f"{WEIGHTS_FILE}: tensors have mixed dtypes")
     layers = config.get("layers_to_transform")
     layers = {layers} if isinstance(layers, int) else (set(layers) if layers else None)
+    for layer, module in pairs:
+        _check_targeted(config, layer, module)
     specs = [
         _one_module(layer, module, names, tensors, config, base, max_rank, layers)
         for (layer, module), names in sorted(pairs.items())
     ]
     return tuple(specs)
+
+
+def _module_key(layer: int, module: str) -> str:
+    """The module's name in a Llama model, as PEFT matches target_modules and patterns against it."""
+    return f"model.layers.{layer}.{'self_attn' if module in PROJECTIONS[:4] else 'mlp'}.{module}"
+
+
+def _check_targeted(config: dict, layer: int, module: str) -> None:
+    """A weight for a module that target_modules leaves out would be ignored by PEFT (an unexpected
+    key) but applied here: refuse it. PEFT's rules: a string is a full-match pattern (or
+    "all-linear"), a list matches a module name that is an entry or ends with '.' + an entry."""
+    targets = config.get("target_modules")
+    if not targets or targets == "all-linear":
+        return
+    key = _module_key(layer, module)
+    if isinstance(targets, str):
+        targeted = re.fullmatch(targets, key) is not None
+    else:
+        targeted = any(key == t or key.endswith(f".{t}") for t in targets)
+    if not targeted:
+        raise AdapterValidationError(f"layers.{layer}.{module}: has weights but is not among target_modules "
+                                     f"{targets!r} (PEFT would ignore them)")
 
 
 def _one_module(
@@ -254,8 +283,7 @@ def _one_module(
     if layers is not None and layer not in layers:
         raise AdapterValidationError(f"{where}: layer {layer} is not in layers_to_transform {sorted(layers)}")
     a, b = tensors[names["A"]].shape, tensors[names["B"]].shape
-    parent = "self_attn" if module in PROJECTIONS[:4] else "mlp"
-    key = f"model.layers.{layer}.{parent}.{module}"
+    key = _module_key(layer, module)
     rank = int(_pattern_value(config.get("rank_pattern") or {}, key, config["r"]))
     alpha = float(_pattern_value(config.get("alpha_pattern") or {}, key, config.get("lora_alpha", config["r"])))
     if rank < 1 or rank > max_rank:
