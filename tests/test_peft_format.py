@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from safetensors.torch import save
 
 from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
 from inference_server.lora.naming import validate_adapter_id
+from inference_server.lora.patterns import MATCH_BUDGET_S, PatternMatcher
 from inference_server.lora.peft_format import parse_adapter_files, parse_adapter_upload
 from inference_server.lora.source import LocalAdapterDirectory
 from inference_server.model.config import ModelConfig
@@ -123,6 +125,39 @@ def test_weights_of_modules_outside_target_modules_are_refused(targets, ok: bool
 def test_a_target_modules_pattern_that_does_not_compile_is_named() -> None:
     with pytest.raises(AdapterValidationError, match="target_modules .* is not a valid pattern"):
         parse_adapter_files(_files(config={"target_modules": "(q_proj"}), CFG)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("target_modules", r"(.|.)*X"),
+    ("rank_pattern", {r"(.|.)*X": 8}),
+    ("alpha_pattern", {r"(\w|\.)*X": 4}),
+])
+def test_patterns_that_stall_python_s_re_are_decided_at_once(field: str, value) -> None:
+    """Python's re takes hours on these (holding the GIL: every request of the server would wait);
+    the upload is decided in a moment: refused where the pattern leaves targeted weights out,
+    else parsed (a pattern key that matches nothing leaves the default)."""
+    started = time.monotonic()
+    if field == "target_modules":
+        with pytest.raises(AdapterValidationError, match="not among target_modules"):
+            parse_adapter_files(_files(config={field: value}), CFG)
+    else:
+        assert parse_adapter_files(_files(config={field: value}), CFG).rank == 4
+    assert time.monotonic() - started < MATCH_BUDGET_S
+
+
+def test_matching_past_the_budget_is_refused_naming_the_field_and_pattern() -> None:
+    matcher = PatternMatcher(budget_s=0.0)
+    with pytest.raises(AdapterValidationError, match=r"rank_pattern key '\(a\)\+': matching .* takes over 0 s"):
+        matcher.match("(a)+", "model.layers.0.mlp.up_proj", "rank_pattern key")
+    with pytest.raises(AdapterValidationError, match="target_modules '\\(' is not a valid pattern"):
+        PatternMatcher().compile("(", "target_modules")
+
+
+def test_rank_and_alpha_patterns_still_follow_peft_s_suffix_rule() -> None:
+    spec = parse_adapter_files(_files(r=4, config={"rank_pattern": {"q_proj": 4}, "alpha_pattern": {r"layers\.1\..*": 2}}),
+                               CFG)
+    by = {(m.layer, m.module): m for m in spec.modules}
+    assert by[(1, "q_proj")].scale == pytest.approx(2 / 4) and by[(0, "q_proj")].scale == pytest.approx(8 / 4)
 
 
 @pytest.mark.parametrize("bad", ["", "../x", "a/b/c", ".hidden", "a b", "x" * 200, "t/..", "é", None, "-a",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from inference_server.errors import AdapterValidationError
+from inference_server.lora.patterns import PatternMatcher
 from inference_server.lora.safetensors_header import TensorInfo, non_finite_tensors, read_header
 from inference_server.model.config import ModelConfig
 
@@ -88,10 +89,11 @@ def parse_adapter_files(
     for required in (CONFIG_FILE, WEIGHTS_FILE):
         if required not in files:
             raise AdapterValidationError(f"missing {required}")
-    config = _load_config(files[CONFIG_FILE])
+    patterns = PatternMatcher()
+    config = _load_config(files[CONFIG_FILE], patterns)
     _reject_unsupported(config)
     tensors = read_header(files[WEIGHTS_FILE])
-    modules = _module_specs(config, tensors, base, max_rank)
+    modules = _module_specs(config, tensors, base, max_rank, patterns)
     return AdapterSpec(
         rank=int(config["r"]),
         lora_alpha=float(config.get("lora_alpha", config["r"])),
@@ -118,7 +120,7 @@ def parse_adapter_upload(
     return spec
 
 
-def _load_config(raw: bytes) -> dict:
+def _load_config(raw: bytes, patterns: PatternMatcher) -> dict:
     try:
         config = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -136,7 +138,7 @@ def _load_config(raw: bytes) -> dict:
     alpha = config.get("lora_alpha", r)
     if not _is_number(alpha):
         raise AdapterValidationError(f"{CONFIG_FILE}: lora_alpha must be a number, got {alpha!r}")
-    _check_field_types(config)
+    _check_field_types(config, patterns)
     return config
 
 
@@ -148,7 +150,7 @@ def _is_positive_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _check_field_types(config: dict) -> None:
+def _check_field_types(config: dict, patterns: PatternMatcher) -> None:
     """The fields validation reads have the types PEFT writes (else a clear error, not a crash)."""
     targets = config.get("target_modules")
     if targets is not None and not isinstance(targets, str) and not (
@@ -156,10 +158,7 @@ def _check_field_types(config: dict) -> None:
         raise AdapterValidationError(f"{CONFIG_FILE}: target_modules must be a string or a list of strings, "
                                      f"got {targets!r}")
     if isinstance(targets, str):
-        try:
-            re.compile(targets)
-        except re.error as e:
-            raise AdapterValidationError(f"{CONFIG_FILE}: target_modules {targets!r} is not a valid pattern ({e})") from None
+        patterns.compile(targets, f"{CONFIG_FILE}: target_modules")
     layers = config.get("layers_to_transform")
     if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)) and not (
             isinstance(layers, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in layers)):
@@ -167,17 +166,13 @@ def _check_field_types(config: dict) -> None:
                                      f"them, got {layers!r}")
     for field_name, valid, what in (("rank_pattern", _is_positive_int, "a positive integer"),
                                     ("alpha_pattern", _is_number, "a finite number")):
-        patterns = config.get(field_name)
-        if patterns is None:
+        table = config.get(field_name)
+        if table is None:
             continue
-        if not isinstance(patterns, dict):
-            raise AdapterValidationError(f"{CONFIG_FILE}: {field_name} must be an object, got {patterns!r}")
-        for key, value in patterns.items():
-            try:
-                re.compile(key)
-            except re.error as e:
-                raise AdapterValidationError(
-                    f"{CONFIG_FILE}: {field_name} key {key!r} is not a valid pattern ({e})") from None
+        if not isinstance(table, dict):
+            raise AdapterValidationError(f"{CONFIG_FILE}: {field_name} must be an object, got {table!r}")
+        for key, value in table.items():
+            patterns.compile(key, f"{CONFIG_FILE}: {field_name} key")
             if not valid(value):
                 raise AdapterValidationError(f"{CONFIG_FILE}: {field_name}[{key!r}] must be {what}, got {value!r}")
 
@@ -205,16 +200,17 @@ def _reject_unsupported(config: dict) -> None:
         raise AdapterValidationError("unsupported adapter features: " + "; ".join(problems))
 
 
-def _pattern_value(patterns: Mapping[str, float], module_key: str, default: float) -> float:
+def _pattern_value(values: Mapping[str, float], module_key: str, default: float, patterns: PatternMatcher,
+                   field_name: str) -> float:
     """PEFT's rule: a pattern key matches a module name that ends with it (after a dot)."""
-    for key, value in patterns.items():
-        if re.match(rf"(.*\.)?({key})$", module_key):
+    for key, value in values.items():
+        if patterns.match(rf"(.*\.)?({key})$", module_key, f"{CONFIG_FILE}: {field_name} key"):
             return value
     return default
 
 
 def _module_specs(
-    config: dict, tensors: dict[str, TensorInfo], base: ModelConfig | None, max_rank: int
+    config: dict, tensors: dict[str, TensorInfo], base: ModelConfig | None, max_rank: int, patterns: PatternMatcher
 ) -> tuple[LoraModuleSpec, ...]:
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     for name, info in tensors.items():
@@ -236,9 +232,9 @@ def _module_specs(
     layers = config.get("layers_to_transform")
     layers = {layers} if isinstance(layers, int) else (set(layers) if layers else None)
     for layer, module in pairs:
-        _check_targeted(config, layer, module)
+        _check_targeted(config, layer, module, patterns)
     specs = [
-        _one_module(layer, module, names, tensors, config, base, max_rank, layers)
+        _one_module(layer, module, names, tensors, config, base, max_rank, layers, patterns)
         for (layer, module), names in sorted(pairs.items())
     ]
     return tuple(specs)
@@ -249,7 +245,7 @@ def _module_key(layer: int, module: str) -> str:
     return f"model.layers.{layer}.{'self_attn' if module in PROJECTIONS[:4] else 'mlp'}.{module}"
 
 
-def _check_targeted(config: dict, layer: int, module: str) -> None:
+def _check_targeted(config: dict, layer: int, module: str, patterns: PatternMatcher) -> None:
     """A weight for a module that target_modules leaves out would be ignored by PEFT (an unexpected
     key) but applied here: refuse it. PEFT's rules: a string is a full-match pattern (or
     "all-linear"), a list matches a module name that is an entry or ends with '.' + an entry."""
@@ -258,7 +254,7 @@ def _check_targeted(config: dict, layer: int, module: str) -> None:
         return
     key = _module_key(layer, module)
     if isinstance(targets, str):
-        targeted = re.fullmatch(targets, key) is not None
+        targeted = patterns.fullmatch(targets, key, f"{CONFIG_FILE}: target_modules")
     else:
         targeted = any(key == t or key.endswith(f".{t}") for t in targets)
     if not targeted:
@@ -275,6 +271,7 @@ def _one_module(
     base: ModelConfig | None,
     max_rank: int,
     layers: set[int] | None,
+    patterns: PatternMatcher,
 ) -> LoraModuleSpec:
     where = f"layers.{layer}.{module}"
     if set(names) != {"A", "B"}:
@@ -284,8 +281,9 @@ def _one_module(
         raise AdapterValidationError(f"{where}: layer {layer} is not in layers_to_transform {sorted(layers)}")
     a, b = tensors[names["A"]].shape, tensors[names["B"]].shape
     key = _module_key(layer, module)
-    rank = int(_pattern_value(config.get("rank_pattern") or {}, key, config["r"]))
-    alpha = float(_pattern_value(config.get("alpha_pattern") or {}, key, config.get("lora_alpha", config["r"])))
+    rank = int(_pattern_value(config.get("rank_pattern") or {}, key, config["r"], patterns, "rank_pattern"))
+    alpha = float(_pattern_value(config.get("alpha_pattern") or {}, key, config.get("lora_alpha", config["r"]), patterns,
+                                 "alpha_pattern"))
     if rank < 1 or rank > max_rank:
         raise AdapterValidationError(f"{where}: rank {rank} outside the supported range 1..{max_rank}")
     if a[0] != rank or b[1] != rank:
