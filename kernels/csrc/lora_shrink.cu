@@ -15,6 +15,7 @@
 // block stores fp32 partials [P][ksplit][T][R] and the item's last block (an atomic counter that it
 // resets to 0, so counters are zero between launches and a captured graph replays) sums them in the
 // same order. ksplit = 1: the block's own tile goes to the workspace.
+#include "lora_bulk.cuh"
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 
@@ -35,7 +36,9 @@ struct ShrinkTiles {
   static constexpr int STAGE = XS + AS;
   static constexpr int LDR = NC + 4;  // the fp32 partial tile's row stride (16-byte rows), over the stages after the loop
   static constexpr int PIPE = STAGES * STAGE * 2, RED = SHRINK_BM * LDR * 4;
-  static constexpr int SMEM = PIPE > RED ? PIPE : RED;  // bytes
+  // bytes: the stages from the first 1024-byte boundary of the dynamic shared memory (the TMA's
+  // 128-byte swizzle needs it), hence the slack
+  static constexpr int SMEM = (PIPE > RED ? PIPE : RED) + 1024;
 };
 
 // What a block's A chunk is: columns [c0, c0 + cw) of A [h_in, r]; vec: 16-byte copies.
@@ -118,6 +121,15 @@ struct StageCopies {
     xsrc += BK;
     asrc += a_stage;
   }
+
+  // The A pieces alone (x comes by TMA).
+  __device__ __forceinline__ void issue_a(u32 off) {
+    if (aok) {
+#pragma unroll
+      for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * AROWS * S::LDA * 2, asrc + u * astep);
+    }
+    asrc += a_stage;
+  }
 };
 
 // Stage `s` of the chunk (k from kb + s * BK) into its buffer: the fast copies when whole and
@@ -140,15 +152,21 @@ __device__ __forceinline__ void load_stage(StageCopies<NC, BK, STAGES, NW>& cp, 
 
 // acc += the warp's rows x columns of the stage at byte offset `off`; npairs: its 16-column pairs
 // that hold rank columns (0: nothing to do). a_addr / b_addr: this lane's ldmatrix addresses in stage 0.
-template <int DT, int NC, int BK, int STAGES, int NW>
+// SWZ: the x tile is the TMA's (dense 128-byte rows, 128-byte swizzle: the 16-byte chunk c of row
+// m sits at chunk c ^ (m % 8)), and a_addr is the lane's row (wm * WR + lane % 16) at chunk 0; a
+// lane's row is lane % 8 modulo 8 (WR and the m16 tiles are multiples of 16).
+template <int DT, int NC, int BK, int STAGES, int NW, bool SWZ = false>
 __device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGES, NW>::MT][ShrinkTiles<NC, BK, STAGES, NW>::NT][4],
                                           u32 a_addr, u32 b_addr, u32 off, int npairs) {
   typedef ShrinkTiles<NC, BK, STAGES, NW> S;
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < BK; kk += 16) {
     u32 a[S::MT][4];
+    const u32 chunk = SWZ ? ((((lane >> 4) + kk / 8) ^ (lane & 7)) << 4) : kk * 2;
 #pragma unroll
-    for (int i = 0; i < S::MT; ++i) ldmatrix_x4(a[i], a_addr + off + (i * 16 * S::LDX + kk) * 2);
+    for (int i = 0; i < S::MT; ++i)
+      ldmatrix_x4(a[i], a_addr + off + (SWZ ? i * 16 * BK * 2 : i * 16 * S::LDX * 2) + chunk);
 #pragma unroll
     for (int np = 0; np < S::NT / 2; ++np) {
       if (np < npairs) {
@@ -163,6 +181,48 @@ __device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGE
     }
   }
 }
+
+#if LORA_HAVE_BULK
+// The main loop on sm_90 for whole stages: thread 0 copies each stage's x tile (SHRINK_BM rows of
+// BK features from the item's first row: one TMA box, 128-byte swizzled, dense rows; rows past the
+// tensor are zeros, other items' rows only reach outputs that are never stored) counted on the
+// stage buffer's mbarrier (bars: STAGES of them, 8 bytes apart); every thread copies its A pieces
+// (cp.async, as the other loop does). Every warp waits on both, then the loop's barrier frees the
+// buffer of the stage before, which is refilled.
+template <int DT, int NC, int BK, int STAGES, int NW>
+__device__ __forceinline__ void shrink_tma_loop(
+    float (&acc)[ShrinkTiles<NC, BK, STAGES, NW>::MT][ShrinkTiles<NC, BK, STAGES, NW>::NT][4], u32 sbase, u32 bars,
+    const LoraTensorMap& xmap, StageCopies<NC, BK, STAGES, NW>& cp, int kb, int nk, const LoraItem& it,
+    u32 a_row_addr, u32 b_addr, int npairs, bool active) {
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
+  static_assert(BK * 2 == 128, "one 128-byte swizzle span a row");
+  const int tid = threadIdx.x;
+  auto issue = [&](int s) {  // stage s into buffer s % STAGES
+    const int buf = s % STAGES;
+    if (tid == 0) {
+      mbar_arrive_expect_tx(bars + buf * 8, SHRINK_BM * BK * 2);
+      tma_load_2d(sbase + buf * S::STAGE * 2, xmap, kb + s * BK, it.row0, bars + buf * 8);
+    }
+    cp.issue_a(buf * S::STAGE * 2);
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) issue(s);
+    cp_async_commit();
+  }
+  for (int i = 0; i < nk; ++i) {
+    mbar_wait(bars + (i % STAGES) * 8, (i / STAGES) & 1);  // stage i's x tile has landed ...
+    cp_async_wait<STAGES - 2>();                           // ... and this thread's A pieces
+    __syncthreads();  // everyone's, and every warp is past stage i - 1: its buffer may be refilled
+    if (i + STAGES - 1 < nk) {
+      if (tid == 0) fence_proxy_async();
+      issue(i + STAGES - 1);
+    }
+    cp_async_commit();
+    if (active) mma_stage<DT, NC, BK, STAGES, NW, true>(acc, a_row_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
+  }
+}
+#endif
 
 // v quad [n, n + 4) of item row m (valid of them in the rank) into the workspace row.
 template <int DT>
@@ -245,12 +305,15 @@ __device__ __forceinline__ void finish_split(int p, int item, int items, int ksp
 // Block (ks, item, p) of a shrink launch.
 template <int DT, int NC, int BK, int STAGES, int NW>
 __device__ __forceinline__ void shrink_body(
-    int ks, int item, int p, u16* smem, const u16* __restrict__ x, i64 x_stride, const u16* __restrict__ pool,
+    int ks, int item, int p, u16* smem_raw, const u16* __restrict__ x, i64 x_stride, const u16* __restrict__ pool,
     const i64* __restrict__ a_off, const int* __restrict__ ranks, const int* __restrict__ table, int ntable,
     int nslots, int rows, int h_in, int layer, u16* __restrict__ ws, i64 ws_pstride, int R,
-    float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc, int items, int mode, int cluster) {
+    float* __restrict__ part, int* __restrict__ counters, int ksplit, int kc, int items, int mode, int cluster,
+    const LoraTensorMap& xmap, int use_tma) {
   typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   if (dynamic_smem_bytes() < (u32)S::SMEM) launch_error();  // the launcher's size (kernels/cuda/_tiles.py) is stale
+  const u32 sraw = smem_addr(smem_raw);
+  u16* smem = smem_raw + ((((sraw + 1023) & ~1023u)) - sraw) / 2;  // 1024-byte aligned (SMEM has the slack)
 #if LORA_HAVE_CLUSTERS
   if (cluster && (ksplit > LORA_MAX_CLUSTER || cluster_blocks() != ksplit)) launch_error();  // not one cluster an item
 #else
@@ -275,24 +338,40 @@ __device__ __forceinline__ void shrink_body(
   const u32 sbase = smem_addr(smem);
   const u32 a_addr = sbase + ((wm * S::WR + (lane & 15)) * S::LDX + (lane >> 4) * 8) * 2;
   const u32 b_addr = sbase + (S::XS + ((mat & 1) * 8 + (lane & 7)) * S::LDA + wn * S::WC + (mat >> 1) * 8) * 2;
-  StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it);
   float acc[S::MT][S::NT][4];
 #pragma unroll
   for (int i = 0; i < S::MT; ++i)
 #pragma unroll
     for (int j = 0; j < S::NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+#if LORA_HAVE_BULK
+  __shared__ __align__(8) unsigned long long bars[STAGES];  // one a stage buffer (the TMA loop)
+  if (use_tma && a.vec && (ke - kb) % BK == 0) {  // whole stages, x through the tensor map
+    const u32 bar0 = smem_addr(bars);
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + s * 8, 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+    StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it);
+    const u32 a_row = sbase + (wm * S::WR + (lane & 15)) * BK * 2;  // the swizzled tile's row, chunk 0
+    shrink_tma_loop<DT, NC, BK, STAGES, NW>(acc, sbase, bar0, xmap, cp, kb, nk, it, a_row, b_addr, npairs, active);
+  } else
+#endif
+  {
+    StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it);
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nk) load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);
-    cp_async_commit();
-  }
-  for (int i = 0; i < nk; ++i) {
-    cp_async_wait<STAGES - 2>();  // stage i has landed (this thread's copies) ...
-    __syncthreads();              // ... everyone's, and stage i - 1's buffer is free
-    if (i + STAGES - 1 < nk)
-      load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
-    cp_async_commit();
-    if (active) mma_stage<DT, NC, BK, STAGES, NW>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < nk) load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);
+      cp_async_commit();
+    }
+    for (int i = 0; i < nk; ++i) {
+      cp_async_wait<STAGES - 2>();  // stage i has landed (this thread's copies) ...
+      __syncthreads();              // ... everyone's, and stage i - 1's buffer is free
+      if (i + STAGES - 1 < nk)
+        load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, i + STAGES - 1, ke, it);
+      cp_async_commit();
+      if (active) mma_stage<DT, NC, BK, STAGES, NW>(acc, a_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
+    }
   }
   cp_async_wait<0>();
   __syncthreads();  // the stage buffers are free: the partial tile goes over them
@@ -342,12 +421,12 @@ __device__ __forceinline__ void shrink_body(
       const u16* x, i64 x_stride, const u16* pool, const i64* a_off, const int* ranks,         \
       const int* table, int ntable, int nslots, int rows, int h_in, int layer, u16* ws,        \
       i64 ws_pstride, int R, float* part, int* counters, int ksplit, int kc, int items,        \
-      int mode, int cluster) {                                                                 \
+      int mode, int cluster, const __grid_constant__ LoraTensorMap xmap, int use_tma) {        \
     extern __shared__ __align__(16) u16 smem[];                                                \
-    shrink_body<DT, NC, BK, STAGES, NW>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride,     \
-                                    pool, a_off, ranks, table, ntable, nslots, rows, h_in,     \
-                                    layer, ws, ws_pstride, R, part, counters, ksplit, kc,      \
-                                    items, mode, cluster);                                     \
+    shrink_body<DT, NC, BK, STAGES, NW>(blockIdx.x, blockIdx.y, blockIdx.z, smem, x, x_stride, \
+                                        pool, a_off, ranks, table, ntable, nslots, rows, h_in, \
+                                        layer, ws, ws_pstride, R, part, counters, ksplit, kc,  \
+                                        items, mode, cluster, xmap, use_tma);                  \
   }
 
 // Prefill (128-row items), by rank cap: (NC, BK, STAGES, NW) = (32, 64, 4, 4), (64, 64, 3, 8),

@@ -14,6 +14,7 @@ import torch
 from kernels.checks import Problem
 from kernels.cuda._launch_ex import launch_ex
 from kernels.cuda._runtime import DeviceRuntime
+from kernels.cuda._tensor_map import ZERO_MAP, TensorMap, encode_rows, map_fits
 from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
 
 THREADS = 128
@@ -63,6 +64,11 @@ SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_de
 # r16 16.9 / 20.4 us; r64 24.9 / 26.5; r128 37.7 / 36.5; r16 at cap 128 22.7 / 25.1), as
 # benchmarks/bench_prefill_tunables.py measures it.
 PREFILL_MAX_BLOCKS_PER_SM = 1
+# sm_90: the prefill shrink's x tiles come by TMA (one copy a stage, kernels/cuda/_tensor_map.py)
+# where x fits a tensor map; off (or elsewhere): the cp.async copies. TENSOR_MAPS_KEPT: maps kept
+# a device, by x's pointer, shape, stride and dtype (an engine's activations come back).
+SHRINK_TMA = True
+TENSOR_MAPS_KEPT = 64
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -237,9 +243,26 @@ def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     shrink = rt.function(kind, c.x.dtype, variant, carveout=PREFILL_CARVEOUT, smem=smem)
     cluster = rt.clusters and plan.ksplit > 1  # one cluster an item and slice (the kernel checks)
     args = (*head, _ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
-            i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(cluster))
+            i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(cluster), *_x_map(rt, c.x, tiles.bk))
     launch_ex(shrink, grid, (32 * tiles.warps,), args, torch.cuda.current_stream(c.x.device).cuda_stream,
               shared_mem=smem, cluster=(plan.ksplit, 1, 1) if cluster else None)
+
+
+def _x_map(rt: DeviceRuntime, x: torch.Tensor, box_cols: int) -> tuple[TensorMap, np.int32]:
+    """(the prefill shrink's x map, whether to use it): a kept map, or a new one."""
+    if not (SHRINK_TMA and rt.tma and map_fits(x, box_cols)):
+        return ZERO_MAP, np.int32(0)
+    key = (x.data_ptr(), tuple(x.shape), x.stride(0), x.dtype)
+    found = rt.tensor_maps.pop(key, None)
+    if found is None:
+        try:
+            found = encode_rows(x, PREFILL_BM, box_cols)
+        except RuntimeError:  # a layout the driver refuses where map_fits did not: the cp.async copies
+            return ZERO_MAP, np.int32(0)
+    rt.tensor_maps[key] = found  # the most recent last
+    if len(rt.tensor_maps) > TENSOR_MAPS_KEPT:
+        del rt.tensor_maps[next(iter(rt.tensor_maps))]
+    return found, np.int32(1)
 
 
 def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,

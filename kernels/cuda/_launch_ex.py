@@ -50,14 +50,20 @@ _CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int6
 
 def kernel_params(args: tuple) -> tuple[ctypes.Array, list]:
     """(void* array for cuLaunchKernelEx, the values it points at: keep them alive). Each
-    argument is a NumPy scalar whose dtype is the kernel parameter's C type."""
-    values = []
+    argument is a NumPy scalar whose dtype is the kernel parameter's C type, or an object with an
+    ``address`` of the bytes of a by-value struct parameter (a TMA map: kernels/cuda/_tensor_map.py)."""
+    values, pointers = [], []
     for a in args:
+        if hasattr(a, "address"):
+            values.append(a)
+            pointers.append(ctypes.c_void_p(a.address))
+            continue
         ctype = _CTYPES.get(a.dtype) if isinstance(a, np.generic) else None
         if ctype is None:
             raise TypeError(f"kernel argument {a!r}: not an int32/int64/uint64/float32 NumPy scalar")
         values.append(ctype(a.item()))
-    return (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)), values
+        pointers.append(ctypes.cast(ctypes.byref(values[-1]), ctypes.c_void_p))
+    return (ctypes.c_void_p * len(pointers))(*pointers), values
 
 
 @functools.cache

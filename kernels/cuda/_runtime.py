@@ -60,6 +60,8 @@ class DeviceRuntime:
     counters: GrowOnly = field(init=False)  # int32 per-item counters, zero between launches
     pdl: bool = field(init=False)  # programmatic dependent launch available (kernels/cuda/_launch_ex.py)
     clusters: bool = field(init=False)  # thread-block clusters available (sm_90+)
+    tma: bool = field(init=False)  # TMA tensor copies available (sm_90+): the prefill shrink's x
+    tensor_maps: dict = field(default_factory=dict)  # (x pointer, shape, stride, dtype) -> TensorMap
     sms: int = field(init=False)  # multiprocessors of the device
 
     def __post_init__(self) -> None:
@@ -67,6 +69,7 @@ class DeviceRuntime:
         self.counters = GrowOnly(torch.int32, self.device, 1 << 12)
         self.pdl = torch.cuda.get_device_capability(self.device) >= MIN_COMPUTE_CAPABILITY
         self.clusters = self.pdl
+        self.tma = self.pdl
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
 
     def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None,

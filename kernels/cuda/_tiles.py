@@ -25,7 +25,7 @@ class ShrinkTiles:
     def smem_bytes(self) -> int:
         stage = SHRINK_BM * (self.bk + 8) + self.bk * (self.nc + 8)  # x tile + A tile, elements
         partial_tile = SHRINK_BM * (self.nc + 4) * 4  # fp32, over the stages after the loop
-        return max(self.stages * stage * 2, partial_tile)
+        return max(self.stages * stage * 2, partial_tile) + 1024  # from a 1024-byte boundary (the TMA swizzle)
 
 
 # The prefill shrink's variant by the rank cap it covers (lora_shrink_<dtype>_m128_r<nc>). Swept on

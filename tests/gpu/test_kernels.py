@@ -126,6 +126,36 @@ def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, 
     assert_close_rows(batch.y, expected, y0)
 
 
+@pytest.mark.parametrize("h_in, x_pad", [(4096, 0), (3000, 8), (2048, 3)])
+@pytest.mark.parametrize("rank_cap", [16, 64, 128])
+def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap, monkeypatch):
+    """sm_90: the prefill shrink's x tiles by TMA (whole stages; a block with a partial k-range or
+    an x no tensor map fits keeps cp.async) sum the same products in the same order as the
+    cp.async copies: bitwise the same y, and the reference's."""
+    from kernels.cuda import _launch
+
+    gen = torch.Generator().manual_seed(4300 + rank_cap + h_in + x_pad)
+    lengths = [700, 0, 1300, 130, 1]
+    # ranks of multiples of 8 (the A pieces' 16-byte copies: the TMA path), the cap among them
+    ranks = 8 * torch.randint(1, rank_cap // 8 + 1, (2, len(lengths)), generator=gen)
+    ranks[0, 2] = rank_cap
+    batch = make_batch(gen, rows=sum(lengths), h_in=h_in, widths=(1000, 333), ranks=ranks, x_pad=x_pad,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    rt = kcuda.default_cache().get(batch.x.device)
+    if not rt.tma:
+        pytest.skip("no TMA on this device")
+    y0 = batch.y.clone()
+    expected = reference64(batch, False)
+    kcuda.add_lora_slices(*batch.args())
+    by_tma = batch.y.clone()
+    batch.y.copy_(y0)
+    monkeypatch.setattr(_launch, "SHRINK_TMA", False)
+    kcuda.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    assert torch.equal(by_tma, batch.y)
+    assert_close_rows(by_tma, expected, y0)
+
+
 def _workload_lengths(name, batch_size, gen):
     if name == "distinct":
         return [1] * batch_size
