@@ -145,10 +145,10 @@ def test_cuda_wrappers_reject_cpu_tensors():
                               seg, 0, widths, ws)
 
 
-def test_expand_follows_its_shrink_early_only_for_one_pass_decode_calls():
-    """The expand goes as the shrink's programmatic dependent for decode calls of both stages
-    under a rank cap of 16 on a device that has it; never for a stage call, a prefill, a larger
-    cap (its shrink re-reads A through L1) or a device without it."""
+def test_expand_follows_its_shrink_early_for_prefill_and_one_pass_decode_calls():
+    """The expand goes as the shrink's programmatic dependent for calls of both stages on a device
+    that has it: prefill calls, and decode calls under a rank cap of 16; never for a stage call, a
+    decode call of a larger cap (its shrink re-reads A through L1) or a device without it."""
     from kernels.checks import Problem
     from kernels.cuda._launch import expand_follows_early, make_plan
 
@@ -158,7 +158,8 @@ def test_expand_follows_its_shrink_early_only_for_one_pass_decode_calls():
 
     assert follows(64, 16) and follows(1, 8) and follows(256, 16)
     assert not follows(64, 16, only="shrink") and not follows(64, 16, only="expand")
-    assert not follows(4096, 16)  # prefill
+    assert follows(4096, 16) and follows(4096, 128)  # prefill, whatever the cap
+    assert not follows(4096, 16, only="shrink") and not follows(4096, 64, device_pdl=False)
     assert not follows(64, 32) and not follows(64, 128)
     assert not follows(64, 16, device_pdl=False)
 

@@ -181,12 +181,6 @@ __device__ __forceinline__ void expand_walk_body(
   const u16* vsrc = ws + (i64)wk.p * ws_pstride + (i64)wk.it.row0 * R;
   const bool v_vec = ((((u64)vsrc) & 15) == 0) && ((R & 7) == 0);
 
-  // v (every rank column, zeros past the rank and the item's rows) with tile 0, then tile 1.
-  const int vpr = rpad >> 3;
-  for (int pc = tid; pc < EXPAND_BM * vpr; pc += NT) {
-    const int m = pc / vpr, k = (pc - m * vpr) * 8;
-    tile_piece(&sv[m * ldv + k], vsrc + (i64)m * R + k, vsrc, v_vec, m < nrows ? min(8, r - k) : 0);
-  }
   // Tile j: whole (every row, 64 columns, aligned) through the set-up pieces, else the edge copies.
   const WalkPieces<NT> pieces(y_stride);
   const bool whole_rows = y_vec && b_vec && nrows == EXPAND_BM;
@@ -198,10 +192,19 @@ __device__ __forceinline__ void expand_walk_body(
       walk_load_tile<NT>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, ncols,
                          B + j * WALK_BN, w, b_vec, r, rpad);
   };
-  for (int j = 0; j < 2; ++j) {
-    if (j < ntiles) load(j, j);
-    cp_async_commit();
+  // Tile 0, then v (every rank column, zeros past the rank and the item's rows) in the same copy
+  // group, then tile 1. Launched as the shrink's programmatic dependent, the block gets here while
+  // the shrink runs: tile 0's y and B are in flight while it waits for the shrink's v.
+  if (ntiles > 0) load(0, 0);
+  pdl_wait();
+  const int vpr = rpad >> 3;
+  for (int pc = tid; pc < EXPAND_BM * vpr; pc += NT) {
+    const int m = pc / vpr, k = (pc - m * vpr) * 8;
+    tile_piece(&sv[m * ldv + k], vsrc + (i64)m * R + k, vsrc, v_vec, m < nrows ? min(8, r - k) : 0);
   }
+  cp_async_commit();
+  if (ntiles > 1) load(1, 1);
+  cp_async_commit();
   float acc[MT][4][4];
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);

@@ -312,6 +312,7 @@ __device__ __forceinline__ void shrink_body(
     const LoraTensorMap& xmap, int use_tma) {
   typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   if (dynamic_smem_bytes() < (u32)S::SMEM) launch_error();  // the launcher's size (kernels/cuda/_tiles.py) is stale
+  pdl_launch_dependents();  // the expand's blocks may be placed now: they fetch y and B, then wait for our v
   const u32 sraw = smem_addr(smem_raw);
   u16* smem = smem_raw + ((((sraw + 1023) & ~1023u)) - sraw) / 2;  // 1024-byte aligned (SMEM has the slack)
 #if LORA_HAVE_CLUSTERS

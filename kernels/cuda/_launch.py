@@ -69,6 +69,8 @@ PREFILL_MAX_BLOCKS_PER_SM = 1
 # a device, by x's pointer, shape, stride and dtype (an engine's activations come back).
 SHRINK_TMA = True
 TENSOR_MAPS_KEPT = 64
+# sm_90: the prefill expand goes as its shrink's programmatic dependent (expand_follows_early).
+PREFILL_PDL = True
 
 
 def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
@@ -218,11 +220,14 @@ def launch(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, only: str |
 
 
 def expand_follows_early(plan: Plan, problem: Problem, only: str | None, device_pdl: bool) -> bool:
-    """Whether the expand goes as its shrink's programmatic dependent (with the shrink's carveout):
-    decode calls of both stages, on a device that has it, whose ranks the shrink reads in one
-    pass (rank cap <= SHRINK_DEC_RC): more passes re-read A through the L1 that the carveout
-    gives away (H200, rank 64: Distinct B64 30.4 -> 38.4 us, B256 88 -> 119 with it)."""
-    return plan.decode and only is None and device_pdl and problem.rank_cap <= SHRINK_DEC_RC
+    """Whether the expand goes as its shrink's programmatic dependent (with the shrink's carveout),
+    for calls of both stages on a device that has it: decode calls whose ranks the shrink reads in
+    one pass (rank cap <= SHRINK_DEC_RC; more passes re-read A through the L1 that the carveout
+    gives away: H200, rank 64: Distinct B64 30.4 -> 38.4 us, B256 88 -> 119 with it), and prefill
+    calls where PREFILL_PDL (its blocks fetch their first y and B tiles while the shrink ends)."""
+    if only is not None or not device_pdl:
+        return False
+    return problem.rank_cap <= SHRINK_DEC_RC if plan.decode else PREFILL_PDL
 
 
 def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
@@ -270,7 +275,7 @@ def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     i32, i64 = np.int32, np.int64
     rows, cap = problem.rows, problem.rank_cap
     if not plan.decode:
-        _launch_prefill_expand(rt, plan, problem, c)
+        _launch_prefill_expand(rt, plan, problem, c, pdl)
         return
     ntiles, slices = _slice_args(plan, problem, DEC_COLS)
     tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
@@ -304,18 +309,17 @@ def walk_count(widths: tuple[int, ...], rows: int, bm: int, wave: int) -> int:
 
 
 
-def _launch_prefill_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call) -> None:
+def _launch_prefill_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
     cap = problem.rank_cap
     walk, smem = walk_tiles(rt, plan, problem, c.x.dtype)
     groups, slices = _slice_args(plan, problem, WALK_BN * walk)
-    rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=PREFILL_CARVEOUT, smem=smem)(
-        (groups, plan.items), (EXPAND_THREADS,),
-        (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
-         _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(problem.rows),
-         i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk)),
-        shared_mem=smem,
-    )
+    expand = rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=PREFILL_CARVEOUT, smem=smem)
+    args = (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
+            _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(problem.rows),
+            i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk))
+    launch_ex(expand, (groups, plan.items), (EXPAND_THREADS,), args,
+              torch.cuda.current_stream(c.x.device).cuda_stream, shared_mem=smem, programmatic=pdl)
 
 
 def _row_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:

@@ -156,6 +156,33 @@ def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap
     assert_close_rows(by_tma, expected, y0)
 
 
+@pytest.mark.parametrize("rank_cap", [16, 128])
+def test_prefill_expand_launched_early_gives_the_stream_ordered_result(rank_cap, monkeypatch):
+    """sm_90: the prefill expand goes as its shrink's programmatic dependent (its blocks fetch y
+    and B while the shrink runs, and wait for the shrink before reading v): y is bitwise the y of
+    the two kernels in plain stream order, and the reference's (the workspace starts as NaN, so a
+    v read too early shows)."""
+    from kernels.cuda import _launch
+
+    gen = torch.Generator().manual_seed(4600 + rank_cap)
+    lengths = [2048, 300, 1, 900]
+    ranks = torch.randint(1, rank_cap + 1, (2, len(lengths)), generator=gen)
+    batch = make_batch(gen, rows=sum(lengths), h_in=2048, widths=(1024, 512), ranks=ranks,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    if not kcuda.default_cache().get(batch.x.device).pdl:
+        pytest.skip("no programmatic dependent launch on this device")
+    y0 = batch.y.clone()
+    expected = reference64(batch, False)
+    kcuda.add_lora_slices(*batch.args())
+    early = batch.y.clone()
+    batch.y.copy_(y0)
+    monkeypatch.setattr(_launch, "PREFILL_PDL", False)
+    kcuda.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    assert torch.equal(early, batch.y)
+    assert_close_rows(early, expected, y0)
+
+
 def _workload_lengths(name, batch_size, gen):
     if name == "distinct":
         return [1] * batch_size
