@@ -9,8 +9,9 @@
 // with 16-byte stores. Against one tile a block (H200, session 12: the rank-16 expand at T = 4096
 // 26.2 -> 20.6 us, rank 128 55.6 -> 45.9), v is read from L2 once a group, not once a tile, the
 // item lookup is paid once a group, and the next tile's bytes are in flight during this one.
-// 8 warps, 2 along the tile's columns and 4 along its rows. (The decode path's expand is
-// lora_expand_dec.cu.)
+// 8 warps, 2 along the tile's columns and 4 along its rows. On sm_90 it goes as its shrink's
+// programmatic dependent: blocks placed beside the shrink's fetch their first tile, then wait for
+// the shrink before they read v. (The decode path's expand is lora_expand_dec.cu.)
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 
