@@ -37,26 +37,21 @@ def test_expand_variants_are_the_instantiated_ones() -> None:
     assert dynamic_smem_bytes("lora_expand_dec_bf16_m4") == 0
 
 
-SIZES = r"""
-#include <cstdio>
-#include "lora_shrink.cu"
-#include "lora_expand.cu"
-int main() {
-  std::printf("%d %d %d %d %d %d\n", ShrinkTiles<32, 64, 4, 4>::SMEM, ShrinkTiles<64, 64, 3, 8>::SMEM,
-              ShrinkTiles<128, 64, 3, 8>::SMEM, 2 * walk_smem_elems(16), 2 * walk_smem_elems(64),
-              2 * walk_smem_elems(128));
-  return 0;
-}
-"""
+def _sizes_program() -> str:
+    """C++ that prints the shrink variants' ShrinkTiles<...>::SMEM (in PREFILL_SHRINK_TILES order),
+    then the expand's bytes at rank caps 16, 64 and 128."""
+    shrink = [f"ShrinkTiles<{t.nc}, {t.bk}, {t.stages}, {t.warps}>::SMEM" for t in PREFILL_SHRINK_TILES.values()]
+    values = shrink + [f"2 * walk_smem_elems({r})" for r in (16, 64, 128)]
+    return ('#include <cstdio>\n#include "lora_shrink.cu"\n#include "lora_expand.cu"\nint main() {\n'
+            + "".join(f'  std::printf("%d\\n", {v});\n' for v in values) + "  return 0;\n}\n")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_mirrored_sizes_are_the_structs_sizes(tmp_path) -> None:
     src, exe = tmp_path / "sizes.cu", tmp_path / "sizes"
-    src.write_text(SIZES)
+    src.write_text(_sizes_program())
     subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", f"-I{CSRC}", str(src), "-o", str(exe)], check=True,
                    timeout=600, capture_output=True)
     got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    want = [PREFILL_SHRINK_TILES[32].smem_bytes, PREFILL_SHRINK_TILES[64].smem_bytes,
-            PREFILL_SHRINK_TILES[128].smem_bytes, walk_smem_bytes(16), walk_smem_bytes(64), walk_smem_bytes(128)]
+    want = [t.smem_bytes for t in PREFILL_SHRINK_TILES.values()] + [walk_smem_bytes(r) for r in (16, 64, 128)]
     assert got == want

@@ -430,12 +430,12 @@ __device__ __forceinline__ void shrink_body(
                                         items, mode, cluster, xmap, use_tma);                  \
   }
 
-// Prefill (128-row items), by rank cap: (NC, BK, STAGES, NW) = (32, 64, 4, 4), (64, 64, 3, 8),
+// Prefill (128-row items), by rank cap: (NC, BK, STAGES, NW) = (32, 64, 4, 4), (64, 64, 4, 4),
 // (128, 64, 3, 8) (PREFILL_SHRINK_TILES in kernels/cuda/_tiles.py, which says why). (Decode:
 // lora_shrink_dec.cu.)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r32, 0, 32, 64, 4, 4)
-LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r64, 0, 64, 64, 3, 8)
+LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r64, 0, 64, 64, 4, 4)
 LORA_SHRINK_KERNEL(lora_shrink_bf16_m128_r128, 0, 128, 64, 3, 8)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r32, 1, 32, 64, 4, 4)
-LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r64, 1, 64, 64, 3, 8)
+LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r64, 1, 64, 64, 4, 4)
 LORA_SHRINK_KERNEL(lora_shrink_fp16_m128_r128, 1, 128, 64, 3, 8)
