@@ -94,3 +94,32 @@ def assert_close_rows(out: torch.Tensor, ref: torch.Tensor, y0: torch.Tensor, to
     bound = tol * delta + 2.0**-8 * ref.norm(dim=1) + 1e-6
     bad = (err > bound).nonzero().flatten().tolist()
     assert not bad, f"rows {bad[:10]} off: err {err[bad[:5]].tolist()} vs delta {delta[bad[:5]].tolist()}"
+
+
+def random_widths(gen, nslices):
+    """1-3 slice widths under 700; three are q/k/v with GQA."""
+    if nslices == 3:  # q/k/v with GQA: k and v narrower than q
+        kv = int(torch.randint(1, 300, (1,), generator=gen))
+        return (kv * int(torch.randint(1, 5, (1,), generator=gen)), kv, kv)
+    return tuple(int(torch.randint(1, 700, (1,), generator=gen)) for _ in range(nslices))
+
+
+def random_ranks(gen, nslices, nslots):
+    """Ranks [P, S] in 0..128: some 0 (no adapter), many small."""
+    ranks = torch.randint(1, 129, (nslices, nslots), generator=gen)
+    ranks[torch.rand(nslices, nslots, generator=gen) < 0.15] = 0
+    small = torch.rand(nslices, nslots, generator=gen) < 0.3
+    ranks[small] = torch.randint(1, 9, (int(small.sum()),), generator=gen)
+    return ranks
+
+
+def run_against_reference(batch, bgmv):
+    """add_lora (SGMV, or BGMV where bgmv) on the batch, checked row by row against the reference."""
+    y0 = batch.y.clone()
+    ref = reference64(batch, bgmv)
+    from kernels import cuda as kcuda  # noqa: PLC0415
+
+    fn = kcuda.add_lora_slices_bgmv if bgmv else kcuda.add_lora_slices
+    fn(*batch.args())
+    torch.cuda.synchronize()
+    assert_close_rows(batch.y, ref, y0)

@@ -1,0 +1,107 @@
+"""The prefill kernels' alternative paths give the same y: the split-K sum in a cluster or in
+global memory, x by TMA or by cp.async, the expand launched early or in plain stream order
+(bitwise where the arithmetic is the same), and the float64 reference's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cuda as kcuda
+from lora_problems import assert_close_rows, make_batch, reference64, seg_from_lengths
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("split", ["global", "unsplit"])
+@pytest.mark.parametrize("rank_cap", [16, 64, 128])
+def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, rank_cap, monkeypatch):
+    """The prefill shrink's split-K partials, summed in the cluster's shared memory (sm_90+) or in
+    global memory by each item's last block (devices without clusters), give bitwise the same y
+    (the same sums in the same order); a shrink with no split at all gives the reference's."""
+    from kernels.checks import check_args
+    from kernels.cuda._launch import plan_call
+
+    gen = torch.Generator().manual_seed(4100 + rank_cap)
+    lengths = [700, 0, 1300, 130, 1]
+    ranks = torch.randint(1, rank_cap + 1, (2, len(lengths)), generator=gen)
+    batch = make_batch(gen, rows=sum(lengths), h_in=3000, widths=(1000, 333), ranks=ranks,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    rt = kcuda.default_cache().get(batch.x.device)
+    if not rt.clusters:
+        pytest.skip("no thread-block clusters on this device")
+    problem = check_args(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales,
+                         batch.layer, batch.widths, batch.workspace)
+    assert plan_call(rt, problem, 0, problem.nslots, batch.x.dtype).ksplit > 1  # the split is what is tested
+    y0 = batch.y.clone()
+    expected = reference64(batch, False)  # from y0: the reference adds into the y it is given
+    kcuda.add_lora_slices(*batch.args())
+    in_cluster = batch.y.clone()
+    batch.y.copy_(y0)
+    if split == "global":
+        monkeypatch.setattr(rt, "clusters", False)
+    else:
+        monkeypatch.setattr("kernels.cuda._launch.PREFILL_MAX_BLOCKS_PER_SM", 0)
+        assert plan_call(rt, problem, 0, problem.nslots, batch.x.dtype).ksplit == 1
+    kcuda.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    if split == "global":
+        assert torch.equal(batch.y, in_cluster)
+    assert_close_rows(batch.y, expected, y0)
+
+
+@pytest.mark.parametrize("h_in, x_pad", [(4096, 0), (3000, 8), (2048, 3)])
+@pytest.mark.parametrize("rank_cap", [16, 64, 128])
+def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap, monkeypatch):
+    """sm_90: the prefill shrink's x tiles by TMA (whole stages; a block with a partial k-range or
+    an x no tensor map fits keeps cp.async) sum the same products in the same order as the
+    cp.async copies: bitwise the same y, and the reference's."""
+    from kernels.cuda import _launch
+
+    gen = torch.Generator().manual_seed(4300 + rank_cap + h_in + x_pad)
+    lengths = [700, 0, 1300, 130, 1]
+    # ranks of multiples of 8 (the A pieces' 16-byte copies: the TMA path), the cap among them
+    ranks = 8 * torch.randint(1, rank_cap // 8 + 1, (2, len(lengths)), generator=gen)
+    ranks[0, 2] = rank_cap
+    batch = make_batch(gen, rows=sum(lengths), h_in=h_in, widths=(1000, 333), ranks=ranks, x_pad=x_pad,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    rt = kcuda.default_cache().get(batch.x.device)
+    if not rt.tma:
+        pytest.skip("no TMA on this device")
+    y0 = batch.y.clone()
+    expected = reference64(batch, False)
+    kcuda.add_lora_slices(*batch.args())
+    by_tma = batch.y.clone()
+    batch.y.copy_(y0)
+    monkeypatch.setattr(_launch, "SHRINK_TMA", False)
+    kcuda.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    assert torch.equal(by_tma, batch.y)
+    assert_close_rows(by_tma, expected, y0)
+
+
+@pytest.mark.parametrize("rank_cap", [16, 128])
+def test_prefill_expand_launched_early_gives_the_stream_ordered_result(rank_cap, monkeypatch):
+    """sm_90: the prefill expand goes as its shrink's programmatic dependent (its blocks fetch y
+    and B while the shrink runs, and wait for the shrink before reading v): y is bitwise the y of
+    the two kernels in plain stream order, and the reference's (the workspace starts as NaN, so a
+    v read too early shows)."""
+    from kernels.cuda import _launch
+
+    gen = torch.Generator().manual_seed(4600 + rank_cap)
+    lengths = [2048, 300, 1, 900]
+    ranks = torch.randint(1, rank_cap + 1, (2, len(lengths)), generator=gen)
+    batch = make_batch(gen, rows=sum(lengths), h_in=2048, widths=(1024, 512), ranks=ranks,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    if not kcuda.default_cache().get(batch.x.device).pdl:
+        pytest.skip("no programmatic dependent launch on this device")
+    y0 = batch.y.clone()
+    expected = reference64(batch, False)
+    kcuda.add_lora_slices(*batch.args())
+    early = batch.y.clone()
+    batch.y.copy_(y0)
+    monkeypatch.setattr(_launch, "PREFILL_PDL", False)
+    kcuda.add_lora_slices(*batch.args())
+    torch.cuda.synchronize()
+    assert torch.equal(early, batch.y)
+    assert_close_rows(early, expected, y0)
