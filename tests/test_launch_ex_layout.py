@@ -35,12 +35,17 @@ int main(void) {
 """
 
 
+def c_probe(source: str, tmp_path) -> list[int]:
+    """The integers a C program printed, built with gcc against cuda.h."""
+    src, exe = tmp_path / "probe.c", tmp_path / "probe"
+    src.write_text(source)
+    subprocess.run(["gcc", f"-I{_cuda_include()}", str(src), "-o", str(exe)], check=True, timeout=120)
+    return [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None or _cuda_include() is None, reason="needs gcc and cuda.h")
 def test_launch_structures_have_cuda_h_layout(tmp_path) -> None:
-    src, exe = tmp_path / "layout.c", tmp_path / "layout"
-    src.write_text(C_LAYOUT)
-    subprocess.run(["gcc", f"-I{_cuda_include()}", str(src), "-o", str(exe)], check=True, timeout=120)
-    c = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    c = c_probe(C_LAYOUT, tmp_path)
     ours = [ctypes.sizeof(_launch_ex.LaunchAttribute), _launch_ex.LaunchAttribute.value.offset, ctypes.sizeof(_launch_ex.LaunchConfig),
             _launch_ex.LaunchConfig.hStream.offset, _launch_ex.LaunchConfig.attrs.offset, _launch_ex.LaunchConfig.numAttrs.offset,
             _launch_ex.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, _launch_ex.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 from kernels.cuda import _launch_ex, _tensor_map
-from test_launch_ex_layout import _cuda_include
+from test_launch_ex_layout import _cuda_include, c_probe
 
 C_ENUMS = r"""
 #include <cuda.h>
@@ -28,10 +27,7 @@ int main(void) {
 
 @pytest.mark.skipif(shutil.which("gcc") is None or _cuda_include() is None, reason="needs gcc and cuda.h")
 def test_enum_values_and_map_size_are_cuda_h_s(tmp_path) -> None:
-    src, exe = tmp_path / "enums.c", tmp_path / "enums"
-    src.write_text(C_ENUMS)
-    subprocess.run(["gcc", f"-I{_cuda_include()}", str(src), "-o", str(exe)], check=True, timeout=120)
-    c = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    c = c_probe(C_ENUMS, tmp_path)
     m = _tensor_map
     assert c[:7] == [m.CU_TENSOR_MAP_DATA_TYPE[torch.float16], m.CU_TENSOR_MAP_DATA_TYPE[torch.bfloat16],
                      m.CU_TENSOR_MAP_INTERLEAVE_NONE, m.CU_TENSOR_MAP_SWIZZLE_128B, m.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

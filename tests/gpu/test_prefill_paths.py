@@ -56,8 +56,6 @@ def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap
     """sm_90: the prefill shrink's x tiles by TMA (whole stages; a block with a partial k-range or
     an x no tensor map fits keeps cp.async) sum the same products in the same order as the
     cp.async copies: bitwise the same y, and the reference's."""
-    from kernels.cuda import _launch
-
     gen = torch.Generator().manual_seed(4300 + rank_cap + h_in + x_pad)
     lengths = [700, 0, 1300, 130, 1]
     # ranks of multiples of 8 (the A pieces' 16-byte copies: the TMA path), the cap among them
@@ -68,15 +66,8 @@ def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap
     rt = kcuda.default_cache().get(batch.x.device)
     if not rt.tma:
         pytest.skip("no TMA on this device")
-    y0 = batch.y.clone()
-    expected = reference64(batch, False)
-    kcuda.add_lora_slices(*batch.args())
-    by_tma = batch.y.clone()
-    batch.y.copy_(y0)
-    monkeypatch.setattr(_launch, "SHRINK_TMA", False)
-    kcuda.add_lora_slices(*batch.args())
-    torch.cuda.synchronize()
-    assert torch.equal(by_tma, batch.y)
+    by_tma, by_cp_async, expected, y0 = _on_and_off(batch, monkeypatch, "SHRINK_TMA")
+    assert torch.equal(by_tma, by_cp_async)
     assert_close_rows(by_tma, expected, y0)
 
 
@@ -86,8 +77,6 @@ def test_prefill_expand_launched_early_gives_the_stream_ordered_result(rank_cap,
     and B while the shrink runs, and wait for the shrink before reading v): y is bitwise the y of
     the two kernels in plain stream order, and the reference's (the workspace starts as NaN, so a
     v read too early shows)."""
-    from kernels.cuda import _launch
-
     gen = torch.Generator().manual_seed(4600 + rank_cap)
     lengths = [2048, 300, 1, 900]
     ranks = torch.randint(1, rank_cap + 1, (2, len(lengths)), generator=gen)
@@ -95,13 +84,22 @@ def test_prefill_expand_launched_early_gives_the_stream_ordered_result(rank_cap,
                        table=seg_from_lengths(lengths), rank_cap=rank_cap)
     if not kcuda.default_cache().get(batch.x.device).pdl:
         pytest.skip("no programmatic dependent launch on this device")
+    early, ordered, expected, y0 = _on_and_off(batch, monkeypatch, "PREFILL_PDL")
+    assert torch.equal(early, ordered)
+    assert_close_rows(early, expected, y0)
+
+
+def _on_and_off(batch, monkeypatch, flag: str):
+    """(y with the launcher's `flag` as it is, y with it False, the float64 reference, y0): the
+    same add_lora call on the same y0 both ways."""
+    from kernels.cuda import _launch  # noqa: PLC0415
+
     y0 = batch.y.clone()
     expected = reference64(batch, False)
     kcuda.add_lora_slices(*batch.args())
-    early = batch.y.clone()
+    on = batch.y.clone()
     batch.y.copy_(y0)
-    monkeypatch.setattr(_launch, "PREFILL_PDL", False)
+    monkeypatch.setattr(_launch, flag, False)
     kcuda.add_lora_slices(*batch.args())
     torch.cuda.synchronize()
-    assert torch.equal(early, batch.y)
-    assert_close_rows(early, expected, y0)
+    return on, batch.y, expected, y0
