@@ -85,10 +85,15 @@ struct WalkPieces {
 };
 
 // acc = v rows [wm*16*MT + 16i, +16) @ B tile columns [wn*32 + 8j, +8), over the rank's k16 steps.
+// a_lane: this lane's ldmatrix address of its first v fragment (row wm*16*MT + lane % 16, column
+// lane / 16 * 8 of v); b_lane: of its first B fragment in the tile's buffer (rank row
+// lane / 8 % 2 * 8 + lane % 8, column wn*32 + lane / 16 * 8). Shared-window addresses set up once:
+// a generic pointer's conversion for every ldmatrix was most of the loop's instructions (ncu,
+// session 13: ~1,200 warp instructions a warp a tile at rank 128). mrows: the warp's m16 tiles
+// that hold item rows; npairs: its 16-column pairs that hold slice columns (both warp-uniform).
 template <int DT, int MT>
-__device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], const u16* sv, int ldv, const u16* sb, int ksteps,
-                                         int wm, int wn, int nrows, int ncols) {
-  constexpr int WR = 16 * MT;  // a warp's rows
+__device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], u32 a_lane, int ldv, u32 b_lane, int ksteps,
+                                         int mrows, int npairs) {
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -97,15 +102,15 @@ __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], const u16* sv, 
     u32 a[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
-      if (wm * WR + i * 16 < nrows) ldsm_a(a[i], sv, ldv, wm * WR + i * 16, ks * 16);
+      if (i < mrows) ldmatrix_x4(a[i], a_lane + (i * 16 * ldv + ks * 16) * 2);
 #pragma unroll
     for (int jp = 0; jp < 2; ++jp) {
-      if (wn * 32 + jp * 16 >= ncols) continue;  // warp-uniform: past the slice's last column
+      if (jp >= npairs) continue;
       u32 b[4];
-      ldsm_b2(b, sb, WALK_LD, ks * 16, wn * 32 + jp * 16);
+      ldmatrix_x4_trans(b, b_lane + (ks * 16 * WALK_LD + jp * 16) * 2);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        if (wm * WR + i * 16 < nrows) {
+        if (i < mrows) {
           mma16816<DT>(acc[i][2 * jp], a[i], b);
           mma16816<DT>(acc[i][2 * jp + 1], a[i], b + 2);
         }
@@ -206,12 +211,17 @@ __device__ __forceinline__ void expand_walk_body(
   cp_async_commit();
   if (ntiles > 1) load(1, 1);
   cp_async_commit();
+  const int lane = tid & 31, mat = lane >> 3;
+  const u32 a_lane = smem_addr(sv) + ((wm * 16 * MT + (lane & 15)) * ldv + (lane >> 4) * 8) * 2;
+  const u32 b_lane0 = smem_addr(sb0) + (((mat & 1) * 8 + (lane & 7)) * WALK_LD + wn * 32 + (mat >> 1) * 8) * 2;
+  const int mrows = min(MT, max(0, (nrows - wm * 16 * MT + 15) / 16));
   float acc[MT][4][4];
   for (int j = 0; j < ntiles; ++j) {
     const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
     cp_async_wait<1>();  // tile j (and v) have landed: this thread's copies ...
     __syncthreads();     // ... and everyone's
-    walk_mma<DT, MT>(acc, sv, ldv, sb0 + buf * bstep, rpad >> 4, wm, wn, nrows, ncols);
+    const int npairs = min(2, max(0, (ncols - wn * 32 + 15) / 16));
+    walk_mma<DT, MT>(acc, a_lane, ldv, b_lane0 + buf * bstep * 2, rpad >> 4, mrows, npairs);
     walk_add<DT, MT>(sy0 + buf * ystep, acc, wk.scale, wm, wn);
     __syncthreads();  // the tile is whole
     if (whole_rows && ncols == WALK_BN)
