@@ -50,39 +50,73 @@ __device__ __forceinline__ void walk_load_tile(u16* sy, u16* sb, const u16* ytil
 
 // One thread's pieces of a whole tile (every row of the item, every column, aligned), set up once a
 // block: its first y piece (row pm, columns pn .. pn + 7) and the ones YROWS rows apart; its B
-// pieces are rows pm, pm + YROWS, ... of the same columns. The edge tiles take walk_load_tile and
-// walk_store instead (their index math and bounds checks are most of a tile's instructions).
+// pieces are rows pm, pm + YROWS, ... of the same columns (BU at most: the rank is at most
+// LORA_MAX_RANK). Shared addresses are 32-bit shared-window ones of buffer 0 (a buffer's byte
+// offset added), and global ones offsets from the tile's first element, so a tile's copies are an
+// add each. The edge tiles take walk_load_tile and walk_store instead (their index math and bounds
+// checks are most of a tile's instructions).
 template <int NT>
 struct WalkPieces {
   static constexpr int PR = WALK_BN / 8, YU = EXPAND_BM * PR / NT, YROWS = NT / PR;
-  int pm, pn, spiece;  // row, column, element offset in a shared tile
-  i64 ypiece, yrows;   // element offsets in y: the first piece, YROWS rows
+  static constexpr int BU = (LORA_MAX_RANK + YROWS - 1) / YROWS;
+  int pm;                             // the first piece's row
+  u32 sy, sb;                         // its shared addresses in buffer 0's y and B tiles
+  i64 ypiece, yrows, bpiece, brows;  // element offsets in y and B: the first piece, YROWS rows
 
-  __device__ __forceinline__ WalkPieces(i64 y_stride) {
+  __device__ __forceinline__ WalkPieces(u32 sy0, u32 sb0, i64 y_stride, i64 w) {
     pm = threadIdx.x / PR;
-    pn = (threadIdx.x - pm * PR) * 8;
-    spiece = pm * WALK_LD + pn;
+    const int pn = (threadIdx.x - pm * PR) * 8;
+    sy = sy0 + (pm * WALK_LD + pn) * 2;
+    sb = sb0 + (pm * WALK_LD + pn) * 2;
     ypiece = (i64)pm * y_stride + pn;
     yrows = (i64)YROWS * y_stride;
+    bpiece = (i64)pm * w + pn;
+    brows = (i64)YROWS * w;
   }
 
-  __device__ __forceinline__ void load(u16* sy, u16* sb, const u16* ytile, const u16* btile, i64 w, int r,
-                                       int rpad) const {
-    const u32 dst = smem_addr(sy + spiece);
+  // Into the buffer at byte offsets yoff / boff of buffer 0's tiles: rows past the rank are zeros.
+  __device__ __forceinline__ void load(u32 yoff, u32 boff, const u16* ytile, const u16* btile, int r, int rpad) const {
     const u16* src = ytile + ypiece;
 #pragma unroll
-    for (int u = 0; u < YU; ++u) cp_async16(dst + u * YROWS * WALK_LD * 2, src + u * yrows);
-    for (int kr = pm; kr < rpad; kr += YROWS)  // rows past the rank: zeros
-      cp_async16_zfill(smem_addr(sb + kr * WALK_LD + pn), kr < r ? btile + (i64)kr * w + pn : btile, kr < r ? 16 : 0);
+    for (int u = 0; u < YU; ++u) cp_async16(sy + yoff + u * YROWS * WALK_LD * 2, src + u * yrows);
+    const u16* bsrc = btile + bpiece;
+#pragma unroll
+    for (int u = 0; u < BU; ++u) {  // row pm + u * YROWS; kr < rpad is warp-uniform (a warp's 4 rows, rpad % 16 == 0)
+      const int kr = pm + u * YROWS;
+      if (kr < rpad)
+        cp_async16_zfill(sb + boff + u * YROWS * WALK_LD * 2, kr < r ? bsrc + u * brows : btile, kr < r ? 16 : 0);
+    }
   }
 
-  __device__ __forceinline__ void store(u16* ytile, const u16* sy) const {
+  __device__ __forceinline__ void store(u16* ytile, u32 yoff) const {
     u16* dst = ytile + ypiece;
-    const u16* src = sy + spiece;
 #pragma unroll
-    for (int u = 0; u < YU; ++u) *(uint4*)(dst + u * yrows) = *(const uint4*)(src + u * YROWS * WALK_LD);
+    for (int u = 0; u < YU; ++u) stg128(dst + u * yrows, lds128(sy + yoff + u * YROWS * WALK_LD * 2));
   }
 };
+
+// acc += the products over the rank's k16 steps where every m16 tile and column pair of the warp
+// holds item rows and slice columns (every whole tile): no checks, so no warp syncs before each
+// ldmatrix and mma. Each accumulator takes its k16 steps in order, as walk_mma's checked loop.
+template <int DT, int MT>
+__device__ __forceinline__ void walk_mma_full(float (&acc)[MT][4][4], u32 a_lane, u32 a_mstep, u32 b_lane,
+                                              int ksteps) {
+  for (int ks = 0; ks < ksteps; ++ks, a_lane += 16 * 2, b_lane += 16 * WALK_LD * 2) {
+    u32 a[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], a_lane + i * a_mstep);
+#pragma unroll
+    for (int jp = 0; jp < 2; ++jp) {
+      u32 b[4];
+      ldmatrix_x4_trans(b, b_lane + jp * 16 * 2);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma16816<DT>(acc[i][2 * jp], a[i], b);
+        mma16816<DT>(acc[i][2 * jp + 1], a[i], b + 2);
+      }
+    }
+  }
+}
 
 // acc = v rows [wm*16*MT + 16i, +16) @ B tile columns [wn*32 + 8j, +8), over the rank's k16 steps.
 // a_lane: this lane's ldmatrix address of its first v fragment (row wm*16*MT + lane % 16, column
@@ -98,6 +132,10 @@ __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], u32 a_lane, int
   for (int i = 0; i < MT; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  if (mrows == MT && npairs == 2) {
+    walk_mma_full<DT, MT>(acc, a_lane, 16 * ldv * 2, b_lane, ksteps);
+    return;
+  }
   for (int ks = 0; ks < ksteps; ++ks) {
     u32 a[MT][4];
 #pragma unroll
@@ -119,22 +157,42 @@ __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], u32 a_lane, int
   }
 }
 
-// y tile (in shared memory) += scale * acc: each element belongs to one thread.
+// y tile (in shared memory) += scale * acc: each element belongs to one thread. The 16 x 16 piece
+// (i, jp) of the warp's rows and columns is four 8 x 8 matrices in the accumulators' layout
+// (matrix 2 jj + h: rows + 8h, columns + 8jj), so one ldmatrix loads the thread's four cells of it
+// (and on sm_90 one stmatrix stores them). y_lane: this lane's ldmatrix address of the warp's
+// first piece in the tile's buffer (row wm*16*MT + lane / 8 % 2 * 8 + lane % 8, column wn*32 +
+// lane / 16 * 8).
 template <int DT, int MT>
-__device__ __forceinline__ void walk_add(u16* sy, const float (&acc)[MT][4][4], float scale, int wm, int wn) {
+__device__ __forceinline__ void walk_add(u32 y_lane, u16* sy, const float (&acc)[MT][4][4], float scale, int wm,
+                                         int wn) {
+#if __CUDA_ARCH__ < 900
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#endif
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int jp = 0; jp < 2; ++jp) {
+      const u32 piece = y_lane + (i * 16 * WALK_LD + jp * 16) * 2;
+      u32 in[4], out[4];
+      ldmatrix_x4(in, piece);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        u32* cell = (u32*)&sy[(wm * 16 * MT + i * 16 + g + 8 * h) * WALK_LD + wn * 32 + j * 8 + 2 * q];
-        const u32 in = *cell;
-        const float lo = to_f32<DT>((u16)(in & 0xffffu)) + scale * acc[i][j][2 * h];
-        const float hi = to_f32<DT>((u16)(in >> 16)) + scale * acc[i][j][2 * h + 1];
-        *cell = (u32)from_f32<DT>(lo) | ((u32)from_f32<DT>(hi) << 16);
-      }
+      for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * jp + jj;
+          const u32 cell = in[2 * jj + h];  // rows wm*16*MT + i*16 + g + 8h, columns wn*32 + j*8 + 2q, + 1
+          const float lo = to_f32<DT>((u16)(cell & 0xffffu)) + scale * acc[i][j][2 * h];
+          const float hi = to_f32<DT>((u16)(cell >> 16)) + scale * acc[i][j][2 * h + 1];
+          out[2 * jj + h] = (u32)from_f32<DT>(lo) | ((u32)from_f32<DT>(hi) << 16);
+#if __CUDA_ARCH__ < 900
+          *(u32*)&sy[(wm * 16 * MT + i * 16 + g + 8 * h) * WALK_LD + wn * 32 + j * 8 + 2 * q] = out[2 * jj + h];
+#endif
+        }
+#if __CUDA_ARCH__ >= 900
+      stmatrix_x4(piece, out);
+#endif
+    }
 }
 
 // The y tile back to y: 16-byte stores where aligned and whole, elements at the slice's edge.
@@ -155,6 +213,11 @@ __device__ __forceinline__ void walk_store(u16* ytile, i64 y_stride, bool y_vec,
     }
   }
 }
+
+template <bool B>
+struct WalkAll {  // expand_walk_body's tile loop: every tile whole (a compile-time tag)
+  static constexpr bool value = B;
+};
 
 // NW warps (4 or 8): 2 along the tile's columns, NW / 2 along its rows.
 template <int DT, int NW>
@@ -188,12 +251,13 @@ __device__ __forceinline__ void expand_walk_body(
   const bool v_vec = ((((u64)vsrc) & 15) == 0) && ((R & 7) == 0);
 
   // Tile j: whole (every row, 64 columns, aligned) through the set-up pieces, else the edge copies.
-  const WalkPieces<NT> pieces(y_stride);
+  const u32 sv_s = smem_addr(sv), sb_s = smem_addr(sb0), sy_s = smem_addr(sy0);
+  const WalkPieces<NT> pieces(sy_s, sb_s, y_stride, w);
   const bool whole_rows = y_vec && b_vec && nrows == EXPAND_BM;
   auto load = [&](int j, int buf) {
     const int ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
     if (whole_rows && ncols == WALK_BN)
-      pieces.load(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, B + j * WALK_BN, w, r, rpad);
+      pieces.load(buf * ystep * 2, buf * bstep * 2, ybase + j * WALK_BN, B + j * WALK_BN, r, rpad);
     else
       walk_load_tile<NT>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, ncols,
                          B + j * WALK_BN, w, b_vec, r, rpad);
@@ -211,27 +275,45 @@ __device__ __forceinline__ void expand_walk_body(
   cp_async_commit();
   if (ntiles > 1) load(1, 1);
   cp_async_commit();
+  // A lane's ldmatrix addresses: v (walk_mma), and the warp's first fragment of buffer 0's B tile
+  // and y tile (row lane / 8 % 2 * 8 + lane % 8 of the warp's, column wn*32 + lane / 16 * 8).
   const int lane = tid & 31, mat = lane >> 3;
-  const u32 a_lane = smem_addr(sv) + ((wm * 16 * MT + (lane & 15)) * ldv + (lane >> 4) * 8) * 2;
-  const u32 b_lane0 = smem_addr(sb0) + (((mat & 1) * 8 + (lane & 7)) * WALK_LD + wn * 32 + (mat >> 1) * 8) * 2;
+  const u32 a_lane = sv_s + ((wm * 16 * MT + (lane & 15)) * ldv + (lane >> 4) * 8) * 2;
+  const u32 frag = (((mat & 1) * 8 + (lane & 7)) * WALK_LD + wn * 32 + (mat >> 1) * 8) * 2;
+  const u32 b_lane0 = sb_s + frag, y_lane0 = sy_s + wm * 16 * MT * WALK_LD * 2 + frag;
   const int mrows = min(MT, max(0, (nrows - wm * 16 * MT + 15) / 16));
-  float acc[MT][4][4];
-  for (int j = 0; j < ntiles; ++j) {
-    const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
-    cp_async_wait<1>();  // tile j (and v) have landed: this thread's copies ...
-    __syncthreads();     // ... and everyone's
-    const int npairs = min(2, max(0, (ncols - wn * 32 + 15) / 16));
-    walk_mma<DT, MT>(acc, a_lane, ldv, b_lane0 + buf * bstep * 2, rpad >> 4, mrows, npairs);
-    walk_add<DT, MT>(sy0 + buf * ystep, acc, wk.scale, wm, wn);
-    __syncthreads();  // the tile is whole
-    if (whole_rows && ncols == WALK_BN)
-      pieces.store(ybase + j * WALK_BN, sy0 + buf * ystep);
-    else
-      walk_store<NT>(ybase + j * WALK_BN, y_stride, y_vec, sy0 + buf * ystep, nrows, ncols);
-    __syncthreads();  // the buffers of tile j are free: tile j + 2 goes into them
-    if (j + 2 < ntiles) load(j + 2, buf);
-    cp_async_commit();
-  }
+  // The tiles. A block whose tiles are all whole walks them in a loop of its own: no edge copy in
+  // it, so none of their index math (which the compiler otherwise schedules ahead of the whole /
+  // edge branch, into every tile), and every warp's m16 tiles and column pairs full.
+  auto walk_tiles = [&](auto all_whole) {
+    constexpr bool ALL = decltype(all_whole)::value;
+    float acc[MT][4][4];
+    for (int j = 0; j < ntiles; ++j) {
+      const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
+      cp_async_wait<1>();  // tile j (and v) have landed: this thread's copies ...
+      __syncthreads();     // ... and everyone's
+      const int npairs = min(2, max(0, (ncols - wn * 32 + 15) / 16));
+      walk_mma<DT, MT>(acc, a_lane, ldv, b_lane0 + buf * bstep * 2, rpad >> 4, ALL ? MT : mrows, ALL ? 2 : npairs);
+      walk_add<DT, MT>(y_lane0 + buf * ystep * 2, sy0 + buf * ystep, acc, wk.scale, wm, wn);
+      __syncthreads();  // the tile is whole
+      if (ALL || (whole_rows && ncols == WALK_BN))
+        pieces.store(ybase + j * WALK_BN, buf * ystep * 2);
+      else
+        walk_store<NT>(ybase + j * WALK_BN, y_stride, y_vec, sy0 + buf * ystep, nrows, ncols);
+      __syncthreads();  // the buffers of tile j are free: tile j + 2 goes into them
+      if (j + 2 < ntiles) {
+        if (ALL)
+          pieces.load(buf * ystep * 2, buf * bstep * 2, ybase + (j + 2) * WALK_BN, B + (j + 2) * WALK_BN, r, rpad);
+        else
+          load(j + 2, buf);
+      }
+      cp_async_commit();
+    }
+  };
+  if (whole_rows && w - nfirst >= ntiles * WALK_BN)  // every tile's ncols == WALK_BN
+    walk_tiles(WalkAll<true>());
+  else
+    walk_tiles(WalkAll<false>());
   cp_async_wait<0>();
 }
 

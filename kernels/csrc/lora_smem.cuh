@@ -38,6 +38,31 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// Four 8x8 16-bit matrices to shared memory (sm_90): lane l gives the address of row l % 8 of matrix
+// l / 8; r[m] is matrix m's row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1, as ldmatrix_x4 loads it.
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32* r) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(u32 addr) {  // addr: a shared-window address
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// 16 bytes to global memory at p (16-byte aligned): one st.global.v4 (a uint4 assigned from
+// lds128's outputs goes as four 4-byte stores).
+__device__ __forceinline__ void stg128(void* p, uint4 v) {
+  asm volatile("{ .reg .u64 t; cvta.to.global.u64 t, %0; st.global.v4.u32 [t], {%1,%2,%3,%4}; }\n" ::"l"(p), "r"(v.x),
+               "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // The m16n8k16 A fragment of the 16x16 tile at (m0, k0) of a row-major shared tile S[m][k]
 // (ld elements a row, rows 16-byte aligned).
 __device__ __forceinline__ void ldsm_a(u32* a, const u16* s, int ld, int m0, int k0) {
