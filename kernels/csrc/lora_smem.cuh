@@ -63,20 +63,6 @@ __device__ __forceinline__ void stg128(void* p, uint4 v) {
                : "memory");
 }
 
-// The m16n8k16 A fragment of the 16x16 tile at (m0, k0) of a row-major shared tile S[m][k]
-// (ld elements a row, rows 16-byte aligned).
-__device__ __forceinline__ void ldsm_a(u32* a, const u16* s, int ld, int m0, int k0) {
-  const int lane = threadIdx.x & 31;
-  ldmatrix_x4(a, smem_addr(s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8));
-}
-
-// The m16n8k16 B fragments of two n-tiles, (k0, n0) and (k0, n0 + 8), of a row-major shared tile
-// S[k][n]: b[0..1] for n0, b[2..3] for n0 + 8.
-__device__ __forceinline__ void ldsm_b2(u32* b, const u16* s, int ld, int k0, int n0) {
-  const int lane = threadIdx.x & 31, mat = lane >> 3;
-  ldmatrix_x4_trans(b, smem_addr(s + (k0 + (mat & 1) * 8 + (lane & 7)) * ld + n0 + (mat >> 1) * 8));
-}
-
 // 16 bytes of a tile from global memory: cp.async where vec (zeros past `valid` elements), else
 // element loads and a shared store (visible after the barrier that precedes their use).
 __device__ __forceinline__ void tile_piece(u16* dst, const u16* src, const u16* any_valid, bool vec, int valid) {
