@@ -6,6 +6,9 @@
 // features, STAGES deep: cp.async copies of the next stages are in flight while the tensor cores
 // (ldmatrix fragments, mma.sync m16n8k16, fp32 accumulate) work on the current one, so the x bytes,
 // which bound the kernel, stream without a gap. The 4 warps split the tile WM x WN ways.
+// On sm_90a (H100 / H200; the runtime compiles this file for it there) the rank-128 variant's
+// TMA stages are multiplied by wgmma instead: two warpgroups of 64 rows read x and A from shared
+// memory themselves (lora_wgmma.cuh), with no ldmatrix fragments and far fewer issue slots.
 //
 // The split-K sum. cluster = 1 (sm_90+, ksplit > 1; launched in clusters of (ksplit, 1, 1), so an
 // item's ksplit blocks are one cluster, and any other launch fails): each block leaves its fp32
@@ -18,6 +21,7 @@
 #include "lora_bulk.cuh"
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
+#include "lora_wgmma.cuh"
 
 #define SHRINK_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
 
@@ -26,7 +30,13 @@
 template <int NC, int BK, int STAGES, int NW>
 struct ShrinkTiles {
   static constexpr int THREADS = NW * 32;
-  static constexpr int WN = NC >= 128 ? 2 : 1, WM = NW / WN;  // warps along the rows / the columns
+  // wgmma (sm_90a, the rank-128 variant): whole stages whose x came by TMA go to two warpgroups of
+  // 64 rows and every column; the A tile is then laid out for the tensor cores' descriptors
+  // (lora_wgmma.cuh), WG_LBO bytes between its 64-column halves. The warps' rows and columns below
+  // are the wgmma accumulators' (each warp 16 rows, every column) for both loops.
+  static constexpr bool WG = LORA_HAVE_WGMMA && NC == 128 && BK == 64 && NW == 8;
+  static constexpr int WG_LBO = BK / 8 * 1024;
+  static constexpr int WN = WG ? 1 : NC >= 128 ? 2 : 1, WM = NW / WN;  // warps along the rows / the columns
   static constexpr int WR = SHRINK_BM / WM, WC = NC / WN;    // a warp's rows / columns
   static constexpr int MT = WR / 16, NT = WC / 8;            // its m16 / n8 tiles
   static constexpr int LDX = BK + 8;                         // x tile row stride (elements): conflict-free ldmatrix rows
@@ -90,11 +100,13 @@ struct StageCopies {
   i64 xstep, astep;  // between a thread's pieces: XROWS rows of x, AROWS k-rows of A
   i64 a_stage;       // one stage of A: BK k-rows
   u32 xdst, adst;
+  u32 adst_step;     // between a thread's A pieces in shared memory
   unsigned xok;  // bit u: x piece u's row is one of the item's
   bool aok;      // the A pieces' columns are in the chunk
 
+  // wg_layout: the A tile as the wgmma descriptors read it (S::WG; else the padded rows ldmatrix reads).
   __device__ __forceinline__ StageCopies(u32 sbase, const u16* x, i64 x_stride, const AChunk& a, int kb,
-                                         const LoraItem& it) {
+                                         const LoraItem& it, bool wg_layout) {
     const int tid = threadIdx.x, m = tid / XPR, kk = (tid - m * XPR) * 8, kr = tid / APR, j = (tid - kr * APR) * 8;
     xsrc = x + (i64)(it.row0 + m) * x_stride + kb + kk;
     xstep = (i64)XROWS * x_stride;
@@ -105,7 +117,14 @@ struct StageCopies {
     asrc = a.A + (i64)(kb + kr) * a.r + a.c0 + j;
     astep = (i64)AROWS * a.r;
     a_stage = (i64)BK * a.r;
-    adst = sbase + (S::XS + kr * S::LDA + j) * 2;
+    if (wg_layout) {  // half j / 64, 8-row group kr / 8, row kr % 8 of it, the 16-byte chunk swizzled by the row
+      static_assert(AROWS % 8 == 0, "a thread's A pieces keep their row within the 8-row group");
+      adst = sbase + S::XS * 2 + (j / 64) * S::WG_LBO + (kr / 8) * 1024 + (kr % 8) * 128 + ((((j % 64) / 8) ^ (kr % 8)) << 4);
+      adst_step = AROWS / 8 * 1024;
+    } else {
+      adst = sbase + (S::XS + kr * S::LDA + j) * 2;
+      adst_step = AROWS * S::LDA * 2;
+    }
     aok = j < a.cw;
   }
 
@@ -116,7 +135,7 @@ struct StageCopies {
       if (xok & (1u << u)) cp_async16(xdst + off + u * XROWS * S::LDX * 2, xsrc + u * xstep);
     if (aok) {
 #pragma unroll
-      for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * AROWS * S::LDA * 2, asrc + u * astep);
+      for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * adst_step, asrc + u * astep);
     }
     xsrc += BK;
     asrc += a_stage;
@@ -126,7 +145,7 @@ struct StageCopies {
   __device__ __forceinline__ void issue_a(u32 off) {
     if (aok) {
 #pragma unroll
-      for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * AROWS * S::LDA * 2, asrc + u * astep);
+      for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * adst_step, asrc + u * astep);
     }
     asrc += a_stage;
   }
@@ -182,18 +201,47 @@ __device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGE
   }
 }
 
+#if LORA_HAVE_WGMMA
+// K16 steps of m64 nN k16 products along a stage: x (K-major) 32 bytes a step, A (N-major) two
+// 8-row groups a step.
+template <int N, int DT, int K16>
+__device__ __forceinline__ void wgmma_steps(float* acc, u32 xa, u32 ab, u32 lbo) {
+#pragma unroll
+  for (int kk = 0; kk < K16; ++kk)
+    wgmma_m64k16<N, DT>(acc, wgmma_desc(xa + kk * 32, 16, 1024), wgmma_desc(ab + kk * 2048, lbo, 1024));
+}
+
+// acc (this warpgroup's 64 rows, as ShrinkTiles' warps hold them) += its rows of the stage's x
+// tile at byte offset `off` times the stage's A tile: n64 where the rank fits in 64 columns, n128
+// otherwise; the products are in flight when this returns (wgmma_wait before acc or the buffers
+// are touched).
+template <int DT, int NC, int BK, int STAGES, int NW>
+__device__ __forceinline__ void wgmma_stage(float* acc, u32 sbase, u32 off, int wg, bool n128) {
+  typedef ShrinkTiles<NC, BK, STAGES, NW> S;
+  const u32 xa = sbase + off + wg * 64 * BK * 2, ab = sbase + off + S::XS * 2;
+  wgmma_fence();
+  if (n128)
+    wgmma_steps<128, DT, BK / 16>(acc, xa, ab, S::WG_LBO);
+  else
+    wgmma_steps<64, DT, BK / 16>(acc, xa, ab, S::WG_LBO);
+  wgmma_commit();
+}
+#endif
+
 #if LORA_HAVE_BULK
 // The main loop on sm_90 for whole stages: thread 0 copies each stage's x tile (SHRINK_BM rows of
 // BK features from the item's first row: one TMA box, 128-byte swizzled, dense rows; rows past the
 // tensor are zeros, other items' rows only reach outputs that are never stored) counted on the
 // stage buffer's mbarrier (bars: STAGES of them, 8 bytes apart); every thread copies its A pieces
 // (cp.async, as the other loop does). Every warp waits on both, then the loop's barrier frees the
-// buffer of the stage before, which is refilled.
+// buffer of the stage before, which is refilled. S::WG: the warpgroups' wgmma take the stages
+// (wg_active: the warpgroup has item rows), each thread's A pieces fenced for the tensor cores'
+// reads, and a stage's products complete before the barrier that lets its buffer be refilled.
 template <int DT, int NC, int BK, int STAGES, int NW>
 __device__ __forceinline__ void shrink_tma_loop(
     float (&acc)[ShrinkTiles<NC, BK, STAGES, NW>::MT][ShrinkTiles<NC, BK, STAGES, NW>::NT][4], u32 sbase, u32 bars,
     const LoraTensorMap& xmap, StageCopies<NC, BK, STAGES, NW>& cp, int kb, int nk, const LoraItem& it,
-    u32 a_row_addr, u32 b_addr, int npairs, bool active) {
+    u32 a_row_addr, u32 b_addr, int npairs, bool active, bool wg_active, bool n128) {
   typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   static_assert(BK * 2 == 128, "one 128-byte swizzle span a row");
   const int tid = threadIdx.x;
@@ -213,14 +261,29 @@ __device__ __forceinline__ void shrink_tma_loop(
   for (int i = 0; i < nk; ++i) {
     mbar_wait(bars + (i % STAGES) * 8, (i / STAGES) & 1);  // stage i's x tile has landed ...
     cp_async_wait<STAGES - 2>();                           // ... and this thread's A pieces
+    if (S::WG) {
+      fence_proxy_async();  // (the A pieces, written by cp.async, are read by the tensor cores)
+#if LORA_HAVE_WGMMA
+      wgmma_wait<0>();  // stage i - 1's products have read their buffer
+#endif
+    }
     __syncthreads();  // everyone's, and every warp is past stage i - 1: its buffer may be refilled
     if (i + STAGES - 1 < nk) {
       if (tid == 0) fence_proxy_async();
       issue(i + STAGES - 1);
     }
     cp_async_commit();
+#if LORA_HAVE_WGMMA
+    if constexpr (S::WG) {
+      if (wg_active) wgmma_stage<DT, NC, BK, STAGES, NW>(&acc[0][0][0], sbase, (i % STAGES) * S::STAGE * 2, threadIdx.x / 128, n128);
+      continue;
+    }
+#endif
     if (active) mma_stage<DT, NC, BK, STAGES, NW, true>(acc, a_row_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
   }
+#if LORA_HAVE_WGMMA
+  if (S::WG) wgmma_wait<0>();  // the accumulators are final
+#endif
 }
 #endif
 
@@ -353,13 +416,15 @@ __device__ __forceinline__ void shrink_body(
       mbar_init_fence();
     }
     __syncthreads();
-    StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it);
+    StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it, S::WG);
     const u32 a_row = sbase + (wm * S::WR + (lane & 15)) * BK * 2;  // the swizzled tile's row, chunk 0
-    shrink_tma_loop<DT, NC, BK, STAGES, NW>(acc, sbase, bar0, xmap, cp, kb, nk, it, a_row, b_addr, npairs, active);
+    const bool wg_active = (warp / 4) * 64 < it.nrows;  // (warpgroup-uniform, as wgmma needs)
+    shrink_tma_loop<DT, NC, BK, STAGES, NW>(acc, sbase, bar0, xmap, cp, kb, nk, it, a_row, b_addr, npairs, active,
+                                            wg_active, cw > 64);
   } else
 #endif
   {
-    StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it);
+    StageCopies<NC, BK, STAGES, NW> cp(sbase, x, x_stride, a, kb, it, false);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < nk) load_stage<NC, BK, STAGES, NW>(cp, smem, fast, x, x_stride, x_vec, a, kb, s, ke, it);

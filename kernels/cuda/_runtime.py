@@ -1,7 +1,8 @@
 """Per-device state of the CUDA LoRA kernels: the NVRTC-compiled module and static scratch.
 
 Compiled once per process and device through CuPy (``cupy.RawModule``, NVRTC, for the
-device's own architecture: CuPy passes the device's ``-arch``); cached in an explicit
+device's own architecture: CuPy passes the device's ``-arch``; the sources with Hopper-only
+paths for sm_90a, ``kernels.cuda._nvrtc``); cached in an explicit
 ``RuntimeCache`` object. Scratch (fp32 split-K partials and the self-resetting
 per-item counters) is allocated on first use and only grows (``GrowOnly``): growing is
 refused while the current stream is capturing a CUDA graph, and an outgrown buffer is kept,
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.cuda._launch_ex import MIN_COMPUTE_CAPABILITY
+from kernels.cuda._nvrtc import CubinModule, arch_specific_target
 from kernels.cuda._scratch import GrowOnly
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
@@ -81,11 +83,13 @@ class DeviceRuntime:
 
         source = f"lora_{kind}.cu"  # shrink, expand, decode
         if source not in self.modules:
+            target = arch_specific_target(source, torch.cuda.get_device_capability(self.device))
             with cupy.cuda.Device(self.device.index):
-                module = cupy.RawModule(
-                    code=_read_source(source), options=("-std=c++17",)
-                )
-                module.compile()
+                if target is not None:  # (sm_90a: the prefill shrink's wgmma)
+                    module = CubinModule(_read_source(source), source, target, ("-std=c++17",))
+                else:
+                    module = cupy.RawModule(code=_read_source(source), options=("-std=c++17",))
+                    module.compile()
             self.modules[source] = module
         name = f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}"
         function = self.modules[source].get_function(name)

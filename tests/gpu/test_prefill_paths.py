@@ -55,7 +55,9 @@ def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, 
 def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap, monkeypatch):
     """sm_90: the prefill shrink's x tiles by TMA (whole stages; a block with a partial k-range or
     an x no tensor map fits keeps cp.async) sum the same products in the same order as the
-    cp.async copies: bitwise the same y, and the reference's."""
+    cp.async copies: bitwise the same y, and the reference's. At rank cap 128 the TMA stages are
+    multiplied by wgmma (sm_90a; n64 for ranks up to 64, n128 above), the cp.async ones by
+    mma.sync: the tensor cores' sums are the same."""
     gen = torch.Generator().manual_seed(4300 + rank_cap + h_in + x_pad)
     lengths = [700, 0, 1300, 130, 1]
     # ranks of multiples of 8 (the A pieces' 16-byte copies: the TMA path), the cap among them

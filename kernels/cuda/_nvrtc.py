@@ -1,0 +1,62 @@
+"""Modules compiled for an architecture-specific target, through NVRTC directly.
+
+CuPy's ``RawModule`` compiles for the device's own ``-arch=sm_XY``, and appends that option
+to whatever it is given, so it cannot target ``sm_90a``: the Hopper-only instructions (wgmma,
+the prefill shrink's warpgroup products: csrc/lora_wgmma.cuh) exist there alone. Sources that
+use them are compiled here instead, by CuPy's NVRTC binding, to a cubin for ``sm_90a`` and
+loaded as a CUDA module; everything else stays on ``RawModule``. The sources guard those
+instructions with ``__CUDA_ARCH_FEAT_SM90_ALL``, so the same file still compiles (without them)
+for every other target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ARCH_SPECIFIC_SOURCES = frozenset({"lora_shrink.cu"})  # sources with sm_90a-only code paths
+_ARCH_SPECIFIC_TARGETS = {(9, 0): "sm_90a"}  # compute capability -> the target that has them
+
+
+def arch_specific_target(source: str, capability: tuple[int, int]) -> str | None:
+    """The architecture-specific target to compile `source` for on a device of `capability`,
+    or None where CuPy's own compile (the plain target) is the one."""
+    if source not in ARCH_SPECIFIC_SOURCES:
+        return None
+    return _ARCH_SPECIFIC_TARGETS.get(tuple(capability))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedKernel:
+    """One kernel of a module loaded from a cubin: ``kernel`` is the CUDA function (``.ptr``),
+    as a ``cupy.RawKernel``'s ``kernel`` is, so the launchers take either."""
+
+    kernel: object
+
+    def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None) -> None:
+        self.kernel(grid, block, args, shared_mem=shared_mem, stream=stream)
+
+
+class CubinModule:
+    """``code`` compiled by NVRTC for ``target`` (e.g. "sm_90a") and loaded on the current device."""
+
+    def __init__(self, code: str, name: str, target: str, options: tuple[str, ...]) -> None:
+        import cupy  # noqa: PLC0415
+        from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
+
+        prog = nvrtc.createProgram(code, name, (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, (*options, f"-arch={target}"))
+            except nvrtc.NVRTCError as e:
+                raise RuntimeError(f"NVRTC could not compile {name} for {target}:\n{nvrtc.getProgramLog(prog)}") from e
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        self._module = cupy.cuda.function.Module()
+        self._module.load(cubin)
+        self._kernels: dict[str, LoadedKernel] = {}
+
+    def get_function(self, name: str) -> LoadedKernel:
+        if name not in self._kernels:
+            self._kernels[name] = LoadedKernel(self._module.get_function(name))
+        return self._kernels[name]
