@@ -51,11 +51,12 @@ struct ShrinkTiles {
   static constexpr int SMEM = (PIPE > RED ? PIPE : RED) + 1024;
 };
 
-// What a block's A chunk is: columns [c0, c0 + cw) of A [h_in, r]; vec: 16-byte copies.
+// What a block's A chunk is: columns [c0, c0 + cw) of A [h_in, r]; vec: 16-byte copies; vec8:
+// 8-byte copies (ranks that are multiples of 4, not of 8).
 struct AChunk {
   const u16* A;
   int r, c0, cw;
-  bool vec;
+  bool vec, vec8;
 };
 
 // Stage k in [k0, k0 + BK) of the item's x rows and of A's chunk into xs / as, any alignment and
@@ -87,7 +88,8 @@ __device__ __forceinline__ void load_stage_edge(u16* xs, u16* as, const u16* x, 
 // The copies of one thread for every whole, aligned stage of a chunk, set up once: the global
 // sources of its x and A pieces (advanced a stage at a time) and their shared addresses in
 // stage 0. Pieces of rows past the item or columns past the chunk are skipped: they only feed
-// outputs that are never stored (the k-range's zeros are the edge stage's business).
+// outputs that are never stored (the k-range's zeros are the edge stage's business). A's pieces
+// are 16 bytes, or 8 where only that is aligned (a8: twice as many, half as many rows apart).
 template <int NC, int BK, int STAGES, int NW>
 struct StageCopies {
   typedef ShrinkTiles<NC, BK, STAGES, NW> S;
@@ -103,11 +105,14 @@ struct StageCopies {
   u32 adst_step;     // between a thread's A pieces in shared memory
   unsigned xok;  // bit u: x piece u's row is one of the item's
   bool aok;      // the A pieces' columns are in the chunk
+  bool a8;       // 8-byte A pieces
 
   // wg_layout: the A tile as the wgmma descriptors read it (S::WG; else the padded rows ldmatrix reads).
   __device__ __forceinline__ StageCopies(u32 sbase, const u16* x, i64 x_stride, const AChunk& a, int kb,
                                          const LoraItem& it, bool wg_layout) {
-    const int tid = threadIdx.x, m = tid / XPR, kk = (tid - m * XPR) * 8, kr = tid / APR, j = (tid - kr * APR) * 8;
+    a8 = !a.vec && a.vec8;
+    const int apr = a8 ? 2 * APR : APR, arows = T / apr;  // A pieces a k-row, k-rows a round of pieces
+    const int tid = threadIdx.x, m = tid / XPR, kk = (tid - m * XPR) * 8, kr = tid / apr, j = (tid - kr * apr) * (a8 ? 4 : 8);
     xsrc = x + (i64)(it.row0 + m) * x_stride + kb + kk;
     xstep = (i64)XROWS * x_stride;
     xdst = sbase + (m * S::LDX + kk) * 2;
@@ -115,15 +120,16 @@ struct StageCopies {
 #pragma unroll
     for (int u = 0; u < XU; ++u) xok |= (m + u * XROWS < it.nrows ? 1u : 0u) << u;
     asrc = a.A + (i64)(kb + kr) * a.r + a.c0 + j;
-    astep = (i64)AROWS * a.r;
+    astep = (i64)arows * a.r;
     a_stage = (i64)BK * a.r;
     if (wg_layout) {  // half j / 64, 8-row group kr / 8, row kr % 8 of it, the 16-byte chunk swizzled by the row
-      static_assert(AROWS % 8 == 0, "a thread's A pieces keep their row within the 8-row group");
-      adst = sbase + S::XS * 2 + (j / 64) * S::WG_LBO + (kr / 8) * 1024 + (kr % 8) * 128 + ((((j % 64) / 8) ^ (kr % 8)) << 4);
-      adst_step = AROWS / 8 * 1024;
+      static_assert(AROWS % 16 == 0, "a thread's A pieces keep their row within the 8-row group");
+      adst = sbase + S::XS * 2 + (j / 64) * S::WG_LBO + (kr / 8) * 1024 + (kr % 8) * 128 +
+             ((((j % 64) / 8) ^ (kr % 8)) << 4) + (j % 8) * 2;
+      adst_step = arows / 8 * 1024;
     } else {
       adst = sbase + (S::XS + kr * S::LDA + j) * 2;
-      adst_step = AROWS * S::LDA * 2;
+      adst_step = arows * S::LDA * 2;
     }
     aok = j < a.cw;
   }
@@ -133,17 +139,16 @@ struct StageCopies {
 #pragma unroll
     for (int u = 0; u < XU; ++u)
       if (xok & (1u << u)) cp_async16(xdst + off + u * XROWS * S::LDX * 2, xsrc + u * xstep);
-    if (aok) {
-#pragma unroll
-      for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * adst_step, asrc + u * astep);
-    }
     xsrc += BK;
-    asrc += a_stage;
+    issue_a(off);
   }
 
   // The A pieces alone (x comes by TMA).
   __device__ __forceinline__ void issue_a(u32 off) {
-    if (aok) {
+    if (aok && a8) {
+#pragma unroll
+      for (int u = 0; u < 2 * AU; ++u) cp_async8(adst + off + u * adst_step, asrc + u * astep);
+    } else if (aok) {
 #pragma unroll
       for (int u = 0; u < AU; ++u) cp_async16(adst + off + u * adst_step, asrc + u * astep);
     }
@@ -390,7 +395,7 @@ __device__ __forceinline__ void shrink_body(
   const LoraItem& it = wk.it;
   const int cw = wk.r, kb = ks * kc, ke = min(h_in, kb + kc);
   const bool x_vec = ((((u64)x) & 15) == 0) && ((x_stride & 7) == 0);
-  const AChunk a = {wk.A, cw, 0, cw, ((((u64)wk.A) & 15) == 0) && ((cw & 7) == 0)};
+  const AChunk a = {wk.A, cw, 0, cw, ((((u64)wk.A) & 15) == 0) && ((cw & 7) == 0), ((((u64)wk.A) & 7) == 0) && ((cw & 3) == 0)};
   u16* wsp = ws + p * ws_pstride;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, mat = lane >> 3;
@@ -398,7 +403,7 @@ __device__ __forceinline__ void shrink_body(
   const int npairs = max(0, min(S::NT / 2, (cw - wn * S::WC + 15) >> 4));  // warp-uniform
   const bool active = npairs > 0 && wm * S::WR < it.nrows;  // the warp has rank columns and item rows
   const int nk = (ke - kb + BK - 1) / BK;
-  const bool fast = x_vec && a.vec;
+  const bool fast = x_vec && (a.vec || a.vec8);
   const u32 sbase = smem_addr(smem);
   const u32 a_addr = sbase + ((wm * S::WR + (lane & 15)) * S::LDX + (lane >> 4) * 8) * 2;
   const u32 b_addr = sbase + (S::XS + ((mat & 1) * 8 + (lane & 7)) * S::LDA + wn * S::WC + (mat >> 1) * 8) * 2;
@@ -409,7 +414,7 @@ __device__ __forceinline__ void shrink_body(
     for (int j = 0; j < S::NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 #if LORA_HAVE_BULK
   __shared__ __align__(8) unsigned long long bars[STAGES];  // one a stage buffer (the TMA loop)
-  if (use_tma && a.vec && (ke - kb) % BK == 0) {  // whole stages, x through the tensor map
+  if (use_tma && (a.vec || a.vec8) && (ke - kb) % BK == 0) {  // whole stages, x through the tensor map
     const u32 bar0 = smem_addr(bars);
     if (tid == 0) {
       for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + s * 8, 1);

@@ -13,6 +13,10 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {  // dst: 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {  // 8 bytes, both 8-byte aligned
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
+}
+
 // 16 bytes at dst, of which the first src_bytes (0..16) are copied from src and the rest are zeros
 // (src_bytes = 0 reads nothing).
 __device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, int src_bytes) {

@@ -50,18 +50,19 @@ def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, 
     assert_close_rows(batch.y, expected, y0)
 
 
-@pytest.mark.parametrize("h_in, x_pad", [(4096, 0), (3000, 8), (2048, 3)])
+@pytest.mark.parametrize("h_in, x_pad, rank_step", [(4096, 0, 8), (3000, 8, 8), (2048, 3, 8), (4096, 0, 4)])
 @pytest.mark.parametrize("rank_cap", [16, 64, 128])
-def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_cap, monkeypatch):
+def test_prefill_shrink_x_by_tma_gives_the_cp_async_result(h_in, x_pad, rank_step, rank_cap, monkeypatch):
     """sm_90: the prefill shrink's x tiles by TMA (whole stages; a block with a partial k-range or
     an x no tensor map fits keeps cp.async) sum the same products in the same order as the
     cp.async copies: bitwise the same y, and the reference's. At rank cap 128 the TMA stages are
     multiplied by wgmma (sm_90a; n64 for ranks up to 64, n128 above), the cp.async ones by
     mma.sync: the tensor cores' sums are the same."""
-    gen = torch.Generator().manual_seed(4300 + rank_cap + h_in + x_pad)
+    gen = torch.Generator().manual_seed(4300 + rank_cap + h_in + x_pad + rank_step)
     lengths = [700, 0, 1300, 130, 1]
-    # ranks of multiples of 8 (the A pieces' 16-byte copies: the TMA path), the cap among them
-    ranks = 8 * torch.randint(1, rank_cap // 8 + 1, (2, len(lengths)), generator=gen)
+    # ranks of multiples of rank_step (the A pieces' 16-byte copies, or 8-byte ones at 4: the TMA
+    # path takes both), the cap among them
+    ranks = rank_step * torch.randint(1, rank_cap // rank_step + 1, (2, len(lengths)), generator=gen)
     ranks[0, 2] = rank_cap
     batch = make_batch(gen, rows=sum(lengths), h_in=h_in, widths=(1000, 333), ranks=ranks, x_pad=x_pad,
                        table=seg_from_lengths(lengths), rank_cap=rank_cap)
