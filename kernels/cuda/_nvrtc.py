@@ -28,12 +28,10 @@ def arch_specific_target(source: str, capability: tuple[int, int]) -> str | None
 @dataclass(frozen=True, slots=True)
 class LoadedKernel:
     """One kernel of a module loaded from a cubin: ``kernel`` is the CUDA function (``.ptr``),
-    as a ``cupy.RawKernel``'s ``kernel`` is, so the launchers take either."""
+    as a ``cupy.RawKernel``'s ``kernel`` is; what `launch_ex` and the attribute and occupancy
+    calls read (the prefill shrink is launched only through `launch_ex`)."""
 
     kernel: object
-
-    def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None) -> None:
-        self.kernel(grid, block, args, shared_mem=shared_mem, stream=stream)
 
 
 class CubinModule:
