@@ -64,11 +64,14 @@ def test_compiles_for_sm90(source, tmp_path):
 def test_arch_specific_sources_compile_for_sm90a_with_their_wgmma(name, tmp_path):
     """What the runtime compiles for sm_90a on an H100/H200 (kernels/cuda/_nvrtc.py): the prefill
     shrink's rank-128 variant multiplies by warpgroup products (n64 and n128), keeping mma.sync
-    for the stages that x's tensor map does not serve."""
+    for the stages that x's tensor map does not serve; the prefill expand takes m64n64 products
+    for ranks above 32 and keeps mma.sync for the others."""
     ptx = _ptx(CSRC / name, "sm_90a", tmp_path / "k.ptx")
     for name_ in KERNELS[name]:
         assert f".entry {name_}(" in ptx
-    body = ptx.split(".entry lora_shrink_bf16_m128_r128(")[1].split(".entry ")[0]
-    for n in (64, 128):
+    entry, widths = {"lora_shrink.cu": ("lora_shrink_bf16_m128_r128", (64, 128)),
+                     "lora_expand.cu": ("lora_expand_bf16_m128", (64,))}[name]
+    body = ptx.split(f".entry {entry}(")[1].split(".entry ")[0]
+    for n in widths:
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in body
     assert "mma.sync.aligned.m16n8k16" in body

@@ -39,9 +39,9 @@ def test_expand_variants_are_the_instantiated_ones() -> None:
 
 def _sizes_program() -> str:
     """C++ that prints the shrink variants' ShrinkTiles<...>::SMEM (in PREFILL_SHRINK_TILES order),
-    then the expand's bytes at rank caps 16, 64 and 128."""
+    then the expand's bytes at rank caps 16, 48, 64 and 128."""
     shrink = [f"ShrinkTiles<{t.nc}, {t.bk}, {t.stages}, {t.warps}>::SMEM" for t in PREFILL_SHRINK_TILES.values()]
-    values = shrink + [f"2 * walk_smem_elems({r})" for r in (16, 64, 128)]
+    values = shrink + [f"2 * walk_smem_elems({r})" for r in (16, 48, 64, 128)]
     return ('#include <cstdio>\n#include "lora_shrink.cu"\n#include "lora_expand.cu"\nint main() {\n'
             + "".join(f'  std::printf("%d\\n", {v});\n' for v in values) + "  return 0;\n}\n")
 
@@ -53,5 +53,5 @@ def test_mirrored_sizes_are_the_structs_sizes(tmp_path) -> None:
     subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", f"-I{CSRC}", str(src), "-o", str(exe)], check=True,
                    timeout=600, capture_output=True)
     got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    want = [t.smem_bytes for t in PREFILL_SHRINK_TILES.values()] + [walk_smem_bytes(r) for r in (16, 64, 128)]
+    want = [t.smem_bytes for t in PREFILL_SHRINK_TILES.values()] + [walk_smem_bytes(r) for r in (16, 48, 64, 128)]
     assert got == want

@@ -11,27 +11,63 @@
 // item lookup is paid once a group, and the next tile's bytes are in flight during this one.
 // 8 warps, 2 along the tile's columns and 4 along its rows. On sm_90 it goes as its shrink's
 // programmatic dependent: blocks placed beside the shrink's fetch their first tile, then wait for
-// the shrink before they read v. (The decode path's expand is lora_expand_dec.cu.)
+// the shrink before they read v. On sm_90a (H100 / H200; the runtime compiles this file for it
+// there) ranks above 32 are multiplied by wgmma instead: each warpgroup's 64 rows of v times the B
+// tile straight from shared memory (lora_wgmma.cuh), v and B laid out in the descriptors' 128-byte
+// swizzle; no ldmatrix fragments, and the tile's products off the warps' issue slots.
+// (The decode path's expand is lora_expand_dec.cu.)
+#include "lora_bulk.cuh"
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
+#include "lora_wgmma.cuh"
 
 #define EXPAND_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
 
 #define WALK_BN 64              // columns a tile
 #define WALK_LD (WALK_BN + 8)   // y and B tile row stride (elements): conflict-free ldmatrix rows
 
+// Ranks from WALK_WG_MIN_RANK take wgmma on sm_90a: the launcher passes it (wg_rank, from
+// kernels/cuda/_tiles.py, which a test lowers to compare the two paths); here it sizes the layouts.
+#define WALK_WG_MIN_RANK 33
+
 // Shared memory of a block whose rank rounds up to rpad (a multiple of 16), in elements: v, then
-// two B tiles, then two y tiles (walk_smem_bytes in kernels/cuda/_tiles.py mirrors it; the
-// kernel traps if it was given less).
+// two B tiles, then two y tiles. The mma.sync path: padded rows (ldmatrix without bank
+// conflicts). The wgmma path (WG): from the allocation's first 1024-byte boundary (the swizzle's
+// period), v as 64-feature blocks of EXPAND_BM dense 128-byte rows (the prefill shrink's x tile),
+// each B tile as rpad k-rows of its 64 columns, 128 bytes each (the shrink's A tile at n64), the
+// 16-byte chunk c of a row r at chunk c ^ (r % 8); the y tiles as on the other path. A launch
+// gives a block walk_smem_elems of its rank cap: either layout of any rank up to it (the kernel
+// traps if it was given less; walk_smem_bytes in kernels/cuda/_tiles.py mirrors it).
 __host__ __device__ constexpr int walk_ldv(int rpad) { return rpad + 8; }
 __host__ __device__ constexpr int walk_b_elems(int rpad) { return rpad * WALK_LD; }
-__host__ __device__ constexpr int walk_smem_elems(int rpad) {
+__host__ __device__ constexpr int walk_mma_smem_elems(int rpad) {
   return EXPAND_BM * walk_ldv(rpad) + 2 * walk_b_elems(rpad) + 2 * EXPAND_BM * WALK_LD;
+}
+__host__ __device__ constexpr int walk_wg_v_elems(int rpad) { return EXPAND_BM * ((rpad + 63) & ~63); }
+__host__ __device__ constexpr int walk_wg_smem_elems(int rpad) {
+  return 1024 / 2 + walk_wg_v_elems(rpad) + 2 * rpad * WALK_BN + 2 * EXPAND_BM * WALK_LD;
+}
+__host__ __device__ constexpr int walk_smem_elems(int rpad) {
+  return rpad < WALK_WG_MIN_RANK || walk_mma_smem_elems(rpad) >= walk_wg_smem_elems(rpad) ? walk_mma_smem_elems(rpad)
+                                                                                          : walk_wg_smem_elems(rpad);
+}
+static_assert(WALK_BN * 2 == 128, "a B tile row is one 128-byte swizzle span");
+
+// Element index of v[m][k] and of the B tile's [kr][n] in their layout (k, n multiples of 8).
+template <bool WG>
+__device__ __forceinline__ int walk_v_index(int m, int k, int ldv) {
+  if constexpr (WG) return (k >> 6) * (EXPAND_BM * 64) + m * 64 + ((((k >> 3) ^ m) & 7) << 3);
+  return m * ldv + k;
+}
+template <bool WG>
+__device__ __forceinline__ int walk_b_index(int kr, int n) {
+  if constexpr (WG) return kr * WALK_BN + ((((n >> 3) ^ kr) & 7) << 3);
+  return kr * WALK_LD + n;
 }
 
 // Tile n0's y piece (rows past the item, columns past the slice: zeros, never stored) and B's
 // rank rows for it (rows past the rank: zeros) into sy / sb.
-template <int NT>
+template <int NT, bool WG>
 __device__ __forceinline__ void walk_load_tile(u16* sy, u16* sb, const u16* ytile, i64 y_stride, bool y_vec,
                                                int nrows, int ncols, const u16* btile, i64 w, bool b_vec, int r,
                                                int rpad) {
@@ -44,7 +80,7 @@ __device__ __forceinline__ void walk_load_tile(u16* sy, u16* sb, const u16* ytil
   }
   for (int pc = tid; pc < rpad * PR; pc += NT) {
     const int kr = pc / PR, n = (pc - kr * PR) * 8;
-    tile_piece(&sb[kr * WALK_LD + n], btile + (i64)kr * w + n, btile, b_vec, kr < r ? min(8, ncols - n) : 0);
+    tile_piece(&sb[walk_b_index<WG>(kr, n)], btile + (i64)kr * w + n, btile, b_vec, kr < r ? min(8, ncols - n) : 0);
   }
 }
 
@@ -55,10 +91,12 @@ __device__ __forceinline__ void walk_load_tile(u16* sy, u16* sb, const u16* ytil
 // offset added), and global ones offsets from the tile's first element, so a tile's copies are an
 // add each. The edge tiles take walk_load_tile and walk_store instead (their index math and bounds
 // checks are most of a tile's instructions).
-template <int NT>
+template <int NT, bool WG>
 struct WalkPieces {
   static constexpr int PR = WALK_BN / 8, YU = EXPAND_BM * PR / NT, YROWS = NT / PR;
   static constexpr int BU = (LORA_MAX_RANK + YROWS - 1) / YROWS;
+  static constexpr int BROW = WG ? WALK_BN * 2 : WALK_LD * 2;  // bytes between B tile rows
+  static_assert(YROWS % 8 == 0, "a thread's B rows share their swizzle");
   int pm;                             // the first piece's row
   u32 sy, sb;                         // its shared addresses in buffer 0's y and B tiles
   i64 ypiece, yrows, bpiece, brows;  // element offsets in y and B: the first piece, YROWS rows
@@ -67,7 +105,7 @@ struct WalkPieces {
     pm = threadIdx.x / PR;
     const int pn = (threadIdx.x - pm * PR) * 8;
     sy = sy0 + (pm * WALK_LD + pn) * 2;
-    sb = sb0 + (pm * WALK_LD + pn) * 2;
+    sb = sb0 + walk_b_index<WG>(pm, pn) * 2;
     ypiece = (i64)pm * y_stride + pn;
     yrows = (i64)YROWS * y_stride;
     bpiece = (i64)pm * w + pn;
@@ -84,7 +122,7 @@ struct WalkPieces {
     for (int u = 0; u < BU; ++u) {  // row pm + u * YROWS; kr < rpad is warp-uniform (a warp's 4 rows, rpad % 16 == 0)
       const int kr = pm + u * YROWS;
       if (kr < rpad)
-        cp_async16_zfill(sb + boff + u * YROWS * WALK_LD * 2, kr < r ? bsrc + u * brows : btile, kr < r ? 16 : 0);
+        cp_async16_zfill(sb + boff + u * YROWS * BROW, kr < r ? bsrc + u * brows : btile, kr < r ? 16 : 0);
     }
   }
 
@@ -157,22 +195,43 @@ __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], u32 a_lane, int
   }
 }
 
+#if LORA_HAVE_WGMMA
+// acc (this warp's 16 rows of its warpgroup's 64 and the tile's 64 columns: acc[0][j], the n8 tile j,
+// in mma.sync's accumulator layout) = the warpgroup's v rows @ the B tile at sb_s, over the rank's
+// k16 steps (m64n64k16: v K-major, 32 bytes a step along a 64-feature block; B N-major, 16 k-rows a
+// step), complete on return. Warpgroup-uniform: all of its threads or none.
+template <int DT>
+__device__ __forceinline__ void walk_wgmma(float (&acc)[1][8][4], u32 sv_s, u32 sb_s, int wg, int ksteps) {
+  // The descriptors of step 0; a step's are theirs plus its byte offsets in 16-byte units (the
+  // start address field, which no offset here carries out of).
+  const u64 da = wgmma_desc(sv_s + wg * (64 * 128), 16, 1024), db = wgmma_desc(sb_s, 16, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < LORA_MAX_RANK / 16; ++ks)
+    if (ks < ksteps)
+      wgmma_m64k16<64, DT>(&acc[0][0][0], da + (((ks >> 2) * (EXPAND_BM * 128) + (ks & 3) * 32) >> 4),
+                           db + ((ks * 16 * 128) >> 4));
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+#endif
+
 // y tile (in shared memory) += scale * acc: each element belongs to one thread. The 16 x 16 piece
 // (i, jp) of the warp's rows and columns is four 8 x 8 matrices in the accumulators' layout
 // (matrix 2 jj + h: rows + 8h, columns + 8jj), so one ldmatrix loads the thread's four cells of it
-// (and on sm_90 one stmatrix stores them). y_lane: this lane's ldmatrix address of the warp's
-// first piece in the tile's buffer (row wm*16*MT + lane / 8 % 2 * 8 + lane % 8, column wn*32 +
-// lane / 16 * 8).
-template <int DT, int MT>
-__device__ __forceinline__ void walk_add(u32 y_lane, u16* sy, const float (&acc)[MT][4][4], float scale, int wm,
-                                         int wn) {
+// (and on sm_90 one stmatrix stores them). The warp's MT m16 tiles and NJ n8 tiles start at row
+// row0, column col0; y_lane: this lane's ldmatrix address of its first piece in the tile's buffer
+// (row row0 + lane / 8 % 2 * 8 + lane % 8, column col0 + lane / 16 * 8).
+template <int DT, int MT, int NJ>
+__device__ __forceinline__ void walk_add(u32 y_lane, u16* sy, const float (&acc)[MT][NJ][4], float scale, int row0,
+                                         int col0) {
 #if __CUDA_ARCH__ < 900
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #endif
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int jp = 0; jp < 2; ++jp) {
+    for (int jp = 0; jp < NJ / 2; ++jp) {
       const u32 piece = y_lane + (i * 16 * WALK_LD + jp * 16) * 2;
       u32 in[4], out[4];
       ldmatrix_x4(in, piece);
@@ -186,7 +245,7 @@ __device__ __forceinline__ void walk_add(u32 y_lane, u16* sy, const float (&acc)
           const float hi = to_f32<DT>((u16)(cell >> 16)) + scale * acc[i][j][2 * h + 1];
           out[2 * jj + h] = (u32)from_f32<DT>(lo) | ((u32)from_f32<DT>(hi) << 16);
 #if __CUDA_ARCH__ < 900
-          *(u32*)&sy[(wm * 16 * MT + i * 16 + g + 8 * h) * WALK_LD + wn * 32 + j * 8 + 2 * q] = out[2 * jj + h];
+          *(u32*)&sy[(row0 + i * 16 + g + 8 * h) * WALK_LD + col0 + j * 8 + 2 * q] = out[2 * jj + h];
 #endif
         }
 #if __CUDA_ARCH__ >= 900
@@ -219,29 +278,28 @@ struct WalkAll {  // expand_walk_body's tile loop: every tile whole (a compile-t
   static constexpr bool value = B;
 };
 
-// NW warps (4 or 8): 2 along the tile's columns, NW / 2 along its rows.
-template <int DT, int NW>
-__device__ __forceinline__ void expand_walk_body(
-    const u16* __restrict__ ws, i64 ws_pstride, int R, const u16* __restrict__ pool,
-    const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
-    const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
-    i64 y_stride, int nslices, const SliceTable& sl, int mode, int walk) {
-  extern __shared__ __align__(16) u16 dsmem[];
-  constexpr int NT = NW * 32, MT = EXPAND_BM / 16 / (NW / 2);  // threads; a warp's m16 tiles
-  const int group = blockIdx.x, item = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
-  const int wm = warp >> 1, wn = warp & 1;
-  ExpandWork wk;
-  if (!expand_work(wk, sl, nslices, group, item, EXPAND_BM, mode, table, ntable, rows, nslots, ranks, b_off, scales,
-                   R))
-    return;
+// The block's tiles once its work is known (expand_walk_body). NW warps (4 or 8): on the mma.sync
+// path 2 along the tile's columns and NW / 2 along its rows; on the wgmma path (WG, 8 warps) each
+// warp 16 rows (its warpgroup's 64, warp by warp) and all 64 columns.
+template <int DT, int NW, bool WG>
+__device__ __forceinline__ void walk_block(const ExpandWork& wk, u16* dsmem, const u16* __restrict__ ws,
+                                           i64 ws_pstride, int R, const u16* __restrict__ pool, int layer,
+                                           u16* __restrict__ y, i64 y_stride, int group, int walk) {
+  constexpr int NT = NW * 32;                                // threads
+  constexpr int MT = WG ? 1 : EXPAND_BM / 16 / (NW / 2);     // a warp's m16 tiles
+  constexpr int NJ = WG ? WALK_BN / 8 : 4;                   // and n8 tiles
+  static_assert(!WG || (NW == 8 && EXPAND_BM == 128), "two warpgroups of 64 rows");
+  const int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+  const int row0 = WG ? warp * 16 : wm * 16 * MT, col0 = WG ? 0 : wn * 32;  // the warp's first row and column
   const int r = wk.r, w = wk.width, nrows = wk.it.nrows, rpad = (r + 15) & ~15, ldv = walk_ldv(rpad);
-  if (dynamic_smem_bytes() < (u32)walk_smem_elems(rpad) * 2) launch_error();  // the launcher sized less
   const int nfirst = (group - wk.tile0) * walk * WALK_BN;
   const int ntiles = min(walk, (w - nfirst + WALK_BN - 1) / WALK_BN);
   u16* sv = dsmem;
-  u16* sb0 = sv + EXPAND_BM * ldv;  // B tile of buffer b: sb0 + b * bstep
-  u16* sy0 = sb0 + 2 * walk_b_elems(rpad);  // y tile of buffer b: sy0 + b * ystep
-  const int bstep = walk_b_elems(rpad), ystep = EXPAND_BM * WALK_LD;
+  if constexpr (WG) sv += ((((smem_addr(dsmem) + 1023) & ~1023u)) - smem_addr(dsmem)) / 2;
+  u16* sb0 = sv + (WG ? walk_wg_v_elems(rpad) : EXPAND_BM * ldv);  // B tile of buffer b: sb0 + b * bstep
+  const int bstep = WG ? rpad * WALK_BN : walk_b_elems(rpad), ystep = EXPAND_BM * WALK_LD;
+  u16* sy0 = sb0 + 2 * bstep;  // y tile of buffer b: sy0 + b * ystep
+  if (dynamic_smem_bytes() < (u32)(sy0 + 2 * ystep - dsmem) * 2) launch_error();  // the launcher sized less
 
   u16* ybase = y + (i64)wk.it.row0 * y_stride + wk.col + nfirst;
   const bool y_vec = ((((u64)ybase) & 15) == 0) && ((y_stride & 7) == 0);
@@ -252,15 +310,15 @@ __device__ __forceinline__ void expand_walk_body(
 
   // Tile j: whole (every row, 64 columns, aligned) through the set-up pieces, else the edge copies.
   const u32 sv_s = smem_addr(sv), sb_s = smem_addr(sb0), sy_s = smem_addr(sy0);
-  const WalkPieces<NT> pieces(sy_s, sb_s, y_stride, w);
+  const WalkPieces<NT, WG> pieces(sy_s, sb_s, y_stride, w);
   const bool whole_rows = y_vec && b_vec && nrows == EXPAND_BM;
   auto load = [&](int j, int buf) {
     const int ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
     if (whole_rows && ncols == WALK_BN)
       pieces.load(buf * ystep * 2, buf * bstep * 2, ybase + j * WALK_BN, B + j * WALK_BN, r, rpad);
     else
-      walk_load_tile<NT>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, ncols,
-                         B + j * WALK_BN, w, b_vec, r, rpad);
+      walk_load_tile<NT, WG>(sy0 + buf * ystep, sb0 + buf * bstep, ybase + j * WALK_BN, y_stride, y_vec, nrows, ncols,
+                             B + j * WALK_BN, w, b_vec, r, rpad);
   };
   // Tile 0, then v (every rank column, zeros past the rank and the item's rows) in the same copy
   // group, then tile 1. Launched as the shrink's programmatic dependent, the block gets here while
@@ -270,31 +328,43 @@ __device__ __forceinline__ void expand_walk_body(
   const int vpr = rpad >> 3;
   for (int pc = tid; pc < EXPAND_BM * vpr; pc += NT) {
     const int m = pc / vpr, k = (pc - m * vpr) * 8;
-    tile_piece(&sv[m * ldv + k], vsrc + (i64)m * R + k, vsrc, v_vec, m < nrows ? min(8, r - k) : 0);
+    tile_piece(&sv[walk_v_index<WG>(m, k, ldv)], vsrc + (i64)m * R + k, vsrc, v_vec, m < nrows ? min(8, r - k) : 0);
   }
   cp_async_commit();
   if (ntiles > 1) load(1, 1);
   cp_async_commit();
   // A lane's ldmatrix addresses: v (walk_mma), and the warp's first fragment of buffer 0's B tile
-  // and y tile (row lane / 8 % 2 * 8 + lane % 8 of the warp's, column wn*32 + lane / 16 * 8).
+  // and y tile (row lane / 8 % 2 * 8 + lane % 8 of the warp's, column col0 + lane / 16 * 8).
   const int lane = tid & 31, mat = lane >> 3;
-  const u32 a_lane = sv_s + ((wm * 16 * MT + (lane & 15)) * ldv + (lane >> 4) * 8) * 2;
-  const u32 frag = (((mat & 1) * 8 + (lane & 7)) * WALK_LD + wn * 32 + (mat >> 1) * 8) * 2;
-  const u32 b_lane0 = sb_s + frag, y_lane0 = sy_s + wm * 16 * MT * WALK_LD * 2 + frag;
-  const int mrows = min(MT, max(0, (nrows - wm * 16 * MT + 15) / 16));
+  const u32 a_lane = sv_s + ((row0 + (lane & 15)) * ldv + (lane >> 4) * 8) * 2;
+  const u32 frag = (((mat & 1) * 8 + (lane & 7)) * WALK_LD + col0 + (mat >> 1) * 8) * 2;
+  const u32 b_lane0 = sb_s + frag, y_lane0 = sy_s + row0 * WALK_LD * 2 + frag;
+  const int mrows = min(MT, max(0, (nrows - row0 + 15) / 16));
   // The tiles. A block whose tiles are all whole walks them in a loop of its own: no edge copy in
   // it, so none of their index math (which the compiler otherwise schedules ahead of the whole /
   // edge branch, into every tile), and every warp's m16 tiles and column pairs full.
   auto walk_tiles = [&](auto all_whole) {
     constexpr bool ALL = decltype(all_whole)::value;
-    float acc[MT][4][4];
+    float acc[MT][NJ][4];
     for (int j = 0; j < ntiles; ++j) {
       const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
       cp_async_wait<1>();  // tile j (and v) have landed: this thread's copies ...
+#if LORA_HAVE_WGMMA
+      if constexpr (WG) fence_proxy_async();  // (written by cp.async or stores, read by the tensor cores)
+#endif
       __syncthreads();     // ... and everyone's
-      const int npairs = min(2, max(0, (ncols - wn * 32 + 15) / 16));
-      walk_mma<DT, MT>(acc, a_lane, ldv, b_lane0 + buf * bstep * 2, rpad >> 4, ALL ? MT : mrows, ALL ? 2 : npairs);
-      walk_add<DT, MT>(y_lane0 + buf * ystep * 2, sy0 + buf * ystep, acc, wk.scale, wm, wn);
+      if constexpr (WG) {
+#pragma unroll
+        for (int jt = 0; jt < NJ; ++jt) acc[0][jt][0] = acc[0][jt][1] = acc[0][jt][2] = acc[0][jt][3] = 0.f;
+#if LORA_HAVE_WGMMA
+        if ((warp / 4) * 64 < nrows)  // the warpgroup has item rows (warpgroup-uniform)
+          walk_wgmma<DT>(acc, sv_s, sb_s + buf * bstep * 2, warp / 4, rpad >> 4);
+#endif
+      } else {
+        const int npairs = min(2, max(0, (ncols - wn * 32 + 15) / 16));
+        walk_mma<DT, MT>(acc, a_lane, ldv, b_lane0 + buf * bstep * 2, rpad >> 4, ALL ? MT : mrows, ALL ? 2 : npairs);
+      }
+      walk_add<DT, MT, NJ>(y_lane0 + buf * ystep * 2, sy0 + buf * ystep, acc, wk.scale, row0, col0);
       __syncthreads();  // the tile is whole
       if (ALL || (whole_rows && ncols == WALK_BN))
         pieces.store(ybase + j * WALK_BN, buf * ystep * 2);
@@ -317,15 +387,35 @@ __device__ __forceinline__ void expand_walk_body(
   cp_async_wait<0>();
 }
 
+// Block (group, item): its work, then its tiles on the path its rank takes.
+template <int DT, int NW>
+__device__ __forceinline__ void expand_walk_body(
+    const u16* __restrict__ ws, i64 ws_pstride, int R, const u16* __restrict__ pool,
+    const i64* __restrict__ b_off, const int* __restrict__ ranks, const float* __restrict__ scales,
+    const int* __restrict__ table, int ntable, int nslots, int rows, int layer, u16* __restrict__ y,
+    i64 y_stride, int nslices, const SliceTable& sl, int mode, int walk, int wg_rank) {
+  extern __shared__ __align__(16) u16 dsmem[];
+  const int group = blockIdx.x, item = blockIdx.y;
+  ExpandWork wk;
+  if (!expand_work(wk, sl, nslices, group, item, EXPAND_BM, mode, table, ntable, rows, nslots, ranks, b_off, scales,
+                   R))
+    return;
+#if LORA_HAVE_WGMMA
+  if (NW == 8 && wk.r >= wg_rank)
+    return walk_block<DT, NW, NW == 8>(wk, dsmem, ws, ws_pstride, R, pool, layer, y, y_stride, group, walk);
+#endif
+  walk_block<DT, NW, false>(wk, dsmem, ws, ws_pstride, R, pool, layer, y, y_stride, group, walk);
+}
+
 #define LORA_EXPAND_KERNEL(NAME, DT, NW, MINB)                                                     \
   extern "C" __global__ void __launch_bounds__(NW * 32, MINB) NAME(                                \
       const u16* ws, i64 ws_pstride, int R, const u16* pool, const i64* b_off,                     \
       const int* ranks, const float* scales, const int* table, int ntable, int nslots,             \
       int rows, int layer, u16* y, i64 y_stride, int nslices, int w0, int w1, int w2, int w3,      \
-      int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode, int walk) {                \
+      int c0, int c1, int c2, int c3, int t1, int t2, int t3, int mode, int walk, int wg_rank) {   \
     const SliceTable sl = {{w0, w1, w2, w3}, {c0, c1, c2, c3}, {0, t1, t2, t3, 0}};                \
     expand_walk_body<DT, NW>(ws, ws_pstride, R, pool, b_off, ranks, scales, table, ntable, nslots, \
-                         rows, layer, y, y_stride, nslices, sl, mode, walk);                       \
+                         rows, layer, y, y_stride, nslices, sl, mode, walk, wg_rank);              \
   }
 
 // 8 warps, 2 blocks an SM at least (90 registers). Swept against 4 warps (4 blocks an SM) in

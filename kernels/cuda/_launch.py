@@ -15,6 +15,7 @@ from kernels.checks import Problem
 from kernels.cuda._launch_ex import launch_ex
 from kernels.cuda._runtime import DeviceRuntime
 from kernels.cuda._tensor_map import ZERO_MAP, TensorMap, encode_rows, map_fits
+from kernels.cuda import _tiles
 from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
 
 THREADS = 128
@@ -317,7 +318,8 @@ def _launch_prefill_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: C
     expand = rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=PREFILL_CARVEOUT, smem=smem)
     args = (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
             _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(problem.rows),
-            i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk))
+            i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk),
+            i32(_tiles.WALK_WG_MIN_RANK))
     launch_ex(expand, (groups, plan.items), (EXPAND_THREADS,), args,
               torch.cuda.current_stream(c.x.device).cuda_stream, shared_mem=smem, programmatic=pdl)
 

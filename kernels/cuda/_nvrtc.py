@@ -2,7 +2,7 @@
 
 CuPy's ``RawModule`` compiles for the device's own ``-arch=sm_XY``, and appends that option
 to whatever it is given, so it cannot target ``sm_90a``: the Hopper-only instructions (wgmma,
-the prefill shrink's warpgroup products: csrc/lora_wgmma.cuh) exist there alone. Sources that
+the prefill shrink's and expand's warpgroup products: csrc/lora_wgmma.cuh) exist there alone. Sources that
 use them are compiled here instead, by CuPy's NVRTC binding, to a cubin for ``sm_90a`` and
 loaded as a CUDA module; everything else stays on ``RawModule``. The sources guard those
 instructions with ``__CUDA_ARCH_FEAT_SM90_ALL``, so the same file still compiles (without them)
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ARCH_SPECIFIC_SOURCES = frozenset({"lora_shrink.cu"})  # sources with sm_90a-only code paths
+ARCH_SPECIFIC_SOURCES = frozenset({"lora_shrink.cu", "lora_expand.cu"})  # sources with sm_90a-only code paths
 _ARCH_SPECIFIC_TARGETS = {(9, 0): "sm_90a"}  # compute capability -> the target that has them
 
 
@@ -29,7 +29,7 @@ def arch_specific_target(source: str, capability: tuple[int, int]) -> str | None
 class LoadedKernel:
     """One kernel of a module loaded from a cubin: ``kernel`` is the CUDA function (``.ptr``),
     as a ``cupy.RawKernel``'s ``kernel`` is; what `launch_ex` and the attribute and occupancy
-    calls read (the prefill shrink is launched only through `launch_ex`)."""
+    calls read (the prefill shrink and expand are launched only through `launch_ex`)."""
 
     kernel: object
 

@@ -85,8 +85,10 @@ class DeviceRuntime:
         if source not in self.modules:
             target = arch_specific_target(source, torch.cuda.get_device_capability(self.device))
             with cupy.cuda.Device(self.device.index):
-                if target is not None:  # (sm_90a: the prefill shrink's wgmma)
-                    module = CubinModule(_read_source(source), source, target, ("-std=c++17",))
+                if target is not None:  # (sm_90a: the prefill kernels' wgmma)
+                    # -default-device: functions without an execution space (the expand's generic
+                    # lambda) are device functions, as RawModule's compile takes them
+                    module = CubinModule(_read_source(source), source, target, ("-std=c++17", "-default-device"))
                 else:
                     module = cupy.RawModule(code=_read_source(source), options=("-std=c++17",))
                     module.compile()

@@ -46,11 +46,19 @@ PREFILL_SHRINK_TILES = {32: ShrinkTiles(32, 64, 4, 4), 64: ShrinkTiles(64, 64, 4
 WALK_BN = 64  # columns a tile of the prefill expand (lora_expand.cu)
 
 
+WALK_WG_MIN_RANK = 33  # ranks from here take the prefill expand's wgmma path on sm_90a (passed to the kernel)
+
+
 def walk_smem_bytes(rank_cap: int) -> int:
-    """The prefill expand's shared memory for ranks up to rank_cap (rounded up to 16): the item's
-    v rows, two B tiles and two y tiles, 16-bit elements (walk_smem_elems in csrc)."""
+    """The prefill expand's shared memory for ranks up to rank_cap (rounded up to 16), 16-bit
+    elements (walk_smem_elems in csrc): the item's v rows, two B tiles and two y tiles, laid out
+    for mma.sync (padded rows) or, for ranks from WALK_WG_MIN_RANK, for wgmma (from a 1024-byte
+    boundary, v in 64-feature blocks, dense B rows): the larger of the two."""
     rpad = -(-rank_cap // 16) * 16
-    return 2 * (SHRINK_BM * (rpad + 8) + 2 * rpad * (WALK_BN + 8) + 2 * SHRINK_BM * (WALK_BN + 8))
+    y_tiles = 2 * SHRINK_BM * (WALK_BN + 8)
+    mma = SHRINK_BM * (rpad + 8) + 2 * rpad * (WALK_BN + 8) + y_tiles
+    wg = 512 + SHRINK_BM * (-(-rpad // 64) * 64) + 2 * rpad * WALK_BN + y_tiles
+    return 2 * (mma if rpad < WALK_WG_MIN_RANK else max(mma, wg))
 
 
 def dynamic_smem_bytes(kernel: str) -> int:

@@ -1,6 +1,7 @@
 """The prefill kernels' alternative paths give the same y: the split-K sum in a cluster or in
-global memory, x by TMA or by cp.async, the expand launched early or in plain stream order
-(bitwise where the arithmetic is the same), and the float64 reference's."""
+global memory, x by TMA or by cp.async, the expand launched early or in plain stream order, the
+expand on wgmma or mma.sync (bitwise where the arithmetic is the same), and the float64
+reference's."""
 
 from __future__ import annotations
 
@@ -90,6 +91,37 @@ def test_prefill_expand_launched_early_gives_the_stream_ordered_result(rank_cap,
     early, ordered, expected, y0 = _on_and_off(batch, monkeypatch, "PREFILL_PDL")
     assert torch.equal(early, ordered)
     assert_close_rows(early, expected, y0)
+
+
+@pytest.mark.parametrize("widths, rank_cap", [((1000, 333), 128), ((4096,), 128), ((1024, 512), 64), ((700,), 48)])
+def test_prefill_expand_on_wgmma_gives_the_mma_sync_result(widths, rank_cap, monkeypatch):
+    """sm_90a: the prefill expand multiplies ranks from _tiles.WALK_WG_MIN_RANK by wgmma (v and B
+    in the swizzled layout its descriptors read), the others by mma.sync, block by block. Every
+    block on wgmma, every block on mma.sync, and the launcher's mix (ranks on both sides of the
+    threshold, edge tiles, short items): bitwise the same y, and the reference's."""
+    from kernels.cuda import _tiles  # noqa: PLC0415
+    from kernels.cuda._nvrtc import arch_specific_target  # noqa: PLC0415
+
+    if arch_specific_target("lora_expand.cu", torch.cuda.get_device_capability()) is None:
+        pytest.skip("no sm_90a build of the expand on this device")
+    gen = torch.Generator().manual_seed(4700 + rank_cap + sum(widths))
+    lengths = [700, 0, 1300, 130, 1]
+    ranks = torch.randint(1, rank_cap + 1, (len(widths), len(lengths)), generator=gen)
+    ranks[0, 0], ranks[0, 2] = rank_cap, 8  # both paths in every launch
+    batch = make_batch(gen, rows=sum(lengths), h_in=1024, widths=widths, ranks=ranks,
+                       table=seg_from_lengths(lengths), rank_cap=rank_cap)
+    y0 = batch.y.clone()
+    expected = reference64(batch, False)
+    out = {}
+    for name, threshold in (("mixed", _tiles.WALK_WG_MIN_RANK), ("wgmma", 1), ("mma.sync", 129)):
+        monkeypatch.setattr(_tiles, "WALK_WG_MIN_RANK", threshold)
+        batch.y.copy_(y0)
+        kcuda.add_lora_slices(*batch.args())
+        torch.cuda.synchronize()
+        out[name] = batch.y.clone()
+    assert torch.equal(out["wgmma"], out["mma.sync"])
+    assert torch.equal(out["mixed"], out["mma.sync"])
+    assert_close_rows(out["mixed"], expected, y0)
 
 
 def _on_and_off(batch, monkeypatch, flag: str):
