@@ -16,7 +16,6 @@
 // tile straight from shared memory (lora_wgmma.cuh), v and B laid out in the descriptors' 128-byte
 // swizzle; no ldmatrix fragments, and the tile's products off the warps' issue slots.
 // (The decode path's expand is lora_expand_dec.cu.)
-#include "lora_bulk.cuh"
 #include "lora_cluster.cuh"
 #include "lora_smem.cuh"
 #include "lora_wgmma.cuh"
@@ -195,7 +194,6 @@ __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], u32 a_lane, int
   }
 }
 
-#if LORA_HAVE_WGMMA
 // acc (this warp's 16 rows of its warpgroup's 64 and the tile's 64 columns: acc[0][j], the n8 tile j,
 // in mma.sync's accumulator layout) = the warpgroup's v rows @ the B tile at sb_s, over the rank's
 // k16 steps (m64n64k16: v K-major, 32 bytes a step along a 64-feature block; B N-major, 16 k-rows a
@@ -214,7 +212,6 @@ __device__ __forceinline__ void walk_wgmma(float (&acc)[1][8][4], u32 sv_s, u32 
   wgmma_commit();
   wgmma_wait<0>();
 }
-#endif
 
 // y tile (in shared memory) += scale * acc: each element belongs to one thread. The 16 x 16 piece
 // (i, jp) of the warp's rows and columns is four 8 x 8 matrices in the accumulators' layout
@@ -349,17 +346,13 @@ __device__ __forceinline__ void walk_block(const ExpandWork& wk, u16* dsmem, con
     for (int j = 0; j < ntiles; ++j) {
       const int buf = j & 1, ncols = min(WALK_BN, w - nfirst - j * WALK_BN);
       cp_async_wait<1>();  // tile j (and v) have landed: this thread's copies ...
-#if LORA_HAVE_WGMMA
-      if constexpr (WG) fence_proxy_async();  // (written by cp.async or stores, read by the tensor cores)
-#endif
+      if constexpr (WG) wgmma_operands_fence();  // (written by cp.async or stores, read by the tensor cores)
       __syncthreads();     // ... and everyone's
       if constexpr (WG) {
 #pragma unroll
         for (int jt = 0; jt < NJ; ++jt) acc[0][jt][0] = acc[0][jt][1] = acc[0][jt][2] = acc[0][jt][3] = 0.f;
-#if LORA_HAVE_WGMMA
         if ((warp / 4) * 64 < nrows)  // the warpgroup has item rows (warpgroup-uniform)
           walk_wgmma<DT>(acc, sv_s, sb_s + buf * bstep * 2, warp / 4, rpad >> 4);
-#endif
       } else {
         const int npairs = min(2, max(0, (ncols - wn * 32 + 15) / 16));
         walk_mma<DT, MT>(acc, a_lane, ldv, b_lane0 + buf * bstep * 2, rpad >> 4, ALL ? MT : mrows, ALL ? 2 : npairs);
@@ -400,10 +393,10 @@ __device__ __forceinline__ void expand_walk_body(
   if (!expand_work(wk, sl, nslices, group, item, EXPAND_BM, mode, table, ntable, rows, nslots, ranks, b_off, scales,
                    R))
     return;
-#if LORA_HAVE_WGMMA
-  if (NW == 8 && wk.r >= wg_rank)
-    return walk_block<DT, NW, NW == 8>(wk, dsmem, ws, ws_pstride, R, pool, layer, y, y_stride, group, walk);
-#endif
+  if constexpr (LORA_HAVE_WGMMA && NW == 8) {
+    if (wk.r >= wg_rank)
+      return walk_block<DT, NW, true>(wk, dsmem, ws, ws_pstride, R, pool, layer, y, y_stride, group, walk);
+  }
   walk_block<DT, NW, false>(wk, dsmem, ws, ws_pstride, R, pool, layer, y, y_stride, group, walk);
 }
 

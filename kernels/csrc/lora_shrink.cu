@@ -54,7 +54,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[ShrinkTiles<NC, BK, STAGE
   }
 }
 
-#if LORA_HAVE_WGMMA
 // K16 steps of m64 nN k16 products along a stage: x (K-major) 32 bytes a step, A (N-major) two
 // 8-row groups a step.
 template <int N, int DT, int K16>
@@ -79,7 +78,6 @@ __device__ __forceinline__ void wgmma_stage(float* acc, u32 sbase, u32 off, int 
     wgmma_steps<64, DT, BK / 16>(acc, xa, ab, S::WG_LBO);
   wgmma_commit();
 }
-#endif
 
 #if LORA_HAVE_BULK
 // The main loop on sm_90 for whole stages: thread 0 copies each stage's x tile (SHRINK_BM rows of
@@ -114,11 +112,9 @@ __device__ __forceinline__ void shrink_tma_loop(
   for (int i = 0; i < nk; ++i) {
     mbar_wait(bars + (i % STAGES) * 8, (i / STAGES) & 1);  // stage i's x tile has landed ...
     cp_async_wait<STAGES - 2>();                           // ... and this thread's A pieces
-    if (S::WG) {
-      fence_proxy_async();  // (the A pieces, written by cp.async, are read by the tensor cores)
-#if LORA_HAVE_WGMMA
-      wgmma_wait<0>();  // stage i - 1's products have read their buffer
-#endif
+    if constexpr (S::WG) {
+      wgmma_operands_fence();  // (the A pieces, written by cp.async, are read by the tensor cores)
+      wgmma_wait<0>();         // stage i - 1's products have read their buffer
     }
     __syncthreads();  // everyone's, and every warp is past stage i - 1: its buffer may be refilled
     if (i + STAGES - 1 < nk) {
@@ -126,17 +122,13 @@ __device__ __forceinline__ void shrink_tma_loop(
       issue(i + STAGES - 1);
     }
     cp_async_commit();
-#if LORA_HAVE_WGMMA
     if constexpr (S::WG) {
       if (wg_active) wgmma_stage<DT, NC, BK, STAGES, NW>(&acc[0][0][0], sbase, (i % STAGES) * S::STAGE * 2, threadIdx.x / 128, n128);
-      continue;
+    } else if (active) {
+      mma_stage<DT, NC, BK, STAGES, NW, true>(acc, a_row_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
     }
-#endif
-    if (active) mma_stage<DT, NC, BK, STAGES, NW, true>(acc, a_row_addr, b_addr, (i % STAGES) * S::STAGE * 2, npairs);
   }
-#if LORA_HAVE_WGMMA
-  if (S::WG) wgmma_wait<0>();  // the accumulators are final
-#endif
+  if constexpr (S::WG) wgmma_wait<0>();  // the accumulators are final
 }
 #endif
 

@@ -27,6 +27,10 @@ __device__ __forceinline__ u64 wgmma_desc(u32 addr, u32 lbo, u32 sbo) {
          (1ull << 62);
 }
 
+// Before the tensor cores read operands that this thread wrote into shared memory (stores or
+// cp.async, the generic proxy; the barrier after it covers the other threads' writes).
+__device__ __forceinline__ void wgmma_operands_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // Before the first wgmma of a batch: the accumulators' earlier register writes are ordered before it.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -70,4 +74,15 @@ LORA_WGMMA_M64K16(128, 0, "bf16", 64, 64, 65, 66)
 LORA_WGMMA_M64K16(128, 1, "f16", 64, 64, 65, 66)
 #else
 #define LORA_HAVE_WGMMA 0
+// Other targets have the same names, never reached (trapping if they were), so that a caller's
+// `if constexpr` on a flag that is false off sm_90a (ShrinkTiles::WG, the expand's WG) discards
+// them without an #if around it.
+__device__ __forceinline__ u64 wgmma_desc(u32, u32, u32) { return 0; }
+__device__ __forceinline__ void wgmma_operands_fence() { asm volatile("trap;"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("trap;"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("trap;"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("trap;"); }
+template <int N, int DT>
+__device__ __forceinline__ void wgmma_m64k16(float*, u64, u64) { asm volatile("trap;"); }
 #endif
