@@ -50,6 +50,12 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const LoraTensorMap& map, i
       : "memory");
 }
 
+// The tensor map into the cache its copies read it from: issued at a block's start, the fetch of its
+// 128 bytes overlaps the block's table lookups instead of delaying the first copy.
+__device__ __forceinline__ void tma_prefetch_map(const LoraTensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
+}
+
 // Orders this thread's earlier shared-memory accesses before its later bulk copies (a buffer
 // that was read is refilled).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

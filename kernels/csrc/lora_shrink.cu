@@ -221,6 +221,9 @@ __device__ __forceinline__ void shrink_body(
   typedef ShrinkTiles<NC, BK, STAGES, NW> S;
   if (dynamic_smem_bytes() < (u32)S::SMEM) launch_error();  // the launcher's size (kernels/cuda/_tiles.py) is stale
   pdl_launch_dependents();  // the expand's blocks may be placed now: they fetch y and B, then wait for our v
+#if LORA_HAVE_BULK
+  if (use_tma && threadIdx.x == 0) tma_prefetch_map(xmap);
+#endif
   const u32 sraw = smem_addr(smem_raw);
   u16* smem = smem_raw + ((((sraw + 1023) & ~1023u)) - sraw) / 2;  // 1024-byte aligned (SMEM has the slack)
 #if LORA_HAVE_CLUSTERS
