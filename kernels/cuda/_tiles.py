@@ -1,5 +1,5 @@
 """Shared-memory sizes of the prefill tensor-core kernels, mirrored from their C++ tile structs
-(``ShrinkTiles`` in csrc/lora_shrink.cu, ``walk_smem_elems`` in csrc/lora_expand.cu): the launcher
+(``ShrinkTiles`` in csrc/lora_shrink_stages.cuh, ``walk_smem_elems`` in csrc/lora_expand_tiles.cuh): the launcher
 gives each block this much dynamic shared memory (and raises the kernel's limit to it), and the
 kernels trap if they were given less, so a stale mirror fails loudly instead of overrunning.
 tests/test_kernel_tiles.py checks the variants listed here against the kernels' instantiations."""
@@ -43,7 +43,7 @@ PREFILL_SHRINK_TILES = {32: ShrinkTiles(32, 64, 4, 4), 64: ShrinkTiles(64, 64, 4
                         128: ShrinkTiles(128, 64, 3, 8)}
 
 
-WALK_BN = 64  # columns a tile of the prefill expand (lora_expand.cu)
+WALK_BN = 64  # columns a tile of the prefill expand (lora_expand_tiles.cuh)
 
 
 WALK_WG_MIN_RANK = 33  # ranks from here take the prefill expand's wgmma path on sm_90a (passed to the kernel)
