@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from random_adapters import RandomAdapterSource  # noqa: E402
-from results import append_results  # noqa: E402
+from results import record_results  # noqa: E402
 
 from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
 from inference_server.engine.config import EngineConfig  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> None:
     print("\n".join(rows))
     if args.results:
         kind = "not yet loaded" if args.cold else "resident, not running"
-        append_results(args.results, f"CPU engine under continuous arrivals (newcomers' adapters {kind})",
+        record_results(args.results, f"CPU engine under continuous arrivals (newcomers' adapters {kind})",
                        "python " + " ".join(sys.argv), rows)
 
 

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lora_helpers import greedy_request, load_engine, make_peft_adapter, run_all  # noqa: E402
-from results import append_results  # noqa: E402
+from results import record_results  # noqa: E402
 
 from inference_server.model.loading import default_model_path  # noqa: E402
 
@@ -70,7 +70,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the four rows")
-    parser.add_argument("--results", default=None, help="append a section to this RESULTS.md")
+    parser.add_argument("--results", default=None,
+                        help="write this run's section into this RESULTS.md, in place of the one of its title")
     args = parser.parse_args()
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -115,7 +116,7 @@ def main() -> None:
     print(load)
     if args.results:
         title = f"CPU engine: SmolLM2-135M float32, {n} new tokens, rank {args.rank} on all 7 projections"
-        append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table, load)
+        record_results(Path(args.results), title, " ".join(["python", *sys.argv]), table, load)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pool_ttft import RoutedSource, ms, redis_source, ttft_rows  # noqa: E402
 from random_adapters import RandomAdapterSource  # noqa: E402
-from results import append_results  # noqa: E402
+from results import record_results  # noqa: E402
 
 from inference_server.engine import cpu_threads  # noqa: E402
 from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
@@ -256,7 +256,7 @@ def main() -> None:
         mode = "eager engine" if args.eager else "engine with CUDA-graph decode steps"
         title = (f"Adapter pool on the GPU (7B-shaped, {mode})" if engine is not None
                  else f"Adapter pool on the CPU (7B-shaped, manager only, torch threads: {torch.get_num_threads()})")
-        append_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
+        record_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
 
 
 if __name__ == "__main__":

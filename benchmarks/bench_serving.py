@@ -267,7 +267,8 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     parser.add_argument("--server-switch-interval", type=float, default=0.0,
                         help="sys.setswitchinterval for the server process (0: Python's default, 5 ms)")
-    parser.add_argument("--results", default=None, help="append a section to this RESULTS.md")
+    parser.add_argument("--results", default=None,
+                        help="write this run's section into this RESULTS.md, in place of the one of its title")
     args = parser.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
     adapter_dir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
@@ -285,13 +286,13 @@ def main() -> None:
     lines = table(inproc, over_grpc, args.streams)
     print("\n".join(lines))
     if args.results:
-        from benchmarks.results import append_results
+        from benchmarks.results import record_results
 
         engine = (f"synthetic engine (no model, a token per stream every {args.step_ms} ms)"
                   if args.engine == "synthetic" else f"dummy {args.model} on {args.device} ({args.dtype})")
         title = (f"Serving edge: gRPC vs in-process, {engine}, {args.new_tokens} new tokens, "
                  f"{args.adapters} adapters + base")
-        append_results(Path(args.results), title, "python " + " ".join(sys.argv), lines,
+        record_results(Path(args.results), title, "python " + " ".join(sys.argv), lines,
                        notes=f"Client: {args.client_procs} worker processes with raw grpc.aio stubs on loopback."
                               + (f" Server GIL switch interval {args.server_switch_interval} s."
                                  if args.server_switch_interval else ""))

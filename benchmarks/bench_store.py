@@ -19,7 +19,6 @@ Usage: python benchmarks/bench_store.py [--size-mb 80] [--repeats 5] [--results 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -43,7 +42,7 @@ from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: E402
 from adapter_store.backends.redis_conn import connect  # noqa: E402
 from adapter_store.client import StoreClient  # noqa: E402
 from adapter_store.settings import RedisSettings  # noqa: E402
-from results import append_section  # noqa: E402
+from results import record_results  # noqa: E402
 
 # Llama-2-7B projection shapes (in, out); rank 16 on all 7 in 32 layers is ~80 MB in bf16.
 SHAPES = {"q_proj": (4096, 4096), "k_proj": (4096, 4096), "v_proj": (4096, 4096), "o_proj": (4096, 4096),
@@ -139,28 +138,22 @@ def report(rows: list[dict[str, float]], repeats: int) -> list[str]:
 
 
 def write_results(path: Path, table: list[str]) -> None:
-    """'## Adapter store ...' with date, commit, machine and command, then the table."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    """This run's '## Adapter store ...' section (date, commit, machine, command, the table) into
+    the page at ``path``, in place of the previous run's."""
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
-    head = [
-        "## Adapter store: upload and fetch of an 80 MB adapter",
-        "",
-        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- commit: {commit.stdout.strip() or 'unknown'}",
-        f"- machine: {cpu}, {os.cpu_count()} cores (no GPU); 1-minute load average at the end: "
-        f"{os.getloadavg()[0]:.1f} (other jobs share this machine: timings vary run to run)",
-        f"- command: `python benchmarks/bench_store.py {' '.join(sys.argv[1:])}`",
-        "",
-    ]
-    append_section(path, "\n".join(head + table) + "\n\n")
+    host = (f"{cpu}, {os.cpu_count()} cores (no GPU); 1-minute load average at the end: "
+            f"{os.getloadavg()[0]:.1f} (other jobs share this machine: timings vary run to run)")
+    record_results(path, "Adapter store: upload and fetch of an 80 MB adapter",
+                   f"python benchmarks/bench_store.py {' '.join(sys.argv[1:])}", table, machine_name=host)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=80.0)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--results", type=Path, help="append a dated section to this markdown file")
+    parser.add_argument("--results", type=Path,
+                        help="write this run's section into this markdown file, in place of the last run's")
     args = parser.parse_args()
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:

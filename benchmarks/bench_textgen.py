@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import textgen_parts  # noqa: E402
 from random_adapters import PROJ, RandomAdapterSource  # noqa: E402
-from results import append_results  # noqa: E402
+from results import record_results  # noqa: E402
 
 from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
 from inference_server.engine.config import EngineConfig  # noqa: E402
@@ -348,7 +348,7 @@ def main() -> None:
     if args.results:
         title = (f"Text generation (Punica workload), {args.model} dummy bf16, rank {args.rank}, "
                  f"{args.num_requests} requests, max batch {args.max_batch}")
-        append_results(args.results, title, command, lines, notes)
+        record_results(args.results, title, command, lines, notes)
 
 
 def table(rows: list[dict], max_batch: int, fixed: dict | None) -> list[str]:
