@@ -7,7 +7,7 @@ secret is read from a file (a Kubernetes Secret) and never logged.
 
 A trusted call may also say which tenant it is made for (``x-loraplex-tenant``, and
 ``x-loraplex-role: tenant|admin``, default tenant): the store then holds it to the server's
-tenant rules (inference_server/auth/policy.py, applied in service.py): another tenant's
+tenant rules (adapter_store/tenants/policy.py, applied in service.py): another tenant's
 private adapter is NOT_FOUND, public ones are readable, writes outside the caller's
 namespace are PERMISSION_DENIED. A call without a caller is the server's own (loading a
 Generate's adapter, following changes) and may do anything.
@@ -22,32 +22,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
-from inference_server.auth.tokens import Principal, Role
-from inference_server.errors import InvalidRequestError
+
+from adapter_store.errors import InvalidRequestError
+from adapter_store.protocol import ROLE_METADATA_KEY, SECRET_METADATA_KEY, TENANT_METADATA_KEY
+from adapter_store.secret import check_secret
+from adapter_store.tenants.principal import Principal, Role
 
 log = logging.getLogger(__name__)
-SECRET_METADATA_KEY = "x-loraplex-store-secret"
-TENANT_METADATA_KEY = "x-loraplex-tenant"
-ROLE_METADATA_KEY = "x-loraplex-role"
 _OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
-MIN_SECRET_LEN = 16
-
-
-def read_secret(path: str) -> str:
-    """The secret in ``path`` (surrounding whitespace stripped); ValueError if unusable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            secret = f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"store secret file {path}: cannot read ({exc.strerror})") from None
-    check_secret(secret, f"store secret file {path}")
-    return secret
-
-
-def check_secret(secret: str, where: str = "store secret") -> None:
-    """ValueError unless ``secret`` is 16+ printable ASCII characters without spaces."""
-    if len(secret) < MIN_SECRET_LEN or not all("\x21" <= c <= "\x7e" for c in secret):
-        raise ValueError(f"{where}: must be at least {MIN_SECRET_LEN} printable ASCII characters, no spaces")
 
 
 def is_loopback(listen: str) -> bool:
@@ -82,13 +64,6 @@ def caller_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> Principal |
         return Principal(str(tenant), parsed)
     except ValueError as e:
         raise InvalidRequestError(f"metadata {TENANT_METADATA_KEY}: {e}") from None
-
-
-def caller_metadata(caller: Principal | None) -> list[tuple[str, str]]:
-    """The metadata naming ``caller`` (empty for None: the server's own calls)."""
-    if caller is None:
-        return []
-    return [(TENANT_METADATA_KEY, caller.tenant), (ROLE_METADATA_KEY, caller.role.value)]
 
 
 class SecretInterceptor(grpc.aio.ServerInterceptor):
@@ -137,44 +112,3 @@ def _deny_like(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHa
     if handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(unary, **kw)
     return grpc.stream_stream_rpc_method_handler(streaming, **kw)
-
-
-class _MetadataClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds fixed metadata (the shared secret, the caller) to every call of a sync channel."""
-
-    def __init__(self, pairs: list[tuple[str, str]]) -> None:
-        self._pairs = pairs
-
-    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        metadata = list(details.metadata or ()) + self._pairs
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            details.wait_for_ready, details.compression)
-
-    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
-        return continuation(self._details(details), request)
-
-    def intercept_stream_unary(self, continuation, details, request_iterator):  # noqa: ANN001, ANN201
-        return continuation(self._details(details), request_iterator)
-
-    def intercept_stream_stream(self, continuation, details, request_iterator):  # noqa: ANN001, ANN201
-        return continuation(self._details(details), request_iterator)
-
-
-class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):  # noqa: ANN001
-        self.method, self.timeout, self.metadata = method, timeout, metadata
-        self.credentials, self.wait_for_ready, self.compression = credentials, wait_for_ready, compression
-
-
-def with_secret(channel: grpc.Channel, secret: str | None, caller: Principal | None = None) -> grpc.Channel:
-    """``channel`` sending the shared secret (when not None) and the ``caller`` (when not None,
-    see caller_of) on every call."""
-    pairs = caller_metadata(caller)
-    if secret is not None:
-        check_secret(secret)
-        pairs.append((SECRET_METADATA_KEY, secret))
-    return grpc.intercept_channel(channel, _MetadataClientInterceptor(pairs)) if pairs else channel

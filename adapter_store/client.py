@@ -1,6 +1,6 @@
 """The inference server's AdapterSource backed by the store sidecar over gRPC.
 
-``StoreClient(target)`` implements inference_server.lora.source.AdapterSource: resolve,
+``StoreClient(target)`` implements adapter_store.format.files.AdapterSource: resolve,
 get, list, put and delete go to the store; ``watch`` follows its changes. Every file is
 checked against the sha256 the store sent (end to end) and parsed before it is returned.
 Idempotent calls (Get, Stat, List) are retried on UNAVAILABLE with a short backoff.
@@ -23,29 +23,28 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 import grpc
-from inference_server.auth.tokens import Principal
-from inference_server.errors import (
+
+from adapter_store.backends.base import BlobCache
+from adapter_store.convert import event_from_pb, record_from_pb
+from adapter_store.errors import (
+    AdapterCorruptError,
     AdapterNotFoundError,
     AdapterValidationError,
+    BackendUnavailable,
     InvalidRequestError,
     LoraplexError,
     PermissionDeniedError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from inference_server.lora.peft_format import parse_adapter_files
-from inference_server.lora.source import AdapterFiles, AdapterInfo
-from inference_server.model.config import ModelConfig
-
-from adapter_store.auth import with_secret
-from adapter_store.backends.base import BlobCache
-from adapter_store.convert import event_from_pb, record_from_pb
-from adapter_store.errors import AdapterCorruptError, BackendUnavailable
+from adapter_store.format.base_shapes import BaseShapes
+from adapter_store.format.files import AdapterFiles, AdapterInfo
+from adapter_store.format.peft_format import parse_adapter_files
+from adapter_store.protocol import FIELD_METADATA_KEY, MAX_MESSAGE_BYTES
 from adapter_store.records import ChangeEvent, StoredRecord
-from adapter_store.server import MAX_MESSAGE_BYTES
-from adapter_store.service import FIELD_METADATA_KEY
-from loraplex.v1 import store_pb2 as pb
-from loraplex.v1 import store_pb2_grpc
+from adapter_store.secret import with_secret
+from adapter_store.tenants.principal import Principal
+from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
@@ -82,7 +81,7 @@ class StoreClient:
         self,
         target: str,
         *,
-        base: ModelConfig | None = None,
+        base: BaseShapes | None = None,
         max_rank: int = 128,
         timeout_s: float = 60.0,
         retries: int = 3,

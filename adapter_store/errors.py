@@ -1,8 +1,56 @@
-"""Store-specific errors. Callers see the domain errors of inference_server.errors, plus these."""
+"""The error vocabulary the store and the inference server share, and the store's own.
+
+Each domain class maps to one gRPC status code, at both edges (the server's interceptor,
+the store's service); the store client turns a store's status back into the same class."""
 
 from __future__ import annotations
 
-from inference_server.errors import DataLossError
+
+class LoraplexError(Exception):
+    """Base class of every error loraplex raises on purpose."""
+
+
+class InvalidRequestError(LoraplexError, ValueError):
+    """A caller's mistake (INVALID_ARGUMENT). ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class AdapterNotFoundError(LoraplexError, LookupError):
+    """The adapter id does not name a stored adapter (NOT_FOUND)."""
+
+    def __init__(self, adapter_id: str) -> None:
+        super().__init__(f"adapter {adapter_id!r} not found")
+        self.adapter_id = adapter_id
+
+
+class AdapterValidationError(InvalidRequestError):
+    """An adapter is malformed, unsupported, or does not fit the base model."""
+
+
+class ResourceExhaustedError(LoraplexError):
+    """A limit was hit (queue full, quota); the message says which (RESOURCE_EXHAUSTED)."""
+
+
+class DataLossError(LoraplexError):
+    """Stored bytes failed their checksum and are never served (DATA_LOSS)."""
+
+
+class UnavailableError(LoraplexError):
+    """A dependency is down or the server is shutting down (UNAVAILABLE)."""
+
+
+class UnauthenticatedError(LoraplexError):
+    """No credentials, or credentials that name nobody (UNAUTHENTICATED)."""
+
+
+class PermissionDeniedError(LoraplexError):
+    """The caller is known but may not do this (PERMISSION_DENIED)."""
+
+
+# The store's own.
 
 
 class AdapterCorruptError(DataLossError):

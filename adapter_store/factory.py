@@ -5,18 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inference_server.model.config import ModelConfig
-
 from adapter_store.backends.local_blobs import LocalBlobBackend
 from adapter_store.backends.memory_cache import MemoryBlobCache
 from adapter_store.backends.memory_feed import MemoryChangeFeed
 from adapter_store.backends.memory_index import MemoryIndex
+from adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
 from adapter_store.metrics import StoreMetrics
 from adapter_store.settings import StoreSettings
 from adapter_store.store import Store
 
 
-def load_base_config(path: str | None) -> ModelConfig | None:
+def load_base_config(path: str | None) -> HFBaseShapes | None:
     """The base model's shapes from a Hugging Face config.json (or the folder holding it)."""
     if path is None:
         return None
@@ -24,7 +23,7 @@ def load_base_config(path: str | None) -> ModelConfig | None:
     if p.is_dir():
         p = p / "config.json"
     try:
-        return ModelConfig.from_hf(json.loads(p.read_text()), name=p.parent.name)
+        return HFBaseShapes.from_hf(json.loads(p.read_text()))
     except FileNotFoundError:
         raise ValueError(f"base model config {p} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
@@ -34,7 +33,7 @@ def load_base_config(path: str | None) -> ModelConfig | None:
 
 
 def build_store(
-    settings: StoreSettings, base: ModelConfig | None = None, metrics: StoreMetrics | None = None
+    settings: StoreSettings, base: BaseShapes | None = None, metrics: StoreMetrics | None = None
 ) -> Store:
     """The store the settings describe. ``base`` overrides ``settings.base_config``."""
     base = base if base is not None else load_base_config(settings.base_config)

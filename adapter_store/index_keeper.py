@@ -7,11 +7,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from inference_server.errors import UnavailableError
-
 from adapter_store.backends.base import Index
 from adapter_store.degradation import Degradation
-from adapter_store.errors import BackendUnavailable
+from adapter_store.errors import BackendUnavailable, UnavailableError
 from adapter_store.listing import HeadScanner
 from adapter_store.records import StoredRecord
 

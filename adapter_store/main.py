@@ -17,9 +17,9 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from adapter_store.auth import read_secret
 from adapter_store.factory import build_store
 from adapter_store.metrics import StoreMetrics
+from adapter_store.secret import read_secret
 from adapter_store.server import StoreServer
 from adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
 from adapter_store.store import Store

@@ -15,11 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from inference_server.errors import AdapterValidationError
-from inference_server.lora.peft_format import AdapterSpec
-from inference_server.lora.source import ADAPTER_FILES, WEIGHTS_FILE, AdapterInfo, make_info
-
-from adapter_store.errors import AdapterCorruptError
+from adapter_store.errors import AdapterCorruptError, AdapterValidationError
+from adapter_store.format.files import ADAPTER_FILES, AdapterInfo, make_info
+from adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec
 
 MAX_FILE_NAME_LEN = 255
 KIND_PUT, KIND_DELETE, KIND_RESYNC = "put", "delete", "resync"

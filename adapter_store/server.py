@@ -11,11 +11,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from adapter_store.auth import SecretInterceptor, is_loopback
-from adapter_store.service import SERVICE_NAME, AdapterStoreService, handler
+from adapter_store.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
+from adapter_store.service import AdapterStoreService, handler
 from adapter_store.store import Store
 
 log = logging.getLogger(__name__)
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # chunks are <= 4 MiB
 
 
 class StoreServer:

@@ -6,7 +6,7 @@ NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, DATA_LOSS; anything else is logged an
 as INTERNAL.
 
 A call naming a caller (adapter_store/auth.py ``caller_of``) is held to the tenant rules of
-inference_server/auth/policy.py, with each record's ``public`` flag read at call time.
+adapter_store/tenants/policy.py, with each record's ``public`` flag read at call time.
 """
 
 from __future__ import annotations
@@ -20,29 +20,28 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from inference_server.auth import policy
-from inference_server.auth.tokens import Principal
-from inference_server.errors import (
+
+from adapter_store.auth import caller_of
+from adapter_store.convert import event_to_pb, record_to_pb
+from adapter_store.decoding import Undecodable, lenient
+from adapter_store.errors import (
+    AdapterCorruptError,
     AdapterNotFoundError,
     InvalidRequestError,
     PermissionDeniedError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from inference_server.lora.naming import validate_adapter_id
-from inference_server.server.decoding import Undecodable, lenient
-
-from adapter_store.auth import caller_of
-from adapter_store.convert import event_to_pb, record_to_pb
-from adapter_store.errors import AdapterCorruptError
+from adapter_store.format.naming import validate_adapter_id
+from adapter_store.protocol import FIELD_METADATA_KEY, SERVICE_NAME
 from adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
 from adapter_store.store import Store
+from adapter_store.tenants import policy
+from adapter_store.tenants.principal import Principal
 from adapter_store.upload import receive_upload
 from loraplex.v1 import store_pb2 as pb
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "loraplex.v1.AdapterStore"
-FIELD_METADATA_KEY = "loraplex-field"
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 WATCH_QUEUE = 1024
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -72,8 +71,8 @@ def _status(context: grpc.aio.ServicerContext, exc: Exception) -> tuple[grpc.Sta
 
 # The wrappers abort after their except block, not inside it: an abort raised there would chain
 # the error (its traceback, and so the frames holding an upload's buffer) to the AbortError that
-# gRPC keeps in a reference cycle, and the buffer would wait for the cycle collector (QA: failed
-# uploads held 1.4 GB that way).
+# gRPC keeps in a reference cycle, and the buffer would wait for the cycle collector (failed uploads
+# held 1.4 GB that way).
 def _unary(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:

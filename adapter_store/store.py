@@ -16,14 +16,19 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
-from inference_server.errors import AdapterNotFoundError, InvalidRequestError, UnavailableError
-from inference_server.lora.naming import validate_adapter_id
-from inference_server.lora.peft_format import parse_adapter_upload
-from inference_server.model.config import ModelConfig
-
 from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
 from adapter_store.degradation import Degradation
-from adapter_store.errors import AdapterCorruptError, BackendUnavailable, BlobMissing
+from adapter_store.errors import (
+    AdapterCorruptError,
+    AdapterNotFoundError,
+    BackendUnavailable,
+    BlobMissing,
+    InvalidRequestError,
+    UnavailableError,
+)
+from adapter_store.format.base_shapes import BaseShapes
+from adapter_store.format.naming import validate_adapter_id
+from adapter_store.format.peft_format import parse_adapter_upload
 from adapter_store.index_keeper import IndexKeeper
 from adapter_store.listing import HeadScanner
 from adapter_store.metrics import StoreMetrics
@@ -43,7 +48,7 @@ class Store:
         cache: BlobCache,
         feed: ChangeFeed,
         *,
-        base: ModelConfig | None = None,
+        base: BaseShapes | None = None,
         max_rank: int = 128,
         max_adapter_bytes: int = 1 << 30,
         metrics: StoreMetrics | None = None,

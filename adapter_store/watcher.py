@@ -12,10 +12,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-from inference_server.errors import AdapterNotFoundError, LoraplexError
-
+from adapter_store.errors import AdapterNotFoundError, LoraplexError
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent
-from adapter_store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +40,7 @@ class StoreWatcher:
         self.resyncs = 0
 
     def start(self) -> "StoreWatcher":
-        if isinstance(self._source, Store):
+        if callable(getattr(self._source, "subscribe", None)):  # an in-process Store
             self._unsubscribe = self._source.subscribe(self.handle)
         else:
             self._thread = threading.Thread(target=self._follow, name="store-watcher", daemon=True)

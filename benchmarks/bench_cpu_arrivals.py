@@ -29,7 +29,8 @@ from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
 from inference_server.engine.config import EngineConfig  # noqa: E402
 from inference_server.engine.factory import assemble  # noqa: E402
 from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
-from inference_server.model.loading import ModelSource, load_checkpoint  # noqa: E402
+from inference_server.model.checkpoint import ModelSource  # noqa: E402
+from inference_server.model.loading import load_checkpoint  # noqa: E402
 from inference_server.model.weights import build_model  # noqa: E402
 
 BATCH, ARRIVALS = 8, 8

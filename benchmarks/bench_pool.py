@@ -38,12 +38,12 @@ from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
 from inference_server.engine.config import EngineConfig  # noqa: E402
 from inference_server.engine.factory import assemble  # noqa: E402
 from inference_server.engine.request import GenerationRequest, StoppingCriteria  # noqa: E402
-from inference_server.lora.device_packing import plan_device_pack, stage  # noqa: E402
+from inference_server.lora.pool.device_packing import plan_device_pack, stage  # noqa: E402
 from inference_server.main import configure_interpreter  # noqa: E402
-from inference_server.lora.manager import AdapterManager  # noqa: E402
-from inference_server.lora.packing import pack_adapter, plan_layout  # noqa: E402
-from inference_server.lora.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
-from inference_server.lora.tensor_views import tensor_views  # noqa: E402
+from inference_server.lora.pool.adapter_pool import AdapterPool  # noqa: E402
+from inference_server.lora.pool.packing import pack_adapter, plan_layout  # noqa: E402
+from adapter_store.format.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
+from inference_server.lora.pool.tensor_views import tensor_views  # noqa: E402
 from inference_server.model.config import ModelConfig  # noqa: E402
 from inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
 from inference_server.model.llama import LlamaForCausalLM  # noqa: E402
@@ -73,7 +73,7 @@ def timed_acquire(mgr, adapter_id: str) -> float:
     return time.perf_counter() - t0
 
 
-def stage_times(mgr: AdapterManager, cfg: ModelConfig, reps: int = 5) -> dict[str, float]:
+def stage_times(mgr: AdapterPool, cfg: ModelConfig, reps: int = 5) -> dict[str, float]:
     """Where a source load goes (median of ``reps``), and the previous loader's CPU packing
     (``pack_adapter`` on zero-copy views, into a host buffer) for comparison."""
     files, dev = mgr.source.files, mgr.pool.device
@@ -107,7 +107,7 @@ def stage_times(mgr: AdapterManager, cfg: ModelConfig, reps: int = 5) -> dict[st
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def tier_times(mgr: AdapterManager, loads: int) -> tuple[list[float], list[float], list[float]]:
+def tier_times(mgr: AdapterPool, loads: int) -> tuple[list[float], list[float], list[float]]:
     """(source -> pool, host tier -> pool, resident) acquire times."""
     timed_acquire(mgr, "warm")  # first call: allocator, pinned buffers
     mgr.invalidate("warm")
@@ -156,7 +156,7 @@ def steps_while(core, work, one_thread: bool = True) -> list[float]:
     return busy
 
 
-def load_phases(mgr: AdapterManager, split: bool) -> list[tuple[str, object, bool]]:
+def load_phases(mgr: AdapterPool, split: bool) -> list[tuple[str, object, bool]]:
     """(name, work, one intra-op thread) of each loading phase: 20 full loads; with ``split``,
     the host half alone (at one and at torch's default threads) and the GPU half alone (host
     tier -> pool, back to back, over more adapters than the pool's free places)."""
@@ -232,7 +232,7 @@ def main() -> None:
     else:  # the manager alone: pool for 3 adapters, host tier for 6
         engine, source, loads = None, RandomAdapterSource(cfg, args.rank), 12
         n = plan_layout(source.spec, cfg).num_elements
-        mgr = AdapterManager(source, cfg, 3 * (n + 64), torch.bfloat16, "cpu", host_cache_bytes=6 * (2 * n + (1 << 20)))
+        mgr = AdapterPool(source, cfg, 3 * (n + 64), torch.bfloat16, "cpu", host_cache_bytes=6 * (2 * n + (1 << 20)))
     source_s, host_s, resident_s = tier_times(mgr, loads)
     entry = mgr.host.lease(f"cold-{loads - 1}")
     mb = entry.num_bytes / 1e6

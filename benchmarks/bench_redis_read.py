@@ -23,7 +23,7 @@ from adapter_store.backends import redis_cache  # noqa: E402
 from adapter_store.backends.redis_conn import connect  # noqa: E402
 from adapter_store.records import FileEntry, StoredRecord  # noqa: E402
 from adapter_store.settings import RedisSettings  # noqa: E402
-from inference_server.lora.source import AdapterInfo  # noqa: E402
+from adapter_store.format.files import AdapterInfo  # noqa: E402
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:

@@ -94,7 +94,7 @@ def build_engine(args: argparse.Namespace, adapter_dir: Path):
 
         return SyntheticEngine(args.step_ms / 1000)
     from inference_server.engine.async_engine import AsyncEngine
-    from inference_server.model.loading import ModelSource
+    from inference_server.model.checkpoint import ModelSource
 
     source = ModelSource(format="dummy", dummy=args.model, seed=0)
     return AsyncEngine.build(engine_config(args), source, str(adapter_dir), False)

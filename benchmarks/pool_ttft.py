@@ -18,10 +18,9 @@ from collections.abc import Callable
 
 from adapter_store.embedded import InProcessStoreSource
 from adapter_store.factory import build_store
+from adapter_store.format.files import AdapterFiles, AdapterInfo
 from adapter_store.settings import RedisSettings, StoreSettings
-
 from inference_server.engine.request import GenerationRequest, StoppingCriteria
-from inference_server.lora.source import AdapterFiles, AdapterInfo
 
 REDIS_PREFIX = "redis-"
 PROMPT = tuple(range(5, 133))  # 128 tokens

@@ -12,8 +12,8 @@ import json
 import torch
 from safetensors.torch import save
 
-from inference_server.lora.peft_format import parse_adapter_files
-from inference_server.lora.source import AdapterFiles, make_info
+from adapter_store.format.files import AdapterFiles, make_info
+from adapter_store.format.peft_format import parse_adapter_files
 from inference_server.model.config import ModelConfig
 
 PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",

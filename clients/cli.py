@@ -216,13 +216,18 @@ def _hash_token() -> int:
     return EXIT_OK
 
 
+def serve(server_args: list[str]) -> None:
+    """``loraplex serve``: this process becomes the server (``python -m inference_server.main``,
+    the same as ``loraplex-server``). The client package never imports the server or torch;
+    the server keeps this process's id, so signals (SIGTERM drains) reach it directly."""
+    os.execv(sys.executable, [sys.executable, "-m", "inference_server.main", *server_args])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loraplex`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
-        from inference_server.main import main as serve_main  # noqa: PLC0415  (loads torch: only here)
-
-        return serve_main(argv[1:])
+        serve(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

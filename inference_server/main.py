@@ -78,7 +78,7 @@ def engine_config(settings: ServerSettings) -> Any:
 def model_source(settings: ServerSettings, device: str = "cpu") -> Any:
     """The ModelSource for ``--model`` / ``--model-format`` (no model: the embedded SmolLM2);
     dummy weights are drawn on ``device``."""
-    from inference_server.model.loading import ModelSource  # noqa: PLC0415
+    from inference_server.model.checkpoint import ModelSource  # noqa: PLC0415
 
     if settings.model_format == "dummy":
         return ModelSource(format="dummy", dummy=settings.model, seed=settings.seed, dummy_device=device)
@@ -104,7 +104,7 @@ def adapter_source(settings: ServerSettings) -> Any:
         return settings.adapter_path
     from adapter_store.client import StoreClient  # noqa: PLC0415
 
-    from adapter_store.auth import read_secret  # noqa: PLC0415
+    from adapter_store.secret import read_secret  # noqa: PLC0415
 
     address, max_rank = settings.adapter_store, settings.max_lora_rank
     secret = read_secret(settings.adapter_store_secret_file) if settings.adapter_store_secret_file else None

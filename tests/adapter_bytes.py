@@ -9,9 +9,9 @@ import struct
 
 import torch
 
-from inference_server.lora.packing import pack_adapter
-from inference_server.lora.peft_format import PROJECTIONS, parse_adapter_files
-from inference_server.lora.tensor_views import tensor_views
+from adapter_store.format.peft_format import PROJECTIONS, parse_adapter_files
+from inference_server.lora.pool.packing import pack_adapter
+from inference_server.lora.pool.tensor_views import tensor_views
 from inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.model.loading import default_model_path
+from inference_server.model.checkpoint import default_model_path
 
 TINY_LLAMA = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent, Timings, Usage
-from inference_server.errors import InvalidRequestError, ResourceExhaustedError
-from inference_server.lora.source import LocalAdapterDirectory
+from adapter_store.errors import InvalidRequestError, ResourceExhaustedError
+from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
+from inference_server.lora.local_directory import LocalAdapterDirectory
 from inference_server.model.config import ModelConfig
 from inference_server.server.app import GrpcServer, ServerOptions
 

@@ -11,13 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.errors import AdapterNotFoundError, ResourceExhaustedError
-from inference_server.lora.manager import AdapterManager
-from inference_server.lora.packing import plan_layout
-from inference_server.lora.range_allocator import RangeAllocator
-from inference_server.lora.source import LocalAdapterDirectory
-from inference_server.model.config import ModelConfig
 from lora_helpers import make_peft_adapter
+
+from adapter_store.errors import AdapterNotFoundError, ResourceExhaustedError
+from inference_server.lora.local_directory import LocalAdapterDirectory
+from inference_server.lora.pool.adapter_pool import AdapterPool
+from inference_server.lora.pool.packing import plan_layout
+from inference_server.lora.pool.range_allocator import RangeAllocator
+from inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)
@@ -62,10 +63,10 @@ def adapter_root_cached(adapter_root: Path) -> Path:
     return adapter_root
 
 
-def _manager(root: Path, adapters_fit: int) -> AdapterManager:
+def _manager(root: Path, adapters_fit: int) -> AdapterPool:
     source = LocalAdapterDirectory(root, CFG)
     biggest = max(plan_layout(source.resolve(f"a{i}").spec, CFG).num_elements for i in range(6))
-    return AdapterManager(source, CFG, biggest * adapters_fit + 64 * 16, torch.float32, "cpu", acquire_timeout_s=0.2)
+    return AdapterPool(source, CFG, biggest * adapters_fit + 64 * 16, torch.float32, "cpu", acquire_timeout_s=0.2)
 
 
 def test_lru_evicts_the_least_recently_used_idle_adapter(adapter_root: Path) -> None:
@@ -164,7 +165,7 @@ def test_a_delete_or_reupload_during_a_cold_load_is_never_lost(tmp_path: Path, a
     local = LocalAdapterDirectory(root, CFG)
     source = _PausedSource(local, "x")
     size = plan_layout(local.resolve("x").spec, CFG).num_elements
-    mgr = AdapterManager(source, CFG, 4 * size + 64 * 16, torch.float32, "cpu", acquire_timeout_s=5)
+    mgr = AdapterPool(source, CFG, 4 * size + 64 * 16, torch.float32, "cpu", acquire_timeout_s=5)
     result: dict[str, object] = {}
 
     def load() -> None:
@@ -237,7 +238,7 @@ def test_no_starvation_with_many_more_adapters_than_slots(tmp_path: Path) -> Non
     for i in range(64):
         source.put(f"t/a{i}", files)
     size = plan_layout(source.resolve("t/a0").spec, CFG).num_elements
-    mgr = AdapterManager(source, CFG, 8 * (size + 64), torch.float32, "cpu", acquire_timeout_s=30.0)
+    mgr = AdapterPool(source, CFG, 8 * (size + 64), torch.float32, "cpu", acquire_timeout_s=30.0)
     weights = [1 / (k + 1) ** 1.5 for k in range(64)]
     waits: list[float] = []
     errors: list[BaseException] = []
@@ -292,8 +293,8 @@ def test_pool_byte_accounting_is_exact(adapter_root_cached, ops) -> None:
 
 
 def test_host_arena_never_overwrites_a_leased_entry() -> None:
-    from inference_server.lora.host_cache import HostAdapterCache, PackedAdapter
-    from inference_server.lora.packing import AdapterLayout
+    from inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
+    from inference_server.lora.resident import AdapterLayout
 
     layout = AdapterLayout((0,) * 7, (0.0,) * 7, (0,) * 7, (0,) * 7, 64)
     cache = HostAdapterCache(2 * 64 * 4)
@@ -316,7 +317,7 @@ def test_a_cold_load_checks_the_adapter_once_when_the_source_checked_it_against_
 ) -> None:
     """The source validates an adapter against its base model; the manager checks it again
     only when that base is not its own (a cold load parsed every adapter twice)."""
-    import inference_server.lora.manager as manager_module
+    import inference_server.lora.pool.adapter_pool as manager_module
 
     calls: list[ModelConfig] = []
     parse = manager_module.parse_adapter_files
@@ -327,7 +328,7 @@ def test_a_cold_load_checks_the_adapter_once_when_the_source_checked_it_against_
     other = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                         num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5 / 2)
     assert other != CFG
-    checked_elsewhere = AdapterManager(LocalAdapterDirectory(adapter_root, other), CFG, mgr._alloc.capacity,
+    checked_elsewhere = AdapterPool(LocalAdapterDirectory(adapter_root, other), CFG, mgr._alloc.capacity,
                                        torch.float32, "cpu")
     checked_elsewhere.release(checked_elsewhere.acquire("a1"))
     assert calls == [CFG]

@@ -8,10 +8,11 @@ import os
 
 import pytest
 
-from inference_server.auth import policy
+from adapter_store.errors import AdapterNotFoundError, PermissionDeniedError, ResourceExhaustedError
+from adapter_store.tenants import policy
+from adapter_store.tenants.principal import Principal, Role
 from inference_server.auth.quotas import QuotaTracker, TenantLimits
-from inference_server.auth.tokens import AuthError, Principal, Role, TokenFile, hash_token, parse_tokens_file
-from inference_server.errors import AdapterNotFoundError, PermissionDeniedError, ResourceExhaustedError
+from inference_server.auth.tokens import AuthError, TokenFile, hash_token, parse_tokens_file
 
 TOKEN_A = "tok-a-0123456789abcdef"
 TOKEN_ADMIN = "tok-admin-0123456789abcdef"
@@ -73,7 +74,7 @@ def test_reload_on_change_without_restart_and_bad_file_keeps_old_tokens(tmp_path
     ('{"tokens": [{"sha256": "abc", "tenant": "a"}]}', "64 hex"),
     ('{"tokens": [{"sha256": "' + "0" * 64 + '", "tenant": "a", "role": "root"}]}', "role"),
     ('{"tokens": [{"sha256": "' + "0" * 64 + '", "tenant": "a/b"}]}', "tenant"),
-    # one token listed for two tenants acted as the last of them (QA: acme's token read beta's adapters)
+    # one token listed for two tenants acted as the last of them (acme's token read beta's adapters)
     ('{"tokens": [{"sha256": "' + "a" * 64 + '", "tenant": "acme"}, {"sha256": "' + "A" * 64 + '", "tenant": "beta"}]}',
      r"tokens\[1\]: the same sha256 as tokens\[0\]"),
 ])
@@ -140,7 +141,7 @@ def test_request_quotas_name_the_limit() -> None:
 
 
 def test_tokens_per_minute_reserves_each_request_budget_at_admission() -> None:
-    """Requests started together cannot overrun the limit (QA: five admitted at once used 755
+    """Requests started together cannot overrun the limit (five admitted at once used 755
     tokens against 100/min, as only the prompt was checked): each reserves prompt +
     max_new_tokens, and gives back what it did not generate when it ends. A request whose budget
     alone is over the limit is told so, not to retry."""

@@ -88,7 +88,7 @@ def test_stop_strings_are_bounded_in_length() -> None:
     """Matching runs on the engine thread for every token: a stop string is at most
     MAX_STOP_CHARS long (QA: 16 stops of 400000 characters cost ~18 ms a token for everyone)."""
     from inference_server.engine.request import MAX_STOP_CHARS, StoppingCriteria
-    from inference_server.errors import InvalidRequestError
+    from adapter_store.errors import InvalidRequestError
 
     StoppingCriteria(stop_strings=("x" * MAX_STOP_CHARS,))
     with pytest.raises(InvalidRequestError, match=f"at most {MAX_STOP_CHARS} characters"):

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from adapter_bytes import ALL, CASES, CFG, adapter_files, reference
-from inference_server.lora.device_packing import plan_device_pack, stage, unpack
-from inference_server.lora.packing import plan_layout
-from inference_server.lora.peft_format import parse_adapter_files
+
+from adapter_store.format.peft_format import parse_adapter_files
+from inference_server.lora.pool.device_packing import plan_device_pack, stage, unpack
+from inference_server.lora.pool.packing import plan_layout
 from inference_server.model.config import ModelConfig
 
 
@@ -59,8 +60,8 @@ def test_gather_works_in_large_chunks_for_a_7b_shaped_adapter() -> None:
 @pytest.mark.parametrize("pool", [torch.bfloat16, torch.float32])
 def test_manager_loads_and_host_hits_give_the_reference_layout(tmp_path, pool: torch.dtype) -> None:
     """Source load, then a host-tier hit after eviction, each into a pool range holding garbage."""
-    from inference_server.lora.manager import AdapterManager
-    from inference_server.lora.source import LocalAdapterDirectory
+    from inference_server.lora.pool.adapter_pool import AdapterPool
+    from inference_server.lora.local_directory import LocalAdapterDirectory
 
     source = LocalAdapterDirectory(tmp_path, CFG)
     cases = {"mixed": (CASES["mixed-ranks"], torch.float16), "layers": (CASES["layers-subset"], torch.float32),
@@ -70,7 +71,7 @@ def test_manager_loads_and_host_hits_give_the_reference_layout(tmp_path, pool: t
     for name, f in files.items():
         source.put(name, f)
     biggest = max(plan_layout(parse_adapter_files(f, CFG), CFG).num_elements for f in files.values())
-    mgr = AdapterManager(source, CFG, biggest + 64, pool, "cpu", host_cache_bytes=1 << 20)
+    mgr = AdapterPool(source, CFG, biggest + 64, pool, "cpu", host_cache_bytes=1 << 20)
     for name in [*files, *files]:  # the second round evicts and hits the host tier
         mgr.pool.fill_(float("nan"))
         ra = mgr.acquire(name)
@@ -84,7 +85,7 @@ def test_manager_loads_and_host_hits_give_the_reference_layout(tmp_path, pool: t
 def test_a_tensor_outside_the_spec_is_refused_before_anything_is_staged() -> None:
     import dataclasses
 
-    from inference_server.errors import AdapterValidationError
+    from adapter_store.errors import AdapterValidationError
 
     files = adapter_files(CFG, CASES["r4"], torch.float32, seed=0, shuffle=False)
     spec = parse_adapter_files(files, CFG)

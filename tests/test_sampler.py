@@ -124,7 +124,7 @@ def test_extreme_but_valid_parameters_still_choose_a_real_token() -> None:
 def test_repetition_penalties_outside_what_float32_carries_are_refused() -> None:
     import pytest
 
-    from inference_server.errors import InvalidRequestError
+    from adapter_store.errors import InvalidRequestError
 
     for bad in (1e-300, 1e-7, 1e7, 0.0, -1.0, float("nan")):
         with pytest.raises(InvalidRequestError, match=r"must be in \[1e-06, 1e\+06\]"):

@@ -16,7 +16,7 @@ from inference_server.auth.security import Security
 from inference_server.auth.tokens import TokenFile, hash_token
 from inference_server.engine.async_engine import AsyncEngine
 from inference_server.engine.config import EngineConfig
-from inference_server.model.loading import ModelSource
+from inference_server.model.checkpoint import ModelSource
 from inference_server.server.app import ServerOptions
 
 pytestmark = pytest.mark.slow

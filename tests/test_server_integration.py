@@ -15,15 +15,16 @@ import pytest
 import torch
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from lora_helpers import ADAPTER_CONFIGS, make_peft_adapter
+from server_helpers import ServerThread, free_port, write_fake_adapter
+
 from clients import AsyncLoraplexClient, LoraplexClient
 from clients.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
 from inference_server.engine.async_engine import AsyncEngine
 from inference_server.engine.config import EngineConfig
 from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
-from inference_server.model.loading import ModelSource
+from inference_server.model.checkpoint import ModelSource
 from inference_server.server.app import ServerOptions
-from lora_helpers import ADAPTER_CONFIGS, make_peft_adapter
-from server_helpers import ServerThread, free_port, write_fake_adapter
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import logging
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from adapter_store.errors import InvalidRequestError
 from inference_server.auth.security import Security
-from inference_server.errors import InvalidRequestError
 from inference_server.server.tenancy import Tenancy
 from inference_server.server.tenant_metrics import TenantMetrics
 

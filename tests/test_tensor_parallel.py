@@ -14,20 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
+
+from adapter_store.format.peft_format import parse_adapter_files
 from inference_server.engine.async_engine import AsyncEngine
+from inference_server.engine.build import build_engine
 from inference_server.engine.config import EngineConfig
-from inference_server.engine.factory import build_engine
 from inference_server.engine.request import FinishReason
-from inference_server.lora.packing import plan_layout
-from inference_server.lora.peft_format import parse_adapter_files
-from inference_server.lora.source import LocalAdapterDirectory
+from inference_server.lora.local_directory import LocalAdapterDirectory
+from inference_server.lora.pool.packing import plan_layout
+from inference_server.model.checkpoint import ModelSource
 from inference_server.model.config import ModelConfig
-from inference_server.model.loading import ModelSource
 from inference_server.parallel.launch import build_parallel_engine
 from inference_server.parallel.lora import pack_shards
 from inference_server.parallel.shard import local_config
 from kernels.reference import _a_matrix, _b_matrix
-from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 NEW_TOKENS = 12

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from inference_server.errors import ResourceExhaustedError
+from adapter_store.errors import ResourceExhaustedError
 
 WINDOW_S = 60.0
 

@@ -11,7 +11,6 @@ Only hashes are kept; a presented token is hashed and compared to every entry wi
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import json
@@ -21,39 +20,17 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from adapter_store.tenants.principal import Principal, Role
 
 log = logging.getLogger(__name__)
 MAX_TOKEN_LEN = 512
 _TOKEN = re.compile(r"^[\x21-\x7e]{16,512}\Z")  # printable ASCII, no spaces, 16..512 characters
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # one adapter-id part
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
-
-
-class Role(str, enum.Enum):
-    TENANT = "tenant"
-    ADMIN = "admin"
 
 
 class AuthError(Exception):
     """Authentication failed; the message says why without repeating the token."""
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling: a tenant (its namespace) and a role."""
-
-    tenant: str
-    role: Role
-
-    def __post_init__(self) -> None:
-        if not _TENANT.match(self.tenant):
-            raise ValueError(f"tenant {self.tenant!r}: 1-64 characters of [A-Za-z0-9._-], starting with a "
-                             "letter or digit")
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role is Role.ADMIN
 
 
 def hash_token(token: str) -> str:

@@ -16,22 +16,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from adapter_store.errors import InvalidRequestError, ResourceExhaustedError, UnavailableError
 from inference_server.engine import cpu_threads
 from inference_server.engine.admission import Admission
 from inference_server.engine.config import EngineConfig
 from inference_server.engine.info import EngineInfo, EngineStats
 from inference_server.engine.llm_engine import LLMEngine
-from inference_server.engine.managed_adapters import ManagedAdapters
 from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
-from inference_server.errors import InvalidRequestError, ResourceExhaustedError, UnavailableError
-from inference_server.lora.manager import AdapterManager
+from inference_server.lora.managed_adapters import ManagedAdapters
+from inference_server.lora.pool.adapter_pool import AdapterPool
 
 log = logging.getLogger(__name__)
 
 
 class AsyncEngine:
     def __init__(
-        self, core: LLMEngine, manager: AdapterManager, adapters: ManagedAdapters, info: EngineInfo, config: EngineConfig
+        self, core: LLMEngine, manager: AdapterPool, adapters: ManagedAdapters, info: EngineInfo, config: EngineConfig
     ) -> None:
         self._core = core
         self._manager = manager
@@ -55,7 +55,7 @@ class AsyncEngine:
     @classmethod
     def build(cls, config: EngineConfig, model, adapters, progress: bool = True) -> "AsyncEngine":
         """Load the model (blocking: call it in a thread) and wire the engine together."""
-        from inference_server.engine.factory import build_engine  # noqa: PLC0415
+        from inference_server.engine.build import build_engine  # noqa: PLC0415
 
         return build_engine(cls, config, model, adapters, progress)
 

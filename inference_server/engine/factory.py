@@ -8,30 +8,28 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from adapter_store.format.files import AdapterSource
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.config import EngineConfig
+from inference_server.engine.cuda_graphs import default_sizes
 from inference_server.engine.info import EngineInfo
 from inference_server.engine.llm_engine import LLMEngine
-from inference_server.engine.managed_adapters import ManagedAdapters
-from inference_server.engine.cuda_graphs import default_sizes
 from inference_server.engine.model_runner import ModelRunner, RunnerOptions
 from inference_server.engine.scheduler import SchedulerConfig
-from inference_server.lora.manager import AdapterManager
-from inference_server.lora.source import AdapterSource, LocalAdapterDirectory
+from inference_server.lora.local_directory import LocalAdapterDirectory
+from inference_server.lora.managed_adapters import ManagedAdapters
+from inference_server.lora.pool.adapter_pool import AdapterPool
+from inference_server.model.checkpoint import ModelSource
 from inference_server.model.config import ModelConfig
-from inference_server.model.loading import ModelSource, load_checkpoint
+from inference_server.model.loading import load_checkpoint
 from inference_server.model.weights import build_model
 
 log = logging.getLogger(__name__)
 
 
-def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progress: bool = True):
-    """``adapters``: an AdapterSource, or a folder path for a LocalAdapterDirectory.
-    ``config.tensor_parallel_size`` > 1 starts the sharded engine (inference_server/parallel)."""
-    if config.tensor_parallel_size > 1:
-        from inference_server.parallel.launch import build_parallel_engine  # noqa: PLC0415
-
-        return build_parallel_engine(cls, config, model, adapters, progress)
+def build_local_engine(cls, config: EngineConfig, model: ModelSource, adapters, progress: bool = True):
+    """The single-process engine: load the checkpoint onto ``config.device`` and assemble.
+    ``adapters``: an AdapterSource, or a folder path for a LocalAdapterDirectory."""
     ckpt = load_checkpoint(model, config.torch_dtype, progress=progress)
     log.info("loading %s (%s) on %s", ckpt.description, config.dtype, config.device)
     module = build_model(ckpt.config, ckpt.iter_tensors(), config.device, config.torch_dtype)
@@ -50,11 +48,11 @@ def adapter_source(adapters, model_config: ModelConfig, config: EngineConfig) ->
 
 def assemble(
     cls, config: EngineConfig, module: nn.Module, model_config: ModelConfig, tokenizer, source: AdapterSource,
-    manager_factory=AdapterManager, runner_factory=None,
+    manager_factory=AdapterPool, runner_factory=None,
 ):
     """Build the engine around an already loaded model (tests use this directly).
 
-    ``manager_factory`` (AdapterManager's arguments) and ``runner_factory`` (module, model
+    ``manager_factory`` (AdapterPool's arguments) and ``runner_factory`` (module, model
     config, block manager, adapter manager, max seqs, max tokens) let tensor parallelism
     substitute its rank-0 manager and runner."""
     dtype = config.torch_dtype

@@ -15,7 +15,7 @@ import torch
 from inference_server.engine.sequence import Sequence
 from inference_server.lora.batch import LoraBatchBuilder
 from inference_server.lora.layers import LoraContext
-from inference_server.lora.packing import AdapterLayout
+from inference_server.lora.resident import AdapterLayout
 from inference_server.model.attention import AttentionMetadata, DecodeRows, SequenceSpan
 from inference_server.model.llama import ForwardBatch
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import kernels
-from inference_server.lora.manager import ResidentAdapter
-from inference_server.lora.packing import NUM_PROJECTIONS
+from inference_server.lora.resident import NUM_PROJECTIONS, ResidentAdapter
 from inference_server.model.config import ModelConfig
+import kernels
 
 MAX_LORA_RANK = 128
 RANK_GRAIN = 16  # an eager step's workspace rank: its largest adapter rank, rounded up to this

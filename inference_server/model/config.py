@@ -5,15 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Architectures whose decoder is the Llama block (RMSNorm, GQA attention with RoPE, SiLU
-# gated MLP). Qwen2 adds a bias to q/k/v; the rest is the same module tree.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
-MODEL_TYPES = frozenset(SUPPORTED_ARCHITECTURES.values())
-
+from adapter_store.format.base_shapes import (
+    MODEL_TYPES,
+    SUPPORTED_ARCHITECTURES,
+    llama_projection_shapes,
+    model_type_of,
+)
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -61,29 +58,12 @@ class ModelConfig:
 
     def projection_shapes(self) -> dict[str, tuple[int, int]]:
         """(in_features, out_features) of the 7 LoRA-targetable projections, by PEFT name."""
-        h, i = self.hidden_size, self.intermediate_size
-        return {
-            "q_proj": (h, self.q_size),
-            "k_proj": (h, self.kv_size),
-            "v_proj": (h, self.kv_size),
-            "o_proj": (self.q_size, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
+        return llama_projection_shapes(self.hidden_size, self.intermediate_size, self.q_size, self.kv_size)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str = "model") -> "ModelConfig":
         """Build from a Hugging Face config.json dict; an unknown architecture is a clear error."""
-        archs = cfg.get("architectures") or []
-        model_type = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if model_type is None:
-            model_type = cfg.get("model_type")
-        if model_type not in MODEL_TYPES:
-            raise ValueError(
-                f"unsupported architecture {archs or cfg.get('model_type')!r}; supported: "
-                f"{sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+        model_type = model_type_of(cfg)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())

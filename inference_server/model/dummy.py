@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import torch
 
+from inference_server.model.checkpoint import Checkpoint, ModelSource, default_model_path, expected_shapes
 from inference_server.model.config import ModelConfig
-from inference_server.model.loading import Checkpoint, ModelSource, default_model_path, expected_shapes
 from inference_server.model.tokenizer import Tokenizer
 
 INIT_STD = 0.02

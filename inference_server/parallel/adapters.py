@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_server.lora.host_cache import PackedAdapter
-from inference_server.lora.manager import AdapterManager, ResidentAdapter
-from inference_server.lora.packing import AdapterLayout
-from inference_server.lora.peft_format import AdapterSpec
+from adapter_store.format.peft_format import AdapterSpec
+from inference_server.lora.pool.adapter_pool import AdapterPool
+from inference_server.lora.pool.host_cache import PackedAdapter
+from inference_server.lora.resident import AdapterLayout, ResidentAdapter
 from inference_server.model.config import ModelConfig
 from inference_server.parallel.lora import pack_shards, shard_layout
 
@@ -38,8 +38,8 @@ class ShardLoad:
         return self.shards.shape[1]
 
 
-class ParallelAdapterManager(AdapterManager):
-    """AdapterManager for rank 0 of a tensor-parallel group of ``world_size`` ranks."""
+class ParallelAdapterManager(AdapterPool):
+    """AdapterPool for rank 0 of a tensor-parallel group of ``world_size`` ranks."""
 
     def __init__(self, *args, world_size: int, **kwargs) -> None:
         self.world_size = world_size

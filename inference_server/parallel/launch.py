@@ -23,7 +23,8 @@ import torch.multiprocessing as mp
 
 from inference_server.engine.config import EngineConfig
 from inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
-from inference_server.model.loading import Checkpoint, ModelSource, load_checkpoint
+from inference_server.model.checkpoint import Checkpoint, ModelSource
+from inference_server.model.loading import load_checkpoint
 from inference_server.parallel.adapters import ParallelAdapterManager
 from inference_server.parallel.group import TPGroup, join_group, leave_group, rank_device
 from inference_server.parallel.layers import TensorParallelLM

@@ -24,10 +24,11 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from adapter_store.format.peft_format import AdapterSpec
 from inference_server.lora.batch import ProjGroup
 from inference_server.lora.layers import LoraContext, LoraLinear
-from inference_server.lora.packing import AdapterLayout, pack_adapter, plan_layout
-from inference_server.lora.peft_format import AdapterSpec
+from inference_server.lora.pool.packing import pack_adapter, plan_layout
+from inference_server.lora.resident import AdapterLayout
 from inference_server.model.config import ModelConfig
 from inference_server.parallel.layers import RowParallelLinear
 from inference_server.parallel.shard import local_config

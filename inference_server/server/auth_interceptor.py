@@ -16,9 +16,10 @@ from typing import Any
 
 import grpc
 
-from inference_server.auth.tokens import AuthError, Principal, TokenFile
-from inference_server.errors import UnauthenticatedError
-from inference_server.server.decoding import checked, lenient
+from adapter_store.decoding import checked, lenient
+from adapter_store.errors import UnauthenticatedError
+from adapter_store.tenants.principal import Principal
+from inference_server.auth.tokens import AuthError, TokenFile
 
 AUTH_METADATA_KEY = "authorization"
 audit = logging.getLogger("loraplex.audit")

@@ -14,6 +14,8 @@ from typing import Any, Protocol, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from adapter_store.errors import InvalidRequestError
+from adapter_store.format.naming import validate_adapter_id
 from inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
@@ -21,8 +23,6 @@ from inference_server.engine.request import (
     StoppingCriteria,
     TokenEvent,
 )
-from inference_server.errors import InvalidRequestError
-from inference_server.lora.naming import validate_adapter_id
 from loraplex.v1 import inference_pb2 as pb
 
 MAX_REQUEST_ID_LEN = 128
@@ -220,7 +220,7 @@ def token_event_to_pb(event: TokenEvent, client_request_id: str) -> pb.GenerateR
 
 
 def adapter_to_pb(info: Any, residency: tuple[bool, bool] = (False, False)) -> pb.Adapter:
-    """An AdapterInfo (inference_server.lora.source) as the public Adapter message;
+    """An AdapterInfo (adapter_store.format.files) as the public Adapter message;
     ``residency``: (in the device pool, in the host tier)."""
     created = Timestamp()
     created.FromNanoseconds(int(info.created_at * 1e9))

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from inference_server.errors import (
+from adapter_store.errors import (
     AdapterNotFoundError,
     DataLossError,
     InvalidRequestError,

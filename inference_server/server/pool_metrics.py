@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from inference_server.lora.pool_stats import LOAD_BUCKETS
+from inference_server.lora.pool.pool_stats import LOAD_BUCKETS
 
 # (family, help, {tier label: counter key}): a tier's miss is what the next tier served
 _TIERED = (

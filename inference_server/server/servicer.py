@@ -10,16 +10,15 @@ from typing import Any
 
 import grpc
 
+from adapter_store.errors import InvalidRequestError, LoraplexError
 from inference_server.auth.security import Security
-from inference_server.errors import InvalidRequestError, LoraplexError
 from inference_server.server import convert
 from inference_server.server.metrics import ServerMetrics
 from inference_server.server.state import ServingState
 from inference_server.server.tenancy import Tenancy
 from inference_server.server.tenant_metrics import TenantMetrics
 from inference_server.server.upload import UploadAssembler, UploadLimits
-from loraplex.v1 import inference_pb2 as pb
-from loraplex.v1 import inference_pb2_grpc as pb_grpc
+from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 # Prompts longer than this are tokenized in a worker thread, off the event loop.
 _INLINE_TOKENIZE_CHARS = 8192

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from inference_server.errors import ResourceExhaustedError, UnavailableError
+from adapter_store.errors import ResourceExhaustedError, UnavailableError
 
 
 class ServingState:

@@ -1,4 +1,4 @@
-"""The servicer's tenant rules in one place: authorization (auth/policy.py), quotas, audit lines.
+"""The servicer's tenant rules in one place: authorization (adapter_store/tenants/policy.py), quotas, audit lines.
 
 Every method takes the handler's context (its ``principal`` was set by AuthInterceptor;
 None when authentication is off). Reading another tenant's adapter depends on its ``public``
@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from inference_server.auth import policy
+from adapter_store.errors import AdapterNotFoundError, LoraplexError, ResourceExhaustedError, UnavailableError
+from adapter_store.format.files import AdapterInfo
+from adapter_store.tenants import policy
 from inference_server.auth.quotas import RequestTicket
 from inference_server.auth.security import Security
 from inference_server.engine.request import GenerationRequest
-from inference_server.errors import AdapterNotFoundError, LoraplexError, ResourceExhaustedError, UnavailableError
-from inference_server.lora.source import AdapterInfo
 from inference_server.server.auth_interceptor import principal_of
 from inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
 
@@ -117,7 +117,7 @@ class Tenancy:
     @asynccontextmanager
     async def quota_held(self, adapter_id: str) -> AsyncIterator[None]:
         """Held from an upload's quota check to its store, per owning tenant when adapter quotas
-        are on: parallel uploads each passed the check before any was stored (QA: 7 adapters
+        are on: parallel uploads each passed the check before any was stored (7 adapters
         against a limit of 2). Within this process; replicas each check their own."""
         owner = policy.adapter_owner(adapter_id)
         limits = self.security.limits

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from inference_server.errors import InvalidRequestError, ResourceExhaustedError
+from adapter_store.errors import InvalidRequestError, ResourceExhaustedError
 from inference_server.server.convert import adapter_id_from_pb
 from loraplex.v1 import inference_pb2 as pb
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from adapter_bytes import ALL, CASES, CFG, adapter_files, reference
-from inference_server.lora.manager import AdapterManager
-from inference_server.lora.packing import plan_layout
-from inference_server.lora.peft_format import parse_adapter_files
-from inference_server.lora.source import AdapterFiles, make_info
+
+from adapter_store.format.files import AdapterFiles, make_info
+from adapter_store.format.peft_format import parse_adapter_files
+from inference_server.lora.pool.adapter_pool import AdapterPool
+from inference_server.lora.pool.packing import plan_layout
 from inference_server.model.config import ModelConfig
 
 
@@ -32,7 +33,7 @@ class MemorySource:
 
 def _manager(files: dict[str, dict[str, bytes]], cfg: ModelConfig, pool: torch.dtype, adapters_fit: int):
     biggest = max(plan_layout(parse_adapter_files(f, cfg), cfg).num_elements for f in files.values())
-    return AdapterManager(MemorySource(files, cfg), cfg, adapters_fit * (biggest + 64), pool, "cuda",
+    return AdapterPool(MemorySource(files, cfg), cfg, adapters_fit * (biggest + 64), pool, "cuda",
                           host_cache_bytes=64 << 20)
 
 

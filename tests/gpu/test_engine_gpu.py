@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.lora.batch import LoraBatchBuilder, ProjGroup
-from inference_server.lora.copier import PoolCopier
 from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all, tokens_of
+
+from inference_server.lora.batch import LoraBatchBuilder, ProjGroup
+from inference_server.lora.pool.copier import PoolCopier
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 from store_adapters import ADAPTERS, WEIGHTS, peft_files
 
+from adapter_store.errors import AdapterNotFoundError, InvalidRequestError
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
-from inference_server.errors import AdapterNotFoundError, InvalidRequestError
 
 pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)
 

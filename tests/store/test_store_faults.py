@@ -10,10 +10,8 @@ import pytest
 from store_adapters import WEIGHTS, peft_files
 from store_services import MotoProcess, RedisProcess
 
-from adapter_store.errors import AdapterCorruptError
-from inference_server.errors import UnavailableError
-from loraplex.v1 import store_pb2 as pb
-from loraplex.v1 import store_pb2_grpc
+from adapter_store.errors import AdapterCorruptError, UnavailableError
+from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from store_adapters import peft_files
 from store_services import StoreProcess, free_port
 
 from adapter_store.client import StoreClient
+from adapter_store.errors import AdapterNotFoundError
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
-from inference_server.errors import AdapterNotFoundError
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from store_services import ServerThread
 
-from adapter_store.auth import SECRET_METADATA_KEY, is_loopback, read_secret
+from adapter_store.auth import is_loopback
 from adapter_store.client import StoreClient
+from adapter_store.errors import LoraplexError
 from adapter_store.factory import build_store
 from adapter_store.main import parse_args
+from adapter_store.protocol import SECRET_METADATA_KEY
+from adapter_store.secret import read_secret
 from adapter_store.settings import StoreSettings
-from inference_server.errors import LoraplexError
 from loraplex.v1 import store_pb2, store_pb2_grpc
 
 SECRET = "store-secret-0123456789"

@@ -10,10 +10,10 @@ import pytest
 from adapter_store.backends.memory_cache import MemoryBlobCache
 from adapter_store.backends.memory_index import MemoryIndex
 from adapter_store.errors import AdapterCorruptError
+from adapter_store.format.files import AdapterInfo
 from adapter_store.main import parse_args
 from adapter_store.records import FileEntry, StoredRecord
 from adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
-from inference_server.lora.source import AdapterInfo
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
@@ -176,7 +176,7 @@ def test_record_built_from_an_uploads_digests_is_the_record_hashed_here(adapters
     does not hash 80 MB twice more) and must come out exactly as if it had hashed them itself."""
     import hashlib  # noqa: PLC0415
 
-    from inference_server.lora.peft_format import parse_adapter_files  # noqa: PLC0415
+    from adapter_store.format.peft_format import parse_adapter_files  # noqa: PLC0415
     from store_adapters import peft_files  # noqa: PLC0415
 
     files = peft_files(adapters["r16-bf16"])
@@ -255,7 +255,7 @@ def test_in_process_source_is_an_adapter_source(tmp_path, adapters, base_config)
 
     from adapter_store.embedded import InProcessStoreSource  # noqa: PLC0415
     from adapter_store.factory import build_store  # noqa: PLC0415
-    from inference_server.errors import AdapterNotFoundError, AdapterValidationError  # noqa: PLC0415
+    from adapter_store.errors import AdapterNotFoundError, AdapterValidationError  # noqa: PLC0415
 
     source = InProcessStoreSource(build_store(StoreSettings(local_dir=str(tmp_path)), base=base_config))
     info = source.put("t/a", adapters["r16-bf16"])
@@ -292,7 +292,7 @@ def test_client_with_a_base_checks_uploads_before_sending(tmp_path, foreign_adap
 
     from adapter_store.client import StoreClient  # noqa: PLC0415
     from adapter_store.factory import build_store  # noqa: PLC0415
-    from inference_server.errors import AdapterValidationError  # noqa: PLC0415
+    from adapter_store.errors import AdapterValidationError  # noqa: PLC0415
 
     store = build_store(StoreSettings(local_dir=str(tmp_path)))  # this store does not know the base model
     server = ServerThread(store)
@@ -370,7 +370,7 @@ def test_a_lookup_that_races_a_delete_does_not_bring_the_adapter_back(tmp_path, 
     completes in between must not be undone by that fill (the adapter came back in List and Stat
     until a Get happened to clean it up)."""
     from adapter_store.factory import build_store
-    from inference_server.errors import AdapterNotFoundError
+    from adapter_store.errors import AdapterNotFoundError
 
     store = build_store(StoreSettings(blob_backend="local", local_dir=str(tmp_path / "blobs"),
                                       index_backend="memory"), base=base_config)

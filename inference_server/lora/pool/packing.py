@@ -20,31 +20,19 @@ same result element for element.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
-from inference_server.errors import AdapterValidationError
-from inference_server.lora.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
+from adapter_store.errors import AdapterValidationError
+from adapter_store.format.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
+from inference_server.lora.resident import AdapterLayout
 from inference_server.model.config import ModelConfig
 
-NUM_PROJECTIONS = len(PROJECTIONS)
 BLOCK_ALIGN = 64  # elements: every A/B block starts 128-byte aligned (bf16) for vector loads
 
 
 def _aligned(n: int) -> int:
     return -(-n // BLOCK_ALIGN) * BLOCK_ALIGN
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterLayout:
-    """Where each projection's A and B start (elements, relative to the adapter's base)."""
-
-    ranks: tuple[int, ...]  # [7], 0 = projection not adapted
-    scales: tuple[float, ...]  # [7]
-    a_offsets: tuple[int, ...]  # [7]
-    b_offsets: tuple[int, ...]  # [7]
-    num_elements: int
 
 
 def plan_layout(spec: AdapterSpec, cfg: ModelConfig) -> AdapterLayout:

@@ -21,21 +21,21 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from inference_server.errors import ResourceExhaustedError
-from inference_server.lora.copier import PoolCopier
-from inference_server.lora.host_cache import HostAdapterCache, PackedAdapter
-from inference_server.lora.device_packing import plan_device_pack, stage
-from inference_server.lora.packing import AdapterLayout, plan_layout
-from inference_server.lora.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
-from inference_server.lora.pool_stats import PoolMetrics, PoolStats
-from inference_server.lora.pool_writes import PoolWrites, WriteListener
-from inference_server.lora.range_allocator import RangeAllocator
-from inference_server.lora.source import AdapterSource
-from inference_server.lora.tensor_views import tensor_views
+from adapter_store.errors import ResourceExhaustedError
+from adapter_store.format.files import AdapterSource
+from adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
+from inference_server.lora.pool.copier import PoolCopier
+from inference_server.lora.pool.device_packing import plan_device_pack, stage
+from inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
+from inference_server.lora.pool.packing import plan_layout
+from inference_server.lora.pool.pool_stats import PoolMetrics, PoolStats
+from inference_server.lora.pool.pool_writes import PoolWrites, WriteListener
+from inference_server.lora.pool.range_allocator import RangeAllocator
+from inference_server.lora.pool.tensor_views import tensor_views
+from inference_server.lora.resident import AdapterLayout, ResidentAdapter
 from inference_server.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -44,29 +44,7 @@ log = logging.getLogger(__name__)
 PackHook = Callable[[AdapterSpec, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
-@dataclass(eq=False, slots=True)
-class ResidentAdapter:
-    """An adapter's place in the pool; the per-step tables are built from these."""
-
-    adapter_id: str
-    version: str
-    start: int
-    layout: AdapterLayout
-    refcount: int = 0
-    ready: bool = False  # the host -> pool copy has completed
-    stale: bool = False  # replaced or deleted: freed when the last user releases it
-    last_used: float = field(default_factory=time.monotonic)
-
-    @property
-    def a_offsets(self) -> list[int]:
-        return [self.start + o for o in self.layout.a_offsets]
-
-    @property
-    def b_offsets(self) -> list[int]:
-        return [self.start + o for o in self.layout.b_offsets]
-
-
-class AdapterManager:
+class AdapterPool:
     """Owns the adapter pool tensor and its bookkeeping (thread-safe)."""
 
     def __init__(

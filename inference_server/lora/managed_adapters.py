@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from inference_server.lora.manager import AdapterManager
-from inference_server.lora.naming import validate_adapter_id
-from inference_server.lora.peft_format import parse_adapter_files
-from inference_server.lora.source import AdapterFiles, AdapterInfo, AdapterSource
+from adapter_store.format.files import AdapterFiles, AdapterInfo, AdapterSource
+from adapter_store.format.naming import validate_adapter_id
+from adapter_store.format.peft_format import parse_adapter_files
+from inference_server.lora.pool.adapter_pool import AdapterPool
 from inference_server.model.config import ModelConfig
 
 
 class ManagedAdapters:
-    def __init__(self, source: AdapterSource, manager: AdapterManager, base: ModelConfig, max_rank: int) -> None:
+    def __init__(self, source: AdapterSource, manager: AdapterPool, base: ModelConfig, max_rank: int) -> None:
         self.source = source
         self._manager = manager
         self._base = base

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from inference_server.errors import AdapterValidationError
-from inference_server.lora.patterns import PatternMatcher
-from inference_server.lora.safetensors_header import TensorInfo, non_finite_tensors, read_header
-from inference_server.model.config import ModelConfig
+from adapter_store.errors import AdapterValidationError
+from adapter_store.format.base_shapes import BaseShapes
+from adapter_store.format.patterns import PatternMatcher
+from adapter_store.format.safetensors_header import TensorInfo, non_finite_tensors, read_header
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -62,7 +62,7 @@ class AdapterSpec:
     tensors: Mapping[str, TensorInfo] = field(default_factory=dict, repr=False, compare=False)
     # the base model the shapes were checked against (None: none), so a later check against
     # the same base can reuse this spec
-    checked_base: ModelConfig | None = field(default=None, repr=False, compare=False)
+    checked_base: BaseShapes | None = field(default=None, repr=False, compare=False)
 
     @property
     def target_modules(self) -> tuple[str, ...]:
@@ -74,7 +74,7 @@ class AdapterSpec:
 
 
 def parse_adapter_files(
-    files: Mapping[str, bytes], base: ModelConfig | None = None, max_rank: int = 128
+    files: Mapping[str, bytes], base: BaseShapes | None = None, max_rank: int = 128
 ) -> AdapterSpec:
     """Validate a PEFT LoRA folder given as {filename: bytes}; return its spec.
 
@@ -108,7 +108,7 @@ def parse_adapter_files(
 
 
 def parse_adapter_upload(
-    files: Mapping[str, bytes], base: ModelConfig | None = None, max_rank: int = 128
+    files: Mapping[str, bytes], base: BaseShapes | None = None, max_rank: int = 128
 ) -> AdapterSpec:
     """``parse_adapter_files`` for an adapter about to be stored: its weights are also read, and
     one with an infinity or a NaN is refused (it would only ever generate garbage)."""
@@ -210,7 +210,7 @@ def _pattern_value(values: Mapping[str, float], module_key: str, default: float,
 
 
 def _module_specs(
-    config: dict, tensors: dict[str, TensorInfo], base: ModelConfig | None, max_rank: int, patterns: PatternMatcher
+    config: dict, tensors: dict[str, TensorInfo], base: BaseShapes | None, max_rank: int, patterns: PatternMatcher
 ) -> tuple[LoraModuleSpec, ...]:
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     for name, info in tensors.items():
@@ -268,7 +268,7 @@ def _one_module(
     names: dict[str, str],
     tensors: dict[str, TensorInfo],
     config: dict,
-    base: ModelConfig | None,
+    base: BaseShapes | None,
     max_rank: int,
     layers: set[int] | None,
     patterns: PatternMatcher,
@@ -298,7 +298,7 @@ def _one_module(
 
 
 def _check_base_fit(
-    where: str, layer: int, module: str, a: tuple, b: tuple, names: dict[str, str], base: ModelConfig
+    where: str, layer: int, module: str, a: tuple, b: tuple, names: dict[str, str], base: BaseShapes
 ) -> None:
     if layer >= base.num_layers:
         raise AdapterValidationError(f"{where}: the base model has only {base.num_layers} layers")

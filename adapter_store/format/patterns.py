@@ -13,7 +13,7 @@ import time
 
 import regex
 
-from inference_server.errors import AdapterValidationError
+from adapter_store.errors import AdapterValidationError
 
 MATCH_BUDGET_S = 0.5  # for all the patterns of one adapter against all its module names
 

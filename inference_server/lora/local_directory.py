@@ -1,13 +1,11 @@
-"""Where adapters come from: a small interface, and its local-directory implementation.
+"""The embedded default adapter source: PEFT folders in a local directory.
 
-The engine asks an ``AdapterSource`` to resolve an adapter id to its files. The local
-directory is the embedded default; the adapter store's client implements the same
-interface (adapter_store/client.py).
+The engine asks an ``AdapterSource`` (adapter_store/format/files.py) to resolve an adapter id
+to its files; the adapter store's client implements the same interface (adapter_store/client.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,87 +13,16 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from inference_server.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
-from inference_server.lora.naming import validate_adapter_id
-from inference_server.lora.peft_format import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    AdapterSpec,
-    parse_adapter_files,
-    parse_adapter_upload,
-)
-from inference_server.model.config import ModelConfig
+from adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
+from adapter_store.format.base_shapes import BaseShapes
+from adapter_store.format.files import ADAPTER_FILES, AdapterFiles, AdapterInfo, content_version, make_info
+from adapter_store.format.naming import validate_adapter_id
+from adapter_store.format.peft_format import CONFIG_FILE, parse_adapter_files, parse_adapter_upload
 
-ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 # Written next to the PEFT files of a LocalAdapterDirectory version: {"public": true|false}.
 VISIBILITY_FILE = "loraplex_visibility.json"
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterInfo:
-    adapter_id: str
-    version: str  # content hash prefix: a re-upload with other bytes is a new version
-    sha256: str  # of the weights file
-    rank: int
-    lora_alpha: float
-    target_modules: tuple[str, ...]
-    dtype: str
-    size_bytes: int
-    created_at: float
-    # Other tenants may read it (docs/TENANTS.md); stored with the version, False when absent.
-    public: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterFiles:
-    info: AdapterInfo
-    spec: AdapterSpec
-    files: Mapping[str, bytes]
-
-
-class AdapterSource(Protocol):
-    """Resolves adapter ids to validated PEFT files; also the management surface."""
-
-    def resolve(self, adapter_id: str) -> AdapterFiles: ...
-
-    def get(self, adapter_id: str) -> AdapterInfo: ...
-
-    def list(self) -> list[AdapterInfo]: ...
-
-    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
-
-    def delete(self, adapter_id: str) -> None: ...
-
-
-def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:
-    """(version, sha256 of the weights): the version hashes config and weights together.
-    ``weights_sha256``: the weights' digest when the caller already hashed these bytes."""
-    weights_sha = weights_sha256 or hashlib.sha256(files[WEIGHTS_FILE]).hexdigest()
-    version = hashlib.sha256(files[CONFIG_FILE] + weights_sha.encode()).hexdigest()[:16]
-    return version, weights_sha
-
-
-def make_info(
-    adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False,
-    weights_sha256: str | None = None,
-) -> AdapterInfo:
-    version, sha = content_version(files, weights_sha256)
-    return AdapterInfo(
-        adapter_id=adapter_id,
-        version=version,
-        sha256=sha,
-        rank=spec.rank,
-        lora_alpha=spec.lora_alpha,
-        target_modules=spec.target_modules,
-        dtype=spec.dtype,
-        size_bytes=spec.num_bytes,
-        created_at=created_at,
-        public=public,
-    )
 
 
 class LocalAdapterDirectory:
@@ -113,7 +40,7 @@ class LocalAdapterDirectory:
     already there, is refused, and a tenant folder is not an adapter to delete.
     """
 
-    def __init__(self, root: str | os.PathLike[str], base: ModelConfig | None = None, max_rank: int = 128) -> None:
+    def __init__(self, root: str | os.PathLike[str], base: BaseShapes | None = None, max_rank: int = 128) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._versions = self.root / ".versions"
@@ -122,7 +49,7 @@ class LocalAdapterDirectory:
         self._max_rank = max_rank
         self._lock = threading.Lock()
         # id -> (what its files were when read, its info): get and list read and hash every
-        # weights file only when it changed (QA: every ListAdapters re-read 265 MB, linear in the adapters)
+        # weights file only when it changed (else every ListAdapters re-reads them all, linear in the adapters)
         self._infos: dict[str, tuple[tuple, AdapterInfo]] = {}
 
     def _path(self, adapter_id: str) -> Path:

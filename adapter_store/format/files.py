@@ -1,0 +1,77 @@
+"""An adapter's files as the store and the server hold them: its info (id, version,
+checksum, shapes), the validated files, and ``AdapterSource``, the interface every place
+adapters come from implements (the store client, the in-process store, a local directory)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
+
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    adapter_id: str
+    version: str  # content hash prefix: a re-upload with other bytes is a new version
+    sha256: str  # of the weights file
+    rank: int
+    lora_alpha: float
+    target_modules: tuple[str, ...]
+    dtype: str
+    size_bytes: int
+    created_at: float
+    # Other tenants may read it (docs/TENANTS.md); stored with the version, False when absent.
+    public: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterFiles:
+    info: AdapterInfo
+    spec: AdapterSpec
+    files: Mapping[str, bytes]
+
+
+class AdapterSource(Protocol):
+    """Resolves adapter ids to validated PEFT files; also the management surface."""
+
+    def resolve(self, adapter_id: str) -> AdapterFiles: ...
+
+    def get(self, adapter_id: str) -> AdapterInfo: ...
+
+    def list(self) -> list[AdapterInfo]: ...
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
+
+    def delete(self, adapter_id: str) -> None: ...
+
+
+def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:
+    """(version, sha256 of the weights): the version hashes config and weights together.
+    ``weights_sha256``: the weights' digest when the caller already hashed these bytes."""
+    weights_sha = weights_sha256 or hashlib.sha256(files[WEIGHTS_FILE]).hexdigest()
+    version = hashlib.sha256(files[CONFIG_FILE] + weights_sha.encode()).hexdigest()[:16]
+    return version, weights_sha
+
+
+def make_info(
+    adapter_id: str, files: Mapping[str, bytes], spec: AdapterSpec, created_at: float, public: bool = False,
+    weights_sha256: str | None = None,
+) -> AdapterInfo:
+    version, sha = content_version(files, weights_sha256)
+    return AdapterInfo(
+        adapter_id=adapter_id,
+        version=version,
+        sha256=sha,
+        rank=spec.rank,
+        lora_alpha=spec.lora_alpha,
+        target_modules=spec.target_modules,
+        dtype=spec.dtype,
+        size_bytes=spec.num_bytes,
+        created_at=created_at,
+        public=public,
+    )

@@ -1,0 +1,163 @@
+"""The project's import graph, read from the sources with ``ast`` (nothing is imported), and
+the direction rules it must follow (tests/test_import_direction.py checks them).
+
+Every ``import`` and ``from ... import`` counts, at module level or inside a function: a
+deferred import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGES = ("protos", "inference_server", "adapter_store", "kernels", "clients")
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    source: str  # importing module
+    target: str  # imported module (or module.name for ``from module import name``)
+    where: str  # path:line
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def edges_of(root: Path, path: Path, modules: frozenset[str] = frozenset()) -> Iterator[Edge]:
+    """The imports of one file. ``from package import submodule`` is an edge to the submodule
+    only (``modules``: the project's module names), not to the package's ``__init__``."""
+    module = module_name(root, path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    rel = path.relative_to(root)
+    for node in ast.walk(tree):
+        where = f"{rel}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Edge(module, alias.name, where)
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, path.name == "__init__.py", node)
+            names = [f"{target}.{alias.name}" for alias in node.names]
+            if not all(name in modules for name in names):
+                yield Edge(module, target, where)
+            for name in names:
+                yield Edge(module, name, where)
+
+
+def project_modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> frozenset[str]:
+    return frozenset(module_name(root, p) for package in packages for p in (root / package).rglob("*.py"))
+
+
+def project_edges(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Edge]:
+    modules = project_modules(root, packages)
+    out: list[Edge] = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            out.extend(edges_of(root, path, modules))
+    return out
+
+
+def within(name: str, prefix: str) -> bool:
+    """Is module ``name`` the module or package ``prefix`` or inside it?"""
+    return name == prefix or name.startswith(prefix + ".")
+
+
+# The store's side that the inference server may use: the store client and what it is built
+# from (the adapter format, the shared errors, tenancy, wire constants). Everything else in
+# adapter_store is the sidecar (service, store, backends, settings, main...).
+STORE_CLIENT_SIDE = (
+    "adapter_store.errors", "adapter_store.protocol", "adapter_store.decoding", "adapter_store.secret",
+    "adapter_store.client", "adapter_store.watcher", "adapter_store.records", "adapter_store.convert",
+    "adapter_store.backends.base", "adapter_store.format", "adapter_store.tenants",
+)
+
+# The LoRA runtime's tiers, lowest first: a module may import its own tier and lower ones only.
+LORA_TIERS = (
+    ("inference_server.lora.local_directory",),
+    ("inference_server.lora.resident",),
+    ("inference_server.lora.batch",),
+    ("inference_server.lora.layers",),
+    ("inference_server.lora.pool",),
+    ("inference_server.lora.managed_adapters",),
+)
+
+
+def lora_tier(name: str) -> int | None:
+    for rank, members in enumerate(LORA_TIERS):
+        if any(within(name, m) for m in members):
+            return rank
+    return None
+
+
+def violation(edge: Edge) -> str | None:
+    """Why ``edge`` is forbidden, or None."""
+    src, dst = edge.source, edge.target
+    top_src, top_dst = src.split(".")[0], dst.split(".")[0]
+    if top_src == "kernels" and top_dst in ("inference_server", "adapter_store", "clients"):
+        return "kernels import nothing of the project"
+    if top_src == "adapter_store" and top_dst in ("inference_server", "kernels", "clients"):
+        return "adapter_store is below inference_server and imports none of it"
+    if top_src == "clients" and top_dst in ("inference_server", "kernels", "adapter_store", "torch"):
+        return "clients need only the generated protos (no server code, no torch)"
+    if top_src == "inference_server" and top_dst == "adapter_store" and dst != "adapter_store":
+        if not any(within(dst, m) for m in STORE_CLIENT_SIDE):
+            return "inference_server uses only the store's client side"
+    if any(within(src, m) for m in STORE_CLIENT_SIDE) and top_dst == "adapter_store" and dst != "adapter_store":
+        if not any(within(dst, m) for m in STORE_CLIENT_SIDE):
+            return "the store's client side does not import the sidecar"
+    low, high = lora_tier(dst), lora_tier(src)
+    if low is not None and high is not None and low > high:
+        return f"LoRA tier {high} ({LORA_TIERS[high][0]}) imports the higher tier {low}"
+    return None
+
+
+def cycles(edges: list[Edge], modules: set[str]) -> list[tuple[str, ...]]:
+    """Groups of ``modules`` that import each other in a circle (strongly connected
+    components of more than one module, Tarjan's algorithm), each sorted."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for e in edges:
+        if e.source in modules and e.target in modules and e.target != e.source:
+            graph[e.source].add(e.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[tuple[str, ...]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                out.append(tuple(sorted(group)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(out)
