@@ -22,7 +22,7 @@ def test_without_tenants_the_capacity_is_the_limit() -> None:
 
 
 def test_one_tenant_filling_the_engine_does_not_lock_the_others_out() -> None:
-    """QA: acme's streams filled the engine and beta got 'request queue is full'. A full engine
+    """acme's streams filled the engine and beta got 'request queue is full'. A full engine
     still admits a tenant under its share (capacity / tenants holding streams), the tenant over
     it waits until the total is under the capacity again, and the total stays under 2x."""
     a = Admission(4)

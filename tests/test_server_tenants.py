@@ -284,7 +284,7 @@ def test_adapter_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> 
 
 def test_parallel_uploads_cannot_pass_the_adapter_quota_together(tmp_path) -> None:
     """Each upload's quota check and store are one step per tenant: six uploads at once by a
-    tenant allowed two adapters store two, and the others are RESOURCE_EXHAUSTED (QA: all six
+    tenant allowed two adapters store two, and the others are RESOURCE_EXHAUSTED (all six
     passed the check before any was stored)."""
     import threading
 

@@ -3,7 +3,7 @@ and with tenants a full engine still lets in a tenant holding less than its fair
 
 Without the share, one tenant's streams could fill the engine and every other tenant got
 RESOURCE_EXHAUSTED ("request queue is full"), though the scheduler serves tenants round-robin
-once admitted (QA: beta was locked out by acme's three streams). A full engine admits a stream of
+once admitted (one tenant's three streams locked out another's). A full engine admits a stream of
 a tenant holding fewer than capacity / (tenants holding streams, counting it) of them; the others
 wait for the total to drop below capacity. Streams are cheap to hold (a prompt and a queue), and
 the total never passes twice the capacity."""

@@ -6,7 +6,7 @@
 // (every rank column) into shared memory once; then tile after tile, the y tile and B's rank rows
 // for it land in one of two buffers (cp.async) while the tensor cores work on the other, the
 // accumulators go into the y tile in shared memory (one rounding), and the tile goes back to y
-// with 16-byte stores. Against one tile a block (H200, session 12: the rank-16 expand at T = 4096
+// with 16-byte stores. Against one tile a block (H200: the rank-16 expand at T = 4096
 // 26.2 -> 20.6 us, rank 128 55.6 -> 45.9), v is read from L2 once a group, not once a tile, the
 // item lookup is paid once a group, and the next tile's bytes are in flight during this one.
 // 8 warps, 2 along the tile's columns and 4 along its rows. On sm_90 it goes as its shrink's
@@ -47,8 +47,8 @@ __device__ __forceinline__ void walk_mma_full(float (&acc)[MT][4][4], u32 a_lane
 // a_lane: this lane's ldmatrix address of its first v fragment (row wm*16*MT + lane % 16, column
 // lane / 16 * 8 of v); b_lane: of its first B fragment in the tile's buffer (rank row
 // lane / 8 % 2 * 8 + lane % 8, column wn*32 + lane / 16 * 8). Shared-window addresses set up once:
-// a generic pointer's conversion for every ldmatrix was most of the loop's instructions (ncu,
-// session 13: ~1,200 warp instructions a warp a tile at rank 128). mrows: the warp's m16 tiles
+// a generic pointer's conversion for every ldmatrix was most of the loop's instructions (ncu:
+// ~1,200 warp instructions a warp a tile at rank 128). mrows: the warp's m16 tiles
 // that hold item rows; npairs: its 16-column pairs that hold slice columns (both warp-uniform).
 template <int DT, int MT>
 __device__ __forceinline__ void walk_mma(float (&acc)[MT][4][4], u32 a_lane, int ldv, u32 b_lane, int ksteps,
@@ -280,8 +280,8 @@ __device__ __forceinline__ void expand_walk_body(
                          rows, layer, y, y_stride, nslices, sl, mode, walk, wg_rank);              \
   }
 
-// 8 warps, 2 blocks an SM at least (90 registers). Swept against 4 warps (4 blocks an SM) in
-// session 12: the same at rank 16 under cap 16, faster where the rank cap's shared memory leaves
+// 8 warps, 2 blocks an SM at least (90 registers). Swept against 4 warps (4 blocks an SM) on
+// the H200: the same at rank 16 under cap 16, faster where the rank cap's shared memory leaves
 // 2 blocks an SM (rank 16 at cap 128: 25.9 -> 20.7 us; rank 128: 54.1 -> 45.9).
 LORA_EXPAND_KERNEL(lora_expand_bf16_m128, 0, 8, 2)
 LORA_EXPAND_KERNEL(lora_expand_fp16_m128, 1, 8, 2)

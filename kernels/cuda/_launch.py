@@ -58,10 +58,10 @@ DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank
 SHRINK_PDL_CARVEOUT = 100
 SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_dec.cuh)
 # The prefill split-K fills one wave of the shrink, and at most this many blocks a multiprocessor
-# (and MAX_CLUSTER splits). Measured with the 64-row kernels and global partials (session 10, H200,
+# (and MAX_CLUSTER splits). Measured with the 64-row kernels and global partials (H200,
 # add_lora at T = 4096 for 1 / 2 / 3 / 4 blocks an SM): r16 53.1 / 48.5 / 49.4 / 49.9 us, r64 81.1 /
 # 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 / 114.6 / 121.9. The 128-row cluster kernels hold
-# 2 blocks an SM at most (shared memory), and one is faster (session 12, shrink alone, ksplit 4 / 8:
+# 2 blocks an SM at most (shared memory), and one is faster (H200, shrink alone, ksplit 4 / 8:
 # r16 16.9 / 20.4 us; r64 24.9 / 26.5; r128 37.7 / 36.5; r16 at cap 128 22.7 / 25.1), as
 # benchmarks/bench_prefill_tunables.py measures it.
 PREFILL_MAX_BLOCKS_PER_SM = 1
