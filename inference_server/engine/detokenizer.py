@@ -79,8 +79,11 @@ class StopStringMatcher:
         return self._release(len(self._text))
 
     def _first_stop(self, start: int) -> int | None:
-        hits = [i for s in self._stops if (i := self._text.find(s, start)) >= 0]
-        return min(hits) if hits else None
+        """Where the text is cut: at the stop string that completes first, as if the text had
+        arrived one character at a time (so the answer never depends on how it was chunked);
+        of stops completing at the same character, the one that starts earliest."""
+        hits = [(i + len(s), i) for s in self._stops if (i := self._text.find(s, start)) >= 0]
+        return min(hits)[1] if hits else None
 
     def _held_back(self) -> int:
         """Characters at the end of the text that may begin a stop string: the longest suffix
