@@ -8,12 +8,15 @@ import json
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from adapter_store.client import StoreClient
 from adapter_store.errors import InvalidRequestError, ResourceExhaustedError
+from adapter_store.format.files import AdapterInfo
+from adapter_store.tenants.principal import Principal
+from inference_server.engine.info import EngineInfo, EngineStats
 from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
 from inference_server.lora.local_directory import LocalAdapterDirectory
 from inference_server.model.config import ModelConfig
@@ -30,26 +33,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@dataclass(frozen=True, slots=True)
-class FakeInfo:
-    model_name: str = "fake-llama"
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_context_len: int = 256
-    max_batch_size: int = 4
-    max_new_tokens_limit: int = 512
-    vocab_size: int = 300
-    eos_token_ids: tuple[int, ...] = (2,)
-    max_lora_rank: int = 64
+FAKE_INFO = EngineInfo(model_name="fake-llama", dtype="float32", device="cpu", max_context_len=256,
+                       max_batch_size=4, max_new_tokens_limit=512, vocab_size=300, eos_token_ids=(2,),
+                       max_lora_rank=64)
 
 
-@dataclass(frozen=True, slots=True)
-class FakeStats:
-    num_running: int
-    num_waiting: int
-    free_kv_blocks: int
-    total_kv_blocks: int
-    resident_adapters: int
+class FakeAdapters:
+    """The fake engine's adapters (an engine.api.EdgeAdapters): a source's calls, no pool."""
+
+    def __init__(self, source: LocalAdapterDirectory | StoreClient) -> None:
+        self.source = source
+
+    def get(self, adapter_id: str) -> AdapterInfo:
+        return self.source.get(adapter_id)
+
+    def list(self) -> list[AdapterInfo]:
+        return self.source.list()
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
+        return self.source.put(adapter_id, files, public)
+
+    def delete(self, adapter_id: str) -> None:
+        self.source.delete(adapter_id)
+
+    def for_caller(self, caller: Principal) -> FakeAdapters:
+        if isinstance(self.source, StoreClient):
+            return FakeAdapters(self.source.for_caller(caller))
+        return self
+
+    def residency(self) -> dict[str, tuple[bool, bool]]:
+        return {}
 
 
 class ByteTokenizer:
@@ -73,9 +86,9 @@ class FakeEngine:
     TOTAL_BLOCKS = 64
 
     def __init__(self, adapter_dir: Path, step_s: float = 0.005, max_running: int = 64) -> None:
-        self.info = FakeInfo()
+        self.info = FAKE_INFO
         self.tokenizer = ByteTokenizer()
-        self.adapters = LocalAdapterDirectory(adapter_dir, FAKE_BASE, max_rank=64)
+        self.adapters = FakeAdapters(LocalAdapterDirectory(adapter_dir, FAKE_BASE, max_rank=64))
         self.step_s = step_s
         self.max_running = max_running
         self.running: set[str] = set()
@@ -89,9 +102,17 @@ class FakeEngine:
     async def shutdown(self) -> None:
         self.started = False
 
-    def stats(self) -> FakeStats:
-        return FakeStats(len(self.running), 0, self.TOTAL_BLOCKS - len(self.running), self.TOTAL_BLOCKS,
-                         0)
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.running), num_waiting=0,
+                           free_kv_blocks=self.TOTAL_BLOCKS - len(self.running), total_kv_blocks=self.TOTAL_BLOCKS,
+                           resident_adapters=0, preemptions=0)
+
+    def pool_stats(self) -> None:
+        return None
+
+    def use_store(self, client: StoreClient) -> None:
+        """Serve adapters from an adapter store instead of the local directory."""
+        self.adapters = FakeAdapters(client)
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

@@ -21,21 +21,14 @@ import pytest
 from prometheus_client import generate_latest
 from server_helpers import FAKE_BASE, FakeEngine, ServerThread, StoreThread, write_fake_adapter
 
-from clients import (
-    LoraplexClient,
-    NotFoundError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnauthenticatedError,
-)
 from adapter_store.client import StoreClient
+from clients import LoraplexClient, NotFoundError, PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError
 from clients.requests import generate_request
 from inference_server.auth.quotas import TenantLimits
 from inference_server.auth.security import Security
 from inference_server.auth.tokens import TokenFile, hash_token
 from inference_server.server.app import ServerOptions
-from loraplex.v1 import inference_pb2 as pb
-from loraplex.v1 import inference_pb2_grpc as pb_grpc
+from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow  # starts servers
 
@@ -79,12 +72,12 @@ def public_tenants(request, tmp_path: Path):
     engine = FakeEngine(tmp_path / "adapters")
     store = StoreThread(tmp_path / "store") if request.param == "store-sidecar" else None
     if store is not None:
-        engine.adapters = StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10)
+        engine.use_store(StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10))
     srv.attach(engine)
     yield srv, write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
     srv.close()
     if store is not None:
-        engine.adapters.close()
+        engine.adapters.source.close()
         store.close()
 
 
@@ -322,13 +315,13 @@ def store_tenants(tmp_path: Path):
     srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens_path))))
     engine = FakeEngine(tmp_path / "adapters")
     store = StoreThread(tmp_path / "store")
-    engine.adapters = StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10)
+    engine.use_store(StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10))
     srv.attach(engine)
     try:
         yield srv
     finally:
         srv.close()
-        engine.adapters.close()
+        engine.adapters.source.close()
         store.close()
 
 

@@ -25,6 +25,7 @@ from inference_server.engine.llm_engine import LLMEngine
 from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
 from inference_server.lora.managed_adapters import ManagedAdapters
 from inference_server.lora.pool.adapter_pool import AdapterPool
+from inference_server.lora.pool.pool_stats import PoolStats
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,8 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._submit(lambda: self._core.abort(request_id))
 
-    def pool_stats(self):
-        """The adapter pool's PoolStats (tiers, counters, load latency)."""
+    def pool_stats(self) -> PoolStats:
+        """The adapter pool's tiers, counters and load latency."""
         return self._manager.stats()
 
     def stats(self) -> EngineStats:

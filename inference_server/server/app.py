@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from inference_server.auth.security import Security
+from inference_server.engine.api import ServingEngine
 from inference_server.server.auth_interceptor import AuthInterceptor
 from inference_server.server.interceptor import ErrorInterceptor
 from inference_server.server.metrics import MetricsHttpServer, ServerMetrics
@@ -25,8 +26,7 @@ from inference_server.server.servicer import EdgeConfig, InferenceServicer
 from inference_server.server.state import ServingState
 from inference_server.server.tenancy import Tenancy
 from inference_server.server.tenant_metrics import TenantMetrics
-from loraplex.v1 import inference_pb2 as pb
-from loraplex.v1 import inference_pb2_grpc as pb_grpc
+from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -135,12 +135,11 @@ class GrpcServer:
         await server.start()
         self._health_server = server
 
-    async def attach_engine(self, engine: Any) -> None:
+    async def attach_engine(self, engine: ServingEngine) -> None:
         """The model is loaded and the engine started: admit requests, report SERVING."""
         self.state.set_engine(engine)
-        self.metrics.bind_engine_stats(lambda: engine.stats())
-        if hasattr(engine, "pool_stats"):
-            self.metrics.bind_pool_stats(engine.pool_stats)
+        self.metrics.bind_engine_stats(engine.stats)
+        self.metrics.bind_pool_stats(engine.pool_stats)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s", engine.info.model_name)

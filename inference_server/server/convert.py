@@ -10,12 +10,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from adapter_store.errors import InvalidRequestError
+from adapter_store.format.files import AdapterInfo
 from adapter_store.format.naming import validate_adapter_id
+from inference_server.engine.api import PromptTokenizer
 from inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
@@ -34,14 +36,6 @@ FINISH_REASON_TO_PB = {
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
 }
-
-
-class PromptTokenizer(Protocol):
-    """The part of the engine's tokenizer the edge uses."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +213,7 @@ def token_event_to_pb(event: TokenEvent, client_request_id: str) -> pb.GenerateR
     return out
 
 
-def adapter_to_pb(info: Any, residency: tuple[bool, bool] = (False, False)) -> pb.Adapter:
+def adapter_to_pb(info: AdapterInfo, residency: tuple[bool, bool] = (False, False)) -> pb.Adapter:
     """An AdapterInfo (adapter_store.format.files) as the public Adapter message;
     ``residency``: (in the device pool, in the host tier)."""
     created = Timestamp()

@@ -11,10 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from inference_server.engine.info import EngineStats
+from inference_server.lora.pool.pool_stats import PoolStats
 
 BASE_MODEL_LABEL = "base"  # the adapter label of requests to the base model
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -26,7 +28,7 @@ class ServerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._stats: Callable[[], Any | None] = lambda: None
+        self._stats: Callable[[], EngineStats | None] = lambda: None
         self.tenant_adapter_labels = False  # set for authenticated (multi-tenant) serving: adapter_label
         r = self.registry
         self.rpcs = Counter("loraplex_rpc_requests", "RPCs by method and status code", ["method", "code"], registry=r)
@@ -53,16 +55,15 @@ class ServerMetrics:
     def _engine_gauge(self, name: str, doc: str, attr: str) -> None:
         def read() -> float:
             stats = self._stats()
-            value = getattr(stats, attr, 0) if stats is not None else 0
-            return float(len(value) if isinstance(value, (list, tuple, set, frozenset, dict)) else value)
+            return float(getattr(stats, attr)) if stats is not None else 0.0
 
         Gauge(name, doc, registry=self.registry).set_function(read)
 
-    def bind_engine_stats(self, stats: Callable[[], Any | None]) -> None:
+    def bind_engine_stats(self, stats: Callable[[], EngineStats | None]) -> None:
         """Read engine gauges from ``stats()`` (the engine's EngineStats) at scrape time."""
         self._stats = stats
 
-    def bind_pool_stats(self, stats: Callable[[], Any | None]) -> None:
+    def bind_pool_stats(self, stats: Callable[[], PoolStats | None]) -> None:
         """Export the adapter pool (tiers, evictions, load latency) from ``stats()`` at scrape time."""
         from inference_server.server.pool_metrics import PoolCollector  # noqa: PLC0415
 

@@ -4,12 +4,11 @@ resident adapters and bytes. Read from the engine's pool stats at scrape time.""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inference_server.lora.pool.pool_stats import LOAD_BUCKETS
+from inference_server.lora.pool.pool_stats import LOAD_BUCKETS, PoolStats
 
 # (family, help, {tier label: counter key}): a tier's miss is what the next tier served
 _TIERED = (
@@ -25,10 +24,10 @@ _TIERED = (
 class PoolCollector(Collector):
     """``stats()`` returns the engine's PoolStats, or None before the model is loaded."""
 
-    def __init__(self, stats: Callable[[], Any | None]) -> None:
+    def __init__(self, stats: Callable[[], PoolStats | None]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         stats = self._stats()
         if stats is None:
             return

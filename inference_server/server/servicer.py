@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
-
 import grpc
 
 from adapter_store.errors import InvalidRequestError, LoraplexError
 from inference_server.auth.security import Security
+from inference_server.engine.api import ServingEngine
 from inference_server.server import convert
 from inference_server.server.metrics import ServerMetrics
 from inference_server.server.state import ServingState
@@ -51,7 +50,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._tenancy = tenancy or Tenancy(Security(), TenantMetrics(metrics.registry))
         self._upload_limits = UploadLimits(max_upload_bytes=config.max_upload_bytes)
 
-    def _limits(self, engine: Any) -> convert.RequestLimits:
+    def _limits(self, engine: ServingEngine) -> convert.RequestLimits:
         info = engine.info
         return convert.RequestLimits(
             vocab_size=info.vocab_size,
@@ -60,7 +59,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             default_max_new_tokens=min(self._config.default_max_new_tokens, info.max_new_tokens_limit),
         )
 
-    async def _decode(self, request: pb.GenerateRequest, engine: Any) -> convert.EdgeRequest:
+    async def _decode(self, request: pb.GenerateRequest, engine: ServingEngine) -> convert.EdgeRequest:
         args = (request, engine.tokenizer, self._limits(engine))
         long_text = request.WhichOneof("prompt") == "text" and len(request.text) > _INLINE_TOKENIZE_CHARS
         if long_text or request.WhichOneof("prompt") == "chat":
@@ -165,15 +164,15 @@ def _missing(field: str) -> str:
     raise InvalidRequestError("must be non-empty", field)
 
 
-def _residency(engine: Any) -> Callable[[str], tuple[bool, bool]]:
-    """adapter id -> (in the device pool, in the host tier); (False, False) without a pool."""
-    held = engine.adapters.residency() if hasattr(engine.adapters, "residency") else {}
+def _residency(engine: ServingEngine) -> Callable[[str], tuple[bool, bool]]:
+    """adapter id -> (in the device pool, in the host tier); (False, False) for one not held."""
+    held = engine.adapters.residency()
     return lambda adapter_id: held.get(adapter_id, (False, False))
 
 
-def _pool_info(engine: Any) -> dict[str, int]:
-    if not hasattr(engine, "pool_stats"):
-        return {}
+def _pool_info(engine: ServingEngine) -> dict[str, int]:
     stats = engine.pool_stats()
+    if stats is None:
+        return {}
     return {"resident_adapters": stats.resident, "adapter_pool_bytes": stats.capacity_bytes,
             "adapter_pool_used_bytes": stats.used_bytes}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from adapter_store.errors import ResourceExhaustedError, UnavailableError
+from inference_server.engine.api import ServingEngine
 
 
 class ServingState:
@@ -22,7 +22,7 @@ class ServingState:
         if max_concurrent_streams < 1:
             raise ValueError(f"max_concurrent_streams must be >= 1, got {max_concurrent_streams}")
         self._max_streams = max_concurrent_streams
-        self._engine: Any | None = None
+        self._engine: ServingEngine | None = None
         self._draining = False
         self._streams: set[str] = set()
         self._other = 0
@@ -30,18 +30,18 @@ class ServingState:
         self._idle.set()
 
     @property
-    def engine(self) -> Any | None:
+    def engine(self) -> ServingEngine | None:
         return self._engine
 
     @property
     def draining(self) -> bool:
         return self._draining
 
-    def set_engine(self, engine: Any) -> None:
+    def set_engine(self, engine: ServingEngine) -> None:
         """The model is loaded: start serving requests."""
         self._engine = engine
 
-    def engine_or_raise(self) -> Any:
+    def engine_or_raise(self) -> ServingEngine:
         """The engine, or UNAVAILABLE while the model loads or the server shuts down."""
         if self._draining:
             raise UnavailableError("the server is shutting down; retry on another replica")
@@ -66,7 +66,7 @@ class ServingState:
             self._maybe_idle()
 
     @asynccontextmanager
-    async def work(self) -> AsyncIterator[Any]:
+    async def work(self) -> AsyncIterator[ServingEngine]:
         """Admit one non-streaming mutation (upload, delete) for its lifetime; yields the engine."""
         engine = self.engine_or_raise()
         self._other += 1

@@ -21,6 +21,7 @@ from adapter_store.format.files import AdapterInfo
 from adapter_store.tenants import policy
 from inference_server.auth.quotas import RequestTicket
 from inference_server.auth.security import Security
+from inference_server.engine.api import EdgeAdapters, ServingEngine
 from inference_server.engine.request import GenerationRequest
 from inference_server.server.auth_interceptor import principal_of
 from inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
@@ -47,7 +48,7 @@ class Tenancy:
 
     # -- generate ------------------------------------------------------------------------
     @asynccontextmanager
-    async def generation(self, context: Any, engine: Any, request: GenerationRequest
+    async def generation(self, context: Any, engine: ServingEngine, request: GenerationRequest
                          ) -> AsyncIterator[tuple[GenerationRequest, RequestTicket]]:
         """Admit one Generate for its lifetime: (the request tagged with the caller's tenant, its
         quota ticket), released at exit. NOT_FOUND / RESOURCE_EXHAUSTED when refused."""
@@ -82,7 +83,7 @@ class Tenancy:
             self.metrics.tokens.labels(ticket.tenant, "generated").inc(n)
 
     # -- adapters ------------------------------------------------------------------------
-    async def check_read(self, context: Any, engine: Any, adapter_id: str) -> AdapterInfo | None:
+    async def check_read(self, context: Any, engine: ServingEngine, adapter_id: str) -> AdapterInfo | None:
         """NOT_FOUND unless the caller may generate with / show ``adapter_id``. For another
         tenant's adapter its record is read now and returned (public or not found); else None."""
         principal = principal_of(context)
@@ -101,14 +102,13 @@ class Tenancy:
         """The ids of ``infos`` the caller may list: own, shared, and other tenants' public ones."""
         return policy.visible(principal_of(context), ((i.adapter_id, i.public) for i in infos))
 
-    def adapters_for(self, context: Any, engine: Any) -> Any:
+    def adapters_for(self, context: Any, engine: ServingEngine) -> EdgeAdapters:
         """The engine's adapters for a call made on a client's behalf (upload, delete, get, list):
         calls to an adapter store name the caller, so the store applies the tenant rules again (a
         second line of defence behind the checks here). Loading an adapter for a request stays
         the server's own call: the pool is shared by every tenant."""
         principal = principal_of(context)
-        make = getattr(engine.adapters, "for_caller", None)
-        return engine.adapters if principal is None or make is None else make(principal)
+        return engine.adapters if principal is None else engine.adapters.for_caller(principal)
 
     def check_write(self, context: Any, adapter_id: str, action: str) -> None:
         """PERMISSION_DENIED unless the caller may ``action`` (upload/delete) ``adapter_id``."""
@@ -127,7 +127,7 @@ class Tenancy:
         async with self._quota_locks.setdefault(owner, asyncio.Lock()):
             yield
 
-    async def check_upload_quota(self, context: Any, engine: Any, adapter_id: str, files: dict[str, bytes]) -> None:
+    async def check_upload_quota(self, context: Any, engine: ServingEngine, adapter_id: str, files: dict[str, bytes]) -> None:
         """RESOURCE_EXHAUSTED if storing ``files`` takes the owning tenant over its adapter quotas."""
         owner = policy.adapter_owner(adapter_id)
         limits = self.security.limits

@@ -1,0 +1,70 @@
+"""What an edge (the gRPC servicer, the HTTP front) needs of an engine, as Protocols.
+
+The edges are written against ``ServingEngine`` alone: they never probe an engine for what it
+can do. ``AsyncEngine`` is the implementation; the edge tests run on a small fake that
+implements the same Protocols, so a change here shows in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from adapter_store.format.files import AdapterInfo
+from adapter_store.tenants.principal import Principal
+from inference_server.engine.info import EngineInfo, EngineStats
+from inference_server.engine.request import GenerationRequest, TokenEvent
+from inference_server.lora.pool.pool_stats import PoolStats
+
+
+class PromptTokenizer(Protocol):
+    """The part of the engine's tokenizer the edges use."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+
+class EdgeAdapters(Protocol):
+    """The adapter management surface: list / get / upload / delete, and where each is held."""
+
+    def get(self, adapter_id: str) -> AdapterInfo: ...
+
+    def list(self) -> list[AdapterInfo]: ...
+
+    def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
+
+    def delete(self, adapter_id: str) -> None: ...
+
+    def for_caller(self, caller: Principal) -> EdgeAdapters:
+        """These adapters with every call made on ``caller``'s behalf (a store applies the tenant
+        rules to it again); the same object where the source has no notion of a caller."""
+        ...
+
+    def residency(self) -> Mapping[str, tuple[bool, bool]]:
+        """{adapter id: (in the device pool, in the host tier)} for every held adapter."""
+        ...
+
+
+class ServingEngine(Protocol):
+    """An engine as the edges use it: fixed facts, a tokenizer, adapters, streams, counters."""
+
+    info: EngineInfo
+    tokenizer: PromptTokenizer
+    adapters: EdgeAdapters
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream the request's token events; refusals raise before the first event."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def pool_stats(self) -> PoolStats | None:
+        """The adapter pool's tiers and counters; None for an engine without a pool."""
+        ...
