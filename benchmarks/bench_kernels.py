@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import cuda as kcuda  # noqa: E402
+from kernels.operands import LoraOperands  # noqa: E402
 
 HBM_BPS = 4.23e12  # measured copy bandwidth (PERF.md)
 TC_FLOPS = 790e12  # measured bf16 dense matmul
@@ -60,6 +61,10 @@ class TableSet:
     bounds: list[tuple[int, int, int]]  # (adapter, lo, hi) per segment
     row_adapter: torch.Tensor  # [T] int64
 
+    def ops(self, pool: torch.Tensor, h_out: int, ws: torch.Tensor) -> LoraOperands:
+        """The kernels' operands for one slice of width h_out at layer 0."""
+        return LoraOperands(pool, self.a_off, self.b_off, self.ranks, self.scales, 0, (h_out,), ws)
+
 
 def build(h_in, h_out, rank, rows_adapter, nsets, gen):
     """Pool with nsets disjoint groups of adapters (each set: A's then B's, contiguous)."""
@@ -91,7 +96,7 @@ def build(h_in, h_out, rank, rows_adapter, nsets, gen):
 
 def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
     if name == "sgmv":
-        return lambda: kcuda.add_lora_slices(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, (h_out,), ws)
+        return lambda: kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
     if name == "sgmv_dec":  # SGMV forced onto the decode path (split-K + CUDA-core expand)
         def sgmv_dec():
             from kernels.cuda import _launch  # noqa: PLC0415
@@ -99,13 +104,12 @@ def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
             old = _launch.SMALL_BATCH_ROWS
             _launch.SMALL_BATCH_ROWS = 1 << 30
             try:
-                kcuda.add_lora_slices(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, (h_out,), ws)
+                kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
             finally:
                 _launch.SMALL_BATCH_ROWS = old
         return sgmv_dec
     if name == "bgmv":
-        return lambda: kcuda.add_lora_slices_bgmv(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.row_slot, 0,
-                                                  (h_out,), ws)
+        return lambda: kcuda.add_lora_slices_bgmv(y, x, s.ops(pool, h_out, ws), s.row_slot)
     if name == "loop":
         def loop():
             for i, lo, hi in s.bounds:
@@ -218,8 +222,8 @@ def breakdown(gen) -> None:
         for only in (None, "shrink", "expand"):
             fns = []
             for s in sets:
-                c = Call(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, ws)
-                prob = check_args(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, 0, (h_out,), ws)
+                c = Call(y, x, s.ops(pool, h_out, ws), s.seg)
+                prob = check_args(y, x, c.ops)
                 plan = plan_call(rt, prob, 0, prob.nslots, DT)
                 fns.append(lambda c=c, prob=prob, plan=plan, only=only: launch(rt, plan, prob, c, only))
             line.append(f"{only or 'both'}={time_graph(fns, 16):.1f}")

@@ -41,8 +41,8 @@ def timed(rt, pool, sets, io, ws, h_out):
         fns = []
         for i, s in enumerate(sets):
             x, y = io[i % len(io)]
-            c = _launch.Call(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, s.seg, 0, ws)
-            prob = check_args(y, x, pool, s.a_off, s.b_off, s.ranks, s.scales, 0, (h_out,), ws)
+            c = _launch.Call(y, x, s.ops(pool, h_out, ws), s.seg)
+            prob = check_args(y, x, c.ops)
             plan = _launch.plan_call(rt, prob, 0, prob.nslots, bk.DT)
             fns.append(lambda c=c, prob=prob, plan=plan, only=only: _launch.launch(rt, plan, prob, c, only))
         out.append(bk.time_graph(fns, 16))

@@ -6,22 +6,25 @@ backend (``kernels.cpu``, bitwise the reference with less overhead). Everything 
 to the PyTorch reference (``kernels.reference``), which defines the semantics: 16-bit CPU
 tensors, and float32 / float64 CUDA tensors, the exactness mode used to check the GPU engine
 against the CPU one (the reference syncs with the host, so that mode is not CUDA-graph
-capturable). Callers never choose the backend.
+capturable). Callers never choose the backend. Every backend takes the same operands
+(``kernels.operands.LoraOperands``) beside y, x and the row layout.
 
 ``linear`` (``kernels.dense``) is the base projections' y = x W^T + b, in the form MKL runs
 fastest for a decode batch's few rows on the CPU.
+
+``kernels.paged_decode`` is the same kind of entry point for decode attention over the paged
+KV cache: a workspace where the CUDA kernel applies, None where the caller's portable path runs.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
 from kernels import checks, cpu, reference
 from kernels.dense import linear
+from kernels.operands import LoraOperands
 
-__all__ = ["add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "prefer_bgmv", "reference", "step_cache"]
+__all__ = ["LoraOperands", "add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "reference", "step_cache"]
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -37,22 +40,8 @@ def _cuda_ops():
     return cuda
 
 
-def add_lora_slices(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    seg: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-    cache: object | None = None,
-    stage: str = "both",
-    row_slot: torch.Tensor | None = None,
-) -> None:
+def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: torch.Tensor, *,
+                    cache: object | None = None, stage: str = "both", row_slot: torch.Tensor | None = None) -> None:
     """SGMV: y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi. See reference.add_lora_slices.
 
     ``cache``: what ``step_cache(pool)`` returned for this pool (kept by the caller across
@@ -61,17 +50,15 @@ def add_lora_slices(
     same layout as ``seg`` row by row, which the CUDA decode expand may use instead (same
     result); the other backends do not need it."""
     if _use_cuda(x):
-        _cuda_ops().add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, stage,
-                                    row_slot)
+        _cuda_ops().add_lora_slices(y, x, ops, seg, stage, row_slot)
         return
     if stage != "both":
         raise ValueError(f"stage {stage!r} needs the CUDA kernels (16-bit CUDA tensors), got {x.dtype} on {x.device}")
-    checks.check_seg(seg, checks.check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace),
-                     x.device)
+    checks.check_seg(seg, checks.check_args(y, x, ops), x.device)
     if not x.is_cuda and x.dtype in cpu.FAST_DTYPES:
-        cpu.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace, cache)
+        cpu.add_lora_slices(y, x, ops, seg, cache)
     else:
-        reference.add_lora_slices(y, x, pool, a_off, b_off, ranks, scales, seg, layer, out_widths, workspace)
+        reference.add_lora_slices(y, x, ops, seg)
 
 
 def can_stage(x: torch.Tensor) -> bool:
@@ -86,39 +73,10 @@ def step_cache(pool: torch.Tensor) -> object | None:
     return cpu.DecodeStacks() if not pool.is_cuda and pool.dtype in cpu.FAST_DTYPES else None
 
 
-def add_lora_slices_bgmv(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    row_slot: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-) -> None:
+def add_lora_slices_bgmv(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, row_slot: torch.Tensor) -> None:
     """BGMV: y[t, slice p] += scale_ps * (x[t] @ A_ps) @ B_ps, s = row_slot[t]. See the reference."""
     if _use_cuda(x):
-        _cuda_ops().add_lora_slices_bgmv(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
+        _cuda_ops().add_lora_slices_bgmv(y, x, ops, row_slot)
         return
-    checks.check_row_slot(row_slot, checks.check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths,
-                                                      workspace), x.device)
-    reference.add_lora_slices_bgmv(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, out_widths, workspace)
-
-
-def prefer_bgmv(num_rows: int, num_segments: int) -> bool:
-    """Dispatch rule between SGMV and BGMV, measured on an H200: always SGMV.
-
-    Both run the same shrink/expand kernels; BGMV makes one work item per row, and so does SGMV
-    for decode calls of up to 64 rows (kernels.cuda._launch.ONE_ROW_ITEMS_ROWS, session 10), so up
-    to 64 rows the two differ by the segment lookup alone (rank 16, h = 4096: SGMV 0.1-0.6 us
-    slower at B4-B64, when no row_slot is passed; the engine passes one, and then they are the same
-    launch). Past 64 rows SGMV's 4-row tiles re-read each adapter less and are faster for grouped
-    batches (B256 Identical 12.9 against 14.6 us, Uniform 13.6 / 16.4) and equal for Distinct
-    (25.7 / 25.5). benchmarks/RESULTS.md, "Session 10". The CPU path shares this rule.
-    """
-    if num_rows < 0 or num_segments < 0:
-        raise ValueError(f"num_rows and num_segments must be >= 0, got {num_rows}, {num_segments}")
-    return False
+    checks.check_row_slot(row_slot, checks.check_args(y, x, ops), x.device)
+    reference.add_lora_slices_bgmv(y, x, ops, row_slot)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.operands import LoraOperands
+
 MAX_SLICES = 4
 MAX_RANK = 128
 
@@ -54,19 +56,10 @@ def _check_widths(out_widths: Sequence[int]) -> tuple[int, ...]:
     return widths
 
 
-def check_args(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-) -> Problem:
+def check_args(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands) -> Problem:
     """Validate everything but the batch table (seg / row_slot); return the problem shape."""
+    pool, a_off, b_off, ranks, scales = ops.pool, ops.a_off, ops.b_off, ops.ranks, ops.scales
+    layer, out_widths, workspace = ops.layer, ops.out_widths, ops.workspace
     dev = x.device
     if x.dim() != 2 or x.stride(1) != 1:
         _fail("x", f"must be 2-D [T, h_in] with contiguous rows, got shape {tuple(x.shape)} strides {x.stride()}")

@@ -18,30 +18,20 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.operands import LoraOperands
 from kernels.cpu_stacks import Assignment, DecodeLayout, DecodeStacks, SliceOperands, stack_rows
 
 FAST_DTYPES = (torch.float32, torch.float64)
 
 
-def add_lora_slices(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    seg: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-    stacks: DecodeStacks | None = None,
-) -> None:
+def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: torch.Tensor,
+                    stacks: DecodeStacks | None = None) -> None:
     """y[:, slice p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi   (same contract as the reference;
-    ``workspace`` is not needed here: each shrink result stays a temporary). ``stacks``: the
+    ``ops.workspace`` is not needed here: each shrink result stays a temporary). ``stacks``: the
     caller's cache of decode-batch stacks and of the tables read (None: both on every call)."""
-    tables = (seg, a_off, b_off, ranks, scales)
-    widths = tuple(out_widths)
+    pool, layer = ops.pool, ops.layer
+    tables = (seg, ops.a_off, ops.b_off, ops.ranks, ops.scales)
+    widths = tuple(ops.out_widths)
     plan = _remembered_plan(stacks, pool, x.shape[1], widths, tables)
     if plan.decode is not None:
         assignment, per_slice = None, None

@@ -25,9 +25,9 @@ way the CUDA kernels accumulate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
+
+from kernels.operands import LoraOperands
 
 __all__ = [
     "lora_shrink",
@@ -157,54 +157,30 @@ def bgmv_expand(
             y[lo:hi] = (y[lo:hi].to(acc) + (v[lo:hi, :r].to(acc) @ b) * scs[s]).to(y.dtype)
 
 
-def add_lora_slices(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    seg: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-) -> None:
+def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: torch.Tensor) -> None:
     """For each slice p: y[:, c_p:c_p+w_p][seg_i] += scale_pi * (x[seg_i] @ A_pi) @ B_pi
 
     The multi-slice form serves a fused projection (q/k/v with GQA widths, gate/up) in one
-    call. y: [T, sum(out_widths)], x: [T, h_in]; a_off, b_off: int64 [P, S];
-    ranks: int32 [P, S]; scales: float32 [P, S]; seg: int32 [S+1];
-    workspace: [P, T_cap >= T, R >= max rank] in x's dtype (scratch for the shrink result,
-    rounded to x's dtype exactly as the CUDA kernels do).
+    call. y: [T, sum(out_widths)], x: [T, h_in]; seg: int32 [S+1]; ``ops`` as
+    ``kernels.operands.LoraOperands`` says (its workspace holds the shrink result, rounded to
+    x's dtype exactly as the CUDA kernels do).
     """
     rows = x.shape[0]
     col = 0
-    for p, width in enumerate(out_widths):
-        v = workspace[p, :rows]
-        lora_shrink(v, x, pool, a_off[p], ranks[p], seg, layer)
-        lora_expand(y[:, col : col + width], v, pool, b_off[p], ranks[p], scales[p], seg, layer)
+    for p, width in enumerate(ops.out_widths):
+        v = ops.workspace[p, :rows]
+        lora_shrink(v, x, ops.pool, ops.a_off[p], ops.ranks[p], seg, ops.layer)
+        lora_expand(y[:, col : col + width], v, ops.pool, ops.b_off[p], ops.ranks[p], ops.scales[p], seg, ops.layer)
         col += width
 
 
-def add_lora_slices_bgmv(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    row_slot: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-) -> None:
+def add_lora_slices_bgmv(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, row_slot: torch.Tensor) -> None:
     """add_lora_slices with a row -> slot table (int32 [T], -1 = none) instead of segments."""
     rows = x.shape[0]
     col = 0
-    for p, width in enumerate(out_widths):
-        v = workspace[p, :rows]
-        bgmv_shrink(v, x, pool, a_off[p], ranks[p], row_slot, layer)
-        bgmv_expand(y[:, col : col + width], v, pool, b_off[p], ranks[p], scales[p], row_slot, layer)
+    for p, width in enumerate(ops.out_widths):
+        v = ops.workspace[p, :rows]
+        bgmv_shrink(v, x, ops.pool, ops.a_off[p], ops.ranks[p], row_slot, ops.layer)
+        bgmv_expand(y[:, col : col + width], v, ops.pool, ops.b_off[p], ops.ranks[p], ops.scales[p], row_slot,
+                    ops.layer)
         col += width

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from test_kernel_reference import _case
 
 import kernels
 from kernels import cpu, reference
+from kernels.operands import LoraOperands
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -19,8 +22,8 @@ def test_cpu_backend_is_bitwise_the_reference(seed: int, dtype: torch.dtype) -> 
     for layer in (0, 1):
         expect, got = y.clone(), y.clone()
         ws = torch.zeros(len(widths), x.shape[0] + 1, 128, dtype=dtype)
-        reference.add_lora_slices(expect, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
-        cpu.add_lora_slices(got, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
+        reference.add_lora_slices(expect, x, LoraOperands(pool, a_off, b_off, ranks, scales, layer, widths, ws), seg)
+        cpu.add_lora_slices(got, x, LoraOperands(pool, a_off, b_off, ranks, scales, layer, widths, ws), seg)
         assert torch.equal(got, expect)
         assert not torch.equal(got, y) or int(seg[-1]) == 0, "the case must add something"
 
@@ -34,31 +37,33 @@ def test_entry_point_takes_the_cpu_backend_for_float32_and_the_reference_for_bfl
     assert calls == ["cpu", "reference"]
 
 
-def _tiny_args(dtype: torch.dtype = torch.float32) -> list:
-    """A valid one-row, one-slot add_lora_slices call (y, x, pool, a_off, b_off, ranks, scales,
-    seg, layer, out_widths, workspace)."""
+def _tiny_args(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, LoraOperands, torch.Tensor]:
+    """A valid one-row, one-slot add_lora_slices call: (y, x, operands, seg)."""
     table = {"dtype": torch.int64}
-    return [torch.zeros(1, 2, dtype=dtype), torch.zeros(1, 4, dtype=dtype), torch.zeros(64, dtype=dtype),
-            torch.zeros(1, 1, **table), torch.full((1, 1), 8, **table), torch.ones(1, 1, dtype=torch.int32),
-            torch.ones(1, 1), torch.tensor([0, 1], dtype=torch.int32), 0, (2,), torch.zeros(1, 1, 1, dtype=dtype)]
+    ops = LoraOperands(pool=torch.zeros(64, dtype=dtype), a_off=torch.zeros(1, 1, **table),
+                       b_off=torch.full((1, 1), 8, **table), ranks=torch.ones(1, 1, dtype=torch.int32),
+                       scales=torch.ones(1, 1), layer=0, out_widths=(2,), workspace=torch.zeros(1, 1, 1, dtype=dtype))
+    return torch.zeros(1, 2, dtype=dtype), torch.zeros(1, 4, dtype=dtype), ops, torch.tensor([0, 1], dtype=torch.int32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the CPU backend, the reference
 def test_bad_arguments_raise_value_errors_naming_them_on_the_cpu(dtype: torch.dtype) -> None:
     """The CPU backends check shapes, dtypes and devices as the CUDA wrapper does."""
-    args = _tiny_args(dtype)
-    kernels.add_lora_slices(*args)  # valid as it is
-    cases = [(0, torch.zeros(1, 3, dtype=dtype), "y: must be"), (1, torch.zeros(4, dtype=dtype), "x: must be 2-D"),
-             (2, torch.zeros(64, dtype=torch.float64), "pool: dtype"), (3, torch.zeros(1, 1, dtype=torch.int32), "a_off"),
-             (5, torch.ones(2, 1, dtype=torch.int32), "ranks: shape"), (7, torch.zeros(3, dtype=torch.int32), "seg"),
-             (8, -1, "layer"), (10, torch.zeros(1, 1, dtype=dtype), "workspace")]
-    for index, value, message in cases:
-        bad = list(args)
-        bad[index] = value
+    y, x, ops, seg = _tiny_args(dtype)
+    kernels.add_lora_slices(y, x, ops, seg)  # valid as it is
+    cases = [({"y": torch.zeros(1, 3, dtype=dtype)}, "y: must be"), ({"x": torch.zeros(4, dtype=dtype)}, "x: must be 2-D"),
+             ({"pool": torch.zeros(64, dtype=torch.float64)}, "pool: dtype"),
+             ({"a_off": torch.zeros(1, 1, dtype=torch.int32)}, "a_off"),
+             ({"ranks": torch.ones(2, 1, dtype=torch.int32)}, "ranks: shape"),
+             ({"seg": torch.zeros(3, dtype=torch.int32)}, "seg"), ({"layer": -1}, "layer"),
+             ({"workspace": torch.zeros(1, 1, dtype=dtype)}, "workspace")]
+    for change, message in cases:
+        call = {"y": y, "x": x, "seg": seg} | {k: v for k, v in change.items() if k in ("y", "x", "seg")}
+        bad_ops = dataclasses.replace(ops, **{k: v for k, v in change.items() if k not in ("y", "x", "seg")})
         with pytest.raises(ValueError, match=message):
-            kernels.add_lora_slices(*bad)
+            kernels.add_lora_slices(call["y"], call["x"], bad_ops, call["seg"])
     with pytest.raises(ValueError, match="row_slot: shape"):
-        kernels.add_lora_slices_bgmv(*args[:7], torch.zeros(2, dtype=torch.int32), *args[8:])
+        kernels.add_lora_slices_bgmv(y, x, ops, torch.zeros(2, dtype=torch.int32))
 
 
 def _decode_case(h_in: int = 64, widths: tuple[int, ...] = (96, 32, 32), rank: int = 8, rows: int = 6, slots: int = 8,
@@ -86,8 +91,8 @@ def _check_steps(stacks, x, y, pool, a_off, b_off, ranks, scales, seg, widths, l
     ws = torch.zeros(len(widths), x.shape[0], 128)
     for layer in range(layers):
         expect, got = y.clone(), y.clone()
-        reference.add_lora_slices(expect, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
-        cpu.add_lora_slices(got, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws, stacks)
+        reference.add_lora_slices(expect, x, LoraOperands(pool, a_off, b_off, ranks, scales, layer, widths, ws), seg)
+        cpu.add_lora_slices(got, x, LoraOperands(pool, a_off, b_off, ranks, scales, layer, widths, ws), seg, stacks)
         assert torch.equal(got, expect)
 
 
@@ -178,7 +183,7 @@ def test_shrink_and_expand_stages_are_refused_without_the_cuda_kernels() -> None
     assert not kernels.can_stage(x)
     for stage in ("shrink", "expand"):
         with pytest.raises(ValueError, match="needs the CUDA kernels"):
-            kernels.add_lora_slices(x, x, x, None, None, None, None, None, 0, (1,), None, stage=stage)
+            kernels.add_lora_slices(x, x, LoraOperands(x, x, x, x, x, 0, (1,), x), x, stage=stage)
 
 
 def test_a_lora_side_stream_is_refused_for_a_cpu_pool() -> None:

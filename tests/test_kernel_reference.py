@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+from kernels.operands import LoraOperands
+
 from kernels import reference
 
 
@@ -80,7 +82,7 @@ def test_sgmv_matches_naive_rows(seed):
         expect = _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, widths)
         out = y.clone()
         ws = torch.full((len(widths), x.shape[0] + 1, 128), float("nan"), dtype=torch.float64)
-        reference.add_lora_slices(out, x, pool, a_off, b_off, ranks, scales, seg, layer, widths, ws)
+        reference.add_lora_slices(out, x, LoraOperands(pool, a_off, b_off, ranks, scales, layer, widths, ws), seg)
         torch.testing.assert_close(out, expect, rtol=1e-9, atol=1e-9)
 
 
@@ -92,7 +94,7 @@ def test_bgmv_matches_naive_rows(seed):
     expect = _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, 1, widths)
     out = y.clone()
     ws = torch.zeros(len(widths), x.shape[0], 128, dtype=torch.float64)
-    reference.add_lora_slices_bgmv(out, x, pool, a_off, b_off, ranks, scales, row_slot, 1, widths, ws)
+    reference.add_lora_slices_bgmv(out, x, LoraOperands(pool, a_off, b_off, ranks, scales, 1, widths, ws), row_slot)
     torch.testing.assert_close(out, expect, rtol=1e-9, atol=1e-9)
     untouched = row_slot < 0
     assert torch.equal(out[untouched], y[untouched])
@@ -105,7 +107,8 @@ def test_bf16_reference_rounds_shrink_result_once():
     expect = _naive(y, x, pool, a_off, b_off, ranks, scales, row_slot, 0, widths)
     out = y.to(torch.bfloat16)
     ws = torch.zeros(len(widths), rows, 128, dtype=torch.bfloat16)
-    reference.add_lora_slices(out, x.bfloat16(), pool.bfloat16(), a_off, b_off, ranks, scales, seg, 0, widths, ws)
+    ops = LoraOperands(pool.bfloat16(), a_off, b_off, ranks, scales, 0, widths, ws)
+    reference.add_lora_slices(out, x.bfloat16(), ops, seg)
     err = (out.double() - expect).norm() / (expect - y).norm()
     assert err < 3e-2
 
@@ -141,8 +144,8 @@ def test_cuda_wrappers_reject_cpu_tensors():
     x, y, pool, a_off, b_off, ranks, scales, seg, widths = _case(1)
     ws = torch.zeros(len(widths), x.shape[0], 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="CUDA"):
-        kcuda.add_lora_slices(y.bfloat16(), x.bfloat16(), pool.bfloat16(), a_off, b_off, ranks, scales,
-                              seg, 0, widths, ws)
+        kcuda.add_lora_slices(y.bfloat16(), x.bfloat16(),
+                              LoraOperands(pool.bfloat16(), a_off, b_off, ranks, scales, 0, widths, ws), seg)
 
 
 def test_expand_follows_its_shrink_early_for_prefill_and_one_pass_decode_calls():

@@ -48,7 +48,6 @@ class LoraBatch:
     workspace: torch.Tensor  # [3, T_cap, max_rank]
     widths: dict[ProjGroup, tuple[int, ...]]
     active: frozenset[ProjGroup]  # groups at least one slot adapts
-    use_bgmv: bool
     cache: object | None = None  # the kernels' cache across steps (kernels.step_cache)
     side_stream: torch.cuda.Stream | None = None  # set: shrinks run there, beside the base GEMMs
 
@@ -73,23 +72,21 @@ class LoraBatch:
 
     def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup) -> None:
         """y[:, slice p] += scale * (x @ A_p) @ B_p for each row's adapter (in place)."""
-        if group not in self.active:
-            return
-        if not self.use_bgmv:
+        if group in self.active:
             self._sgmv(y, x, layer, group, "both")
-            return
-        first, count = group.value
-        rows = slice(first, first + count)
-        kernels.add_lora_slices_bgmv(y, x, self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
-                                     self.scales[rows], self.row_slot[: x.shape[0]], layer, self.widths[group],
-                                     self.workspace[:count])
 
     def _sgmv(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup, stage: str) -> None:
+        """SGMV over the step's segments (the CUDA decode path reads row_slot as well: the same
+        launch as BGMV, which measured no faster at any batch size)."""
+        kernels.add_lora_slices(y, x, self.operands(layer, group), self.seg, cache=self.cache, stage=stage,
+                                row_slot=self.row_slot[: x.shape[0]])
+
+    def operands(self, layer: int, group: ProjGroup) -> kernels.LoraOperands:
+        """The kernels' operands for ``group`` at ``layer``: its rows of the slot tables."""
         first, count = group.value
         rows = slice(first, first + count)
-        kernels.add_lora_slices(y, x, self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
-                                self.scales[rows], self.seg, layer, self.widths[group], self.workspace[:count],
-                                self.cache, stage, self.row_slot[: x.shape[0]])
+        return kernels.LoraOperands(self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
+                                    self.scales[rows], layer, self.widths[group], self.workspace[:count])
 
 
 class LoraBatchBuilder:
@@ -152,8 +149,7 @@ class LoraBatchBuilder:
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
             ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)), widths=self.widths,
-            active=active, use_bgmv=kernels.prefer_bgmv(total, len(segments)),
-            cache=self.cache,
+            active=active, cache=self.cache,
         )
 
     def static_batch(self, side_stream: torch.cuda.Stream | None = None) -> LoraBatch:
@@ -165,7 +161,7 @@ class LoraBatchBuilder:
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
             ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
-            active=frozenset(ProjGroup), use_bgmv=False, side_stream=side_stream,
+            active=frozenset(ProjGroup), side_stream=side_stream,
         )
 
     def _step_workspace(self, nsegments: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """SGMV / BGMV LoRA kernels for CUDA tensors (CUDA C++ under kernels/csrc, NVRTC via CuPy).
 
-Same signatures and semantics as ``kernels.reference.add_lora_slices`` /
+Same operands and semantics as ``kernels.reference.add_lora_slices`` /
 ``add_lora_slices_bgmv``. Launches go on PyTorch's current stream, allocate nothing per
 call (scratch is static per device, see ``_runtime``) and depend only on tensor shapes,
 so they can be captured in a CUDA graph and replayed after rewriting the tables.
@@ -8,47 +8,30 @@ so they can be captured in a CUDA graph and replayed after rewriting the tables.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from kernels.checks import check_args, check_row_slot, check_seg
 from kernels.cuda._checks import check_cuda
 from kernels.cuda._launch import Call, launch, plan_call
 from kernels.cuda._runtime import RuntimeCache, default_cache
+from kernels.operands import LoraOperands
 
 __all__ = ["STAGES", "add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
 
 STAGES = ("both", "shrink", "expand")
 
 
-def add_lora_slices(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    seg: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-    stage: str = "both",
-    row_slot: torch.Tensor | None = None,
-) -> None:
+def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: torch.Tensor, stage: str = "both",
+                    row_slot: torch.Tensor | None = None) -> None:
     """SGMV: y[seg_i, c_p:c_p+w_p] += scales[p,i] * (x[seg_i] @ A_pi(layer)) @ B_pi(layer)
 
     y: [T, sum(out_widths)] bf16/fp16, rows contiguous (row stride free); x: [T, h_in],
-    same dtype, last dim contiguous (row stride free); pool: [N] 1-D contiguous, same dtype;
-    a_off, b_off: int64 [P, S] element offsets of layer 0's A [h_in, r] / B [r, w_p]
-    (layer l at off + l*h_in*r / off + l*r*w_p); ranks: int32 [P, S] (0 = skip, at most
-    min(R, 128)); scales: float32 [P, S]; seg: int32 [S+1] (non-decreasing, trailing empty
-    segments allowed); layer: int >= 0; out_widths: P <= 4 positive ints;
-    workspace: [P, T_cap >= T, R] contiguous, x's dtype: scratch whose R bounds the ranks (the
-    prefill path stores x @ A rounded to x's dtype there; the decode path, T <= 256, keeps it
-    in the runtime's own fp32 scratch and rounds it the same way; contents after the call are
-    unspecified). One call at a time per device: the runtime's scratch is shared.
+    same dtype, last dim contiguous (row stride free); ``ops`` as ``kernels.operands`` says
+    (ranks at most min(R, 128)); seg: int32 [S+1] (non-decreasing, trailing empty segments
+    allowed). The workspace is scratch: the prefill path stores x @ A rounded to x's dtype
+    there; the decode path, T <= 256, keeps it in the runtime's own fp32 scratch and rounds it
+    the same way; contents after the call are unspecified. One call at a time per device: the
+    runtime's scratch is shared.
     stage: "both", or "shrink" then "expand" as two calls with the same arguments, so a
     caller can run the shrink (which reads x only) beside other work, e.g. on a side stream
     next to the base projection that produces y; nothing else may use the kernels between
@@ -61,7 +44,7 @@ def add_lora_slices(
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     check_cuda(x)
-    problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
+    problem = check_args(y, x, ops)
     check_seg(seg, problem, x.device)
     if row_slot is not None:
         check_row_slot(row_slot, problem, x.device)
@@ -69,33 +52,21 @@ def add_lora_slices(
         return
     rt = default_cache().get(x.device)
     plan = plan_call(rt, problem, 0, problem.nslots, x.dtype)
-    call = Call(y, x, pool, a_off, b_off, ranks, scales, seg, layer, workspace, row_slot)
+    call = Call(y, x, ops, seg, row_slot)
     launch(rt, plan, problem, call, None if stage == "both" else stage)
 
 
-def add_lora_slices_bgmv(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    pool: torch.Tensor,
-    a_off: torch.Tensor,
-    b_off: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
-    row_slot: torch.Tensor,
-    layer: int,
-    out_widths: Sequence[int],
-    workspace: torch.Tensor,
-) -> None:
+def add_lora_slices_bgmv(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, row_slot: torch.Tensor) -> None:
     """BGMV: y[t, c_p:c_p+w_p] += scales[p,s] * (x[t] @ A_ps(layer)) @ B_ps(layer), s = row_slot[t]
 
     As add_lora_slices, with row_slot: int32 [T] (-1 = no adapter for that row) instead of
     seg; the tables are [P, N_slots] and indexed by slot.
     """
     check_cuda(x)
-    problem = check_args(y, x, pool, a_off, b_off, ranks, scales, layer, out_widths, workspace)
+    problem = check_args(y, x, ops)
     check_row_slot(row_slot, problem, x.device)
     if problem.rows == 0:
         return
     rt = default_cache().get(x.device)
     plan = plan_call(rt, problem, 1, problem.rows, x.dtype)
-    launch(rt, plan, problem, Call(y, x, pool, a_off, b_off, ranks, scales, row_slot, layer, workspace))
+    launch(rt, plan, problem, Call(y, x, ops, row_slot))

@@ -17,6 +17,7 @@ from kernels.cuda._runtime import DeviceRuntime
 from kernels.cuda._tensor_map import ZERO_MAP, TensorMap, encode_rows, map_fits
 from kernels.cuda import _tiles
 from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
+from kernels.operands import LoraOperands
 
 THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
@@ -178,14 +179,8 @@ class Call:
 
     y: torch.Tensor
     x: torch.Tensor
-    pool: torch.Tensor
-    a_off: torch.Tensor
-    b_off: torch.Tensor
-    ranks: torch.Tensor
-    scales: torch.Tensor
-    table: torch.Tensor
-    layer: int
-    workspace: torch.Tensor
+    ops: LoraOperands
+    table: torch.Tensor  # seg (SGMV) or row_slot (BGMV)
     row_slot: torch.Tensor | None = None  # SGMV decode: one-row items read their slot from it
 
 
@@ -234,11 +229,12 @@ def expand_follows_early(plan: Plan, problem: Problem, only: str | None, device_
 def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
                    counters: torch.Tensor, pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
+    o = c.ops
     cap = problem.rank_cap
     table, ntable, mode, items = _shrink_items(plan, c, problem.rows)
     grid = (plan.ksplit, items, len(problem.widths))
-    head = (_ptr(c.x), i64(c.x.stride(0)), _ptr(c.pool), _ptr(c.a_off), _ptr(c.ranks), _ptr(table),
-            i32(ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(c.layer))
+    head = (_ptr(c.x), i64(c.x.stride(0)), _ptr(o.pool), _ptr(o.a_off), _ptr(o.ranks), _ptr(table),
+            i32(ntable), i32(problem.nslots), i32(problem.rows), i32(problem.h_in), i32(o.layer))
     kind, variant = shrink_kernel(not plan.decode, cap, pdl)
     if plan.decode:  # fp32 partials only: the decode expand sums them
         shrink = rt.function(kind, c.x.dtype, variant, carveout=SHRINK_PDL_CARVEOUT if pdl else None)
@@ -248,8 +244,9 @@ def _launch_shrink(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, par
     smem = tiles.smem_bytes
     shrink = rt.function(kind, c.x.dtype, variant, carveout=PREFILL_CARVEOUT, smem=smem)
     cluster = rt.clusters and plan.ksplit > 1  # one cluster an item and slice (the kernel checks)
-    args = (*head, _ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(partials), _ptr(counters),
-            i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(cluster), *_x_map(rt, c.x, tiles.bk))
+    args = (*head, _ptr(o.workspace), i64(o.workspace.shape[1] * cap), i32(cap), _ptr(partials),
+            _ptr(counters), i32(plan.ksplit), i32(plan.kc), i32(items), i32(mode), i32(cluster),
+            *_x_map(rt, c.x, tiles.bk))
     launch_ex(shrink, grid, (32 * tiles.warps,), args, torch.cuda.current_stream(c.x.device).cuda_stream,
               shared_mem=smem, cluster=(plan.ksplit, 1, 1) if cluster else None)
 
@@ -274,17 +271,18 @@ def _x_map(rt: DeviceRuntime, x: torch.Tensor, box_cols: int) -> tuple[TensorMap
 def _launch_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, partials: torch.Tensor,
                    pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
+    o = c.ops
     rows, cap = problem.rows, problem.rank_cap
     if not plan.decode:
         _launch_prefill_expand(rt, plan, problem, c, pdl)
         return
     ntiles, slices = _slice_args(plan, problem, DEC_COLS)
-    tail = (i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
+    tail = (i32(o.layer), _ptr(c.y), i64(c.y.stride(0)), *slices)
     # the expand's items: BGMV items (a row each) from row_slot where the call has one
     etable, entable, emode, eitems = _expand_items(plan, c, rows)
     expand = rt.function("expand_dec", c.x.dtype, f"m{DEC_ROWS}")
-    args = (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(c.pool), _ptr(c.b_off), _ptr(c.ranks),
-            _ptr(c.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode))
+    args = (_ptr(partials), i32(plan.ksplit), i32(cap), _ptr(o.pool), _ptr(o.b_off), _ptr(o.ranks),
+            _ptr(o.scales), _ptr(etable), i32(entable), i32(problem.nslots), i32(rows), *tail, i32(emode))
     if pdl:
         launch_ex(expand, (ntiles, eitems), (THREADS,), args, torch.cuda.current_stream(c.x.device).cuda_stream,
                   programmatic=True)
@@ -312,13 +310,15 @@ def walk_count(widths: tuple[int, ...], rows: int, bm: int, wave: int) -> int:
 
 def _launch_prefill_expand(rt: DeviceRuntime, plan: Plan, problem: Problem, c: Call, pdl: bool) -> None:
     i32, i64 = np.int32, np.int64
+    o = c.ops
     cap = problem.rank_cap
     walk, smem = walk_tiles(rt, plan, problem, c.x.dtype)
     groups, slices = _slice_args(plan, problem, WALK_BN * walk)
     expand = rt.function("expand", c.x.dtype, f"m{plan.bm}", carveout=PREFILL_CARVEOUT, smem=smem)
-    args = (_ptr(c.workspace), i64(c.workspace.shape[1] * cap), i32(cap), _ptr(c.pool), _ptr(c.b_off),
-            _ptr(c.ranks), _ptr(c.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots), i32(problem.rows),
-            i32(c.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk),
+    args = (_ptr(o.workspace), i64(o.workspace.shape[1] * cap), i32(cap), _ptr(o.pool), _ptr(o.b_off),
+            _ptr(o.ranks), _ptr(o.scales), _ptr(c.table), i32(plan.ntable), i32(problem.nslots),
+            i32(problem.rows),
+            i32(o.layer), _ptr(c.y), i64(c.y.stride(0)), *slices, i32(plan.mode), i32(walk),
             i32(_tiles.WALK_WG_MIN_RANK))
     launch_ex(expand, (groups, plan.items), (EXPAND_THREADS,), args,
               torch.cuda.current_stream(c.x.device).cuda_stream, shared_mem=smem, programmatic=pdl)

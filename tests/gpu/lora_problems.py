@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import reference
+from kernels.operands import LoraOperands
 
 
 @dataclass
@@ -23,9 +24,13 @@ class Batch:
     widths: tuple[int, ...]
     workspace: torch.Tensor
 
-    def args(self):
-        return (self.y, self.x, self.pool, self.a_off, self.b_off, self.ranks, self.scales,
-                self.table, self.layer, self.widths, self.workspace)
+    def ops(self) -> LoraOperands:
+        return LoraOperands(self.pool, self.a_off, self.b_off, self.ranks, self.scales, self.layer, self.widths,
+                            self.workspace)
+
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, LoraOperands, torch.Tensor]:
+        """(y, x, operands, table): an add_lora_slices / add_lora_slices_bgmv call."""
+        return self.y, self.x, self.ops(), self.table
 
 
 def make_pool(gen, h_in, widths, ranks, layers, dtype, device, misalign):
@@ -70,8 +75,8 @@ def reference64(b: Batch, bgmv: bool) -> torch.Tensor:
     y, x, pool = (t.double() for t in cpu)
     ws = torch.zeros(len(b.widths), x.shape[0], b.workspace.shape[2], dtype=torch.float64)
     fn = reference.add_lora_slices_bgmv if bgmv else reference.add_lora_slices
-    fn(y, x, pool, b.a_off.cpu(), b.b_off.cpu(), b.ranks.cpu(), b.scales.cpu(), b.table.cpu(),
-       b.layer, b.widths, ws)
+    fn(y, x, LoraOperands(pool, b.a_off.cpu(), b.b_off.cpu(), b.ranks.cpu(), b.scales.cpu(), b.layer, b.widths, ws),
+       b.table.cpu())
     return y
 
 

@@ -7,6 +7,7 @@ must stay bit-identical.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -177,24 +178,24 @@ def test_entry_point_dispatches_cuda_tensors():
 def test_bad_arguments_raise_value_errors():
     gen = torch.Generator().manual_seed(6)
     b = make_batch(gen, rows=4, h_in=64, widths=(32,), ranks=[[4]], table=seg_from_lengths([4]))
-    args = list(b.args())
+    y, x, ops, seg = b.args()
     cases = [
-        (1, b.x.float(), "dtype"),
-        (1, torch.empty(64, 4, dtype=b.x.dtype, device="cuda").t(), "contiguous"),
-        (0, b.y[:, :16], "y"),
-        (3, b.a_off.int(), "a_off"),
-        (5, b.ranks.long(), "ranks"),
-        (7, torch.zeros(5, dtype=torch.int64, device="cuda"), "seg"),
-        (10, b.workspace[:, :2], "workspace"),
-        (8, -1, "layer"),
+        ({"x": b.x.float()}, "dtype"),
+        ({"x": torch.empty(64, 4, dtype=b.x.dtype, device="cuda").t()}, "contiguous"),
+        ({"y": b.y[:, :16]}, "y"),
+        ({"a_off": b.a_off.int()}, "a_off"),
+        ({"ranks": b.ranks.long()}, "ranks"),
+        ({"seg": torch.zeros(5, dtype=torch.int64, device="cuda")}, "seg"),
+        ({"workspace": b.workspace[:, :2]}, "workspace"),
+        ({"layer": -1}, "layer"),
     ]
-    for index, value, word in cases:
-        bad = list(args)
-        bad[index] = value
+    for change, word in cases:
+        call = {"y": y, "x": x, "seg": seg} | {k: v for k, v in change.items() if k in ("y", "x", "seg")}
+        bad_ops = dataclasses.replace(ops, **{k: v for k, v in change.items() if k not in ("y", "x", "seg")})
         with pytest.raises(ValueError, match=word):
-            kcuda.add_lora_slices(*bad)
+            kcuda.add_lora_slices(call["y"], call["x"], bad_ops, call["seg"])
     with pytest.raises(ValueError, match="row_slot"):
-        kcuda.add_lora_slices_bgmv(*args[:7], torch.zeros(3, dtype=torch.int32, device="cuda"), *args[8:])
+        kcuda.add_lora_slices_bgmv(y, x, ops, torch.zeros(3, dtype=torch.int32, device="cuda"))
 
 
 def test_launches_with_nothing_to_do_leave_y_and_later_launches_correct():
@@ -223,10 +224,8 @@ def test_outgrown_scratch_stays_with_the_graph_that_captured_it():
     rt = DeviceRuntime(torch.device("cuda", torch.cuda.current_device()))  # fresh scratch, not the shared one
 
     def call(batch):
-        problem = check_args(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales,
-                             batch.layer, batch.widths, batch.workspace)
-        c = Call(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales, batch.table,
-                 batch.layer, batch.workspace)
+        problem = check_args(batch.y, batch.x, batch.ops())
+        c = Call(batch.y, batch.x, batch.ops(), batch.table)
         launch(rt, plan_call(rt, problem, 0, problem.nslots, batch.x.dtype), problem, c)
 
     gen = torch.Generator().manual_seed(9)

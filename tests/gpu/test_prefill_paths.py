@@ -31,8 +31,7 @@ def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, 
     rt = kcuda.default_cache().get(batch.x.device)
     if not rt.clusters:
         pytest.skip("no thread-block clusters on this device")
-    problem = check_args(batch.y, batch.x, batch.pool, batch.a_off, batch.b_off, batch.ranks, batch.scales,
-                         batch.layer, batch.widths, batch.workspace)
+    problem = check_args(batch.y, batch.x, batch.ops())
     assert plan_call(rt, problem, 0, problem.nslots, batch.x.dtype).ksplit > 1  # the split is what is tested
     y0 = batch.y.clone()
     expected = reference64(batch, False)  # from y0: the reference adds into the y it is given
