@@ -111,6 +111,8 @@ def violation(edge: Edge) -> str | None:
         return "adapter_store is below inference_server and imports none of it"
     if top_src == "clients" and top_dst in ("inference_server", "kernels", "adapter_store", "torch"):
         return "clients need only the generated protos (no server code, no torch)"
+    if top_src == "inference_server" and within(dst, "kernels.cuda"):
+        return "inference_server reaches the kernels through their device-agnostic entry points"
     if top_src == "inference_server" and top_dst == "adapter_store" and dst != "adapter_store":
         if not any(within(dst, m) for m in STORE_CLIENT_SIDE):
             return "inference_server uses only the store's client side"

@@ -50,6 +50,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("adapter_store/client.py", "from adapter_store.server import serve\n", "does not import the sidecar"),
     ("inference_server/lora/batch.py", "from inference_server.lora.pool.adapter_pool import AdapterPool\n",
      "imports the higher tier"),
+    ("inference_server/model/x.py", "def f():\n    from kernels.cuda.paged_decode import supported\n",
+     "device-agnostic entry points"),
 ])
 def test_the_checker_flags_each_kind_of_forbidden_edge(tmp_path, rel, text, why) -> None:
     root = _tree(tmp_path, {rel: text})
@@ -59,7 +61,7 @@ def test_the_checker_flags_each_kind_of_forbidden_edge(tmp_path, rel, text, why)
 
 def test_the_checker_allows_the_intended_directions(tmp_path) -> None:
     root = _tree(tmp_path, {
-        "inference_server/x.py": "from adapter_store.client import StoreClient\nimport kernels\n"
+        "inference_server/x.py": "from adapter_store.client import StoreClient\nimport kernels\nfrom kernels import paged_decode\n"
                                  "from inference_server.lora.pool import device_packing\n",
         "inference_server/lora/pool/copier.py": "from inference_server.lora.resident import AdapterLayout\n",
         "adapter_store/store.py": "from adapter_store.format.peft_format import parse_adapter_upload\n",

@@ -28,6 +28,7 @@ from inference_server.engine.step_plan import plan_step, run_forward
 from inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
 from inference_server.lora.layers import LoraContext, attach_lora
 from inference_server.model.config import ModelConfig
+from kernels import paged_decode
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +206,9 @@ _GRAPH_DTYPES = (torch.bfloat16, torch.float16)  # float32 CUDA LoRA is the (hos
 def _decode_workspace(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_seqs: int, max_len: int):
     """Split partials of the paged decode kernel, or None where it does not apply (CPU, or an
     attention shape it does not handle: those steps take the portable path)."""
-    if device.type != "cuda":
-        return None
-    from kernels.cuda import paged_decode  # noqa: PLC0415  (imports CuPy)
-
-    if not paged_decode.supported(dtype, config.head_dim, config.num_heads, config.num_kv_heads):
+    workspace = paged_decode.decode_workspace(dtype, config.head_dim, config.num_heads, config.num_kv_heads,
+                                                 max_seqs, max_len, device)
+    if workspace is None and device.type == "cuda":
         log.warning("paged decode kernel does not handle %d/%d heads of dim %d in %s: portable attention",
                     config.num_heads, config.num_kv_heads, config.head_dim, dtype)
-        return None
-    return paged_decode.DecodeWorkspace.allocate(max_seqs, config.num_heads, config.head_dim, max_len, device)
+    return workspace

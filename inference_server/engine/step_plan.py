@@ -18,6 +18,7 @@ from inference_server.lora.layers import LoraContext
 from inference_server.lora.resident import AdapterLayout
 from inference_server.model.attention import AttentionMetadata, DecodeRows, SequenceSpan
 from inference_server.model.llama import ForwardBatch
+from kernels import paged_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +110,6 @@ def kernel_rows(span: SpanPlan) -> tuple[range, range]:
 
 
 def _decode_rows(spans: list[SpanPlan], device: torch.device, workspace) -> DecodeRows:
-    from kernels.cuda.paged_decode import num_splits_for  # noqa: PLC0415  (CUDA only)
-
     width = max(len(s.block_table) for s in spans)
     rows, lens, tables = [], [], []
     for s in spans:
@@ -122,7 +121,7 @@ def _decode_rows(spans: list[SpanPlan], device: torch.device, workspace) -> Deco
         rows=_to_device(rows, torch.int32, device),
         block_tables=_to_device(tables, torch.int32, device),
         context_lens=_to_device(lens, torch.int32, device),
-        num_splits=num_splits_for(max(s.ctx_len for s in spans)),
+        num_splits=paged_decode.decode_splits(max(s.ctx_len for s in spans)),
         workspace=workspace,
     )
 
@@ -132,7 +131,7 @@ def forward_batch(
 ) -> ForwardBatch:
     """The attention metadata of ``plan`` (slots computed from block tables on each rank).
 
-    With a ``decode_workspace`` (a ``kernels.cuda.paged_decode.DecodeWorkspace``), the rows
+    With a ``decode_workspace`` (``kernels.paged_decode.decode_workspace``'s), the rows
     of decodes and short prefill chunks (``kernel_span``) go to the paged decode kernel, up
     to the workspace's row capacity; the other spans take the portable path.
     """

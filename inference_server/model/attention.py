@@ -6,7 +6,7 @@ A step's rows are grouped by sequence: sequence i owns rows [q_start_i, q_start_
 and, after this step's keys are written, attends to its first ``ctx_len_i`` tokens.
 
 On CUDA, single-query (decode) sequences go to the paged decode kernel
-(``kernels.cuda.paged_decode``) through ``DecodeRows`` tensors, so the call needs no
+(``kernels.paged_decode``) through ``DecodeRows`` tensors, so the call needs no
 per-sequence Python and can be captured in a CUDA graph; the other spans (prefill chunks)
 and every span on the CPU use the portable SDPA path below, the reference.
 """
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from kernels import paged_decode
 
 
 @dataclass(slots=True)
@@ -35,7 +37,7 @@ class DecodeRows:
     block_tables: torch.Tensor  # int32 [B, max_blocks]
     context_lens: torch.Tensor  # int32 [B]
     num_splits: int  # context split count the launch covers (>= ceil(max context / SPLIT))
-    workspace: object  # kernels.cuda.paged_decode.DecodeWorkspace
+    workspace: object  # kernels.paged_decode.decode_workspace's
 
 
 @dataclass(slots=True)
@@ -87,10 +89,8 @@ def paged_attention(
 
 
 def _decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeRows, scale: float, out: torch.Tensor) -> None:
-    from kernels.cuda.paged_decode import paged_decode_attention  # noqa: PLC0415  (CuPy: CUDA only)
-
-    paged_decode_attention(out, q, kv_cache[0], kv_cache[1], d.rows, d.block_tables, d.context_lens, scale,
-                           d.num_splits, d.workspace)
+    paged_decode.decode_attention(out, q, kv_cache[0], kv_cache[1], d.rows, d.block_tables, d.context_lens,
+                                     scale, d.num_splits, d.workspace)
 
 
 def _padded_decode_tables(spans: list[SequenceSpan], device: torch.device) -> tuple[torch.Tensor, ...]:
