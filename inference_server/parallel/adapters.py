@@ -38,7 +38,7 @@ class ShardLoad:
         return self.shards.shape[1]
 
 
-class ParallelAdapterManager(AdapterPool):
+class ParallelAdapterPool(AdapterPool):
     """AdapterPool for rank 0 of a tensor-parallel group of ``world_size`` ranks."""
 
     def __init__(self, *args, world_size: int, **kwargs) -> None:

@@ -25,7 +25,7 @@ from inference_server.engine.config import EngineConfig
 from inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
 from inference_server.model.checkpoint import Checkpoint, ModelSource
 from inference_server.model.loading import load_checkpoint
-from inference_server.parallel.adapters import ParallelAdapterManager
+from inference_server.parallel.adapters import ParallelAdapterPool
 from inference_server.parallel.group import TPGroup, join_group, leave_group, rank_device
 from inference_server.parallel.layers import TensorParallelLM
 from inference_server.parallel.runner import ParallelModelRunner
@@ -171,7 +171,7 @@ def build_parallel_engine(cls, config: EngineConfig, model: ModelSource, adapter
             return ParallelModelRunner(module, block_manager, manager, max_num_seqs, max_num_batched_tokens, workers)
 
         return assemble(cls, rank0, module, ckpt.config, ckpt.tokenizer, adapters,
-                        manager_factory=lambda *a: ParallelAdapterManager(*a, world_size=world), runner_factory=runner)
+                        manager_factory=lambda *a: ParallelAdapterPool(*a, world_size=world), runner_factory=runner)
     except BaseException:
         if workers is not None:
             workers.stop(timeout_s=0.0)

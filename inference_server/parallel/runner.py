@@ -15,7 +15,7 @@ import torch
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.model_runner import ModelRunner, StepOutput
 from inference_server.engine.sequence import Sequence
-from inference_server.parallel.adapters import ParallelAdapterManager, ShardLoad
+from inference_server.parallel.adapters import ParallelAdapterPool, ShardLoad
 from inference_server.parallel.group import leave_group
 from inference_server.parallel.layers import TensorParallelLM
 from inference_server.parallel.lora import attach_tp_lora
@@ -28,7 +28,7 @@ class ParallelModelRunner(ModelRunner):
     None for world size 1)."""
 
     def __init__(
-        self, model: TensorParallelLM, blocks: BlockManager, manager: ParallelAdapterManager, max_num_seqs: int,
+        self, model: TensorParallelLM, blocks: BlockManager, manager: ParallelAdapterPool, max_num_seqs: int,
         max_num_batched_tokens: int, workers=None,
     ) -> None:
         super().__init__(model, model.local_config, blocks, manager.pool, max_num_seqs, max_num_batched_tokens,
