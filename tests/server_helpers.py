@@ -92,6 +92,7 @@ class FakeEngine:
         self.step_s = step_s
         self.max_running = max_running
         self.running: set[str] = set()
+        self.running_adapters: dict[str, str | None] = {}  # request id -> its adapter
         self.aborted: list[str] = []
         self.requests: list[GenerationRequest] = []
         self.started = False
@@ -103,9 +104,10 @@ class FakeEngine:
         self.started = False
 
     def stats(self) -> EngineStats:
+        adapters = tuple(sorted({a for a in self.running_adapters.values() if a is not None}))
         return EngineStats(num_running=len(self.running), num_waiting=0,
                            free_kv_blocks=self.TOTAL_BLOCKS - len(self.running), total_kv_blocks=self.TOTAL_BLOCKS,
-                           resident_adapters=0, preemptions=0)
+                           resident_adapters=0, preemptions=0, running_adapters=adapters)
 
     def pool_stats(self) -> None:
         return None
@@ -127,6 +129,7 @@ class FakeEngine:
         self.requests.append(request)
         rid = request.request_id
         self.running.add(rid)
+        self.running_adapters[rid] = request.adapter_id
         try:
             tokens = fake_tokens(request.prompt_token_ids, request.adapter_id, request.stopping.max_new_tokens)
             for i, token in enumerate(tokens):
@@ -142,6 +145,7 @@ class FakeEngine:
                 yield TokenEvent(rid, (token,), self.tokenizer.decode([token]), logprobs=lp, top_logprobs=top)
         finally:
             self.running.discard(rid)
+            self.running_adapters.pop(rid, None)
 
     def _last(self, request: GenerationRequest, ids: tuple[int, ...], reason: FinishReason, n: int) -> TokenEvent:
         return TokenEvent(request.request_id, ids, self.tokenizer.decode(list(ids)), finish_reason=reason,

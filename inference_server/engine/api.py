@@ -24,6 +24,10 @@ class PromptTokenizer(Protocol):
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str:
+        """Token ids -> text (the HTTP edge names each token of a logprobs answer by its text)."""
+        ...
+
 
 class EdgeAdapters(Protocol):
     """The adapter management surface: list / get / upload / delete, and where each is held."""

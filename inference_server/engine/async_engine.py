@@ -147,6 +147,7 @@ class AsyncEngine:
         return self._manager.stats()
 
     def stats(self) -> EngineStats:
+        running_adapters, waiting_adapters = self._core.adapters_in_flight()
         return EngineStats(
             num_running=self._core.num_running,
             num_waiting=self._core.num_waiting,
@@ -154,6 +155,8 @@ class AsyncEngine:
             total_kv_blocks=self._core.blocks.num_blocks,
             resident_adapters=self._manager.stats().resident,
             preemptions=self._core.num_preemptions,
+            running_adapters=running_adapters,
+            waiting_adapters=waiting_adapters,
         )
 
     # -- the step loop (engine thread) -----------------------------------------------------

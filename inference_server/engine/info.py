@@ -26,3 +26,5 @@ class EngineStats:
     total_kv_blocks: int
     resident_adapters: int
     preemptions: int
+    running_adapters: tuple[str, ...] = ()  # adapter ids with a running request (sorted; no base model)
+    waiting_adapters: tuple[str, ...] = ()  # adapter ids with a queued request

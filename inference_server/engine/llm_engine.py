@@ -99,6 +99,20 @@ class LLMEngine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    def adapters_in_flight(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(adapter ids of running sequences, of waiting ones), each sorted and unique; read from
+        another thread (a metrics scrape) while the step loop mutates the queues, so the waiting
+        queue is copied again if a step changed it mid-copy."""
+        running = {s.adapter_key for s in list(self.scheduler.running)}
+        waiting: set[str] = set()
+        for _ in range(5):
+            try:
+                waiting = {s.adapter_key for s in self.scheduler.waiting}
+                break
+            except RuntimeError:  # "deque mutated during iteration"
+                continue
+        return tuple(sorted(running - {""})), tuple(sorted(waiting - {""}))
+
     # -- one step -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         events = self._reap_aborted()

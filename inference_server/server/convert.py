@@ -1,5 +1,8 @@
 """Protobuf <-> domain conversion for the gRPC edge: small from_pb / to_pb functions.
 
+The checks that do not depend on protobuf (prompt length, chat messages, max_new_tokens,
+token ids) are plain functions taking the field name, which the HTTP edge reuses.
+
 Every caller mistake becomes an InvalidRequestError whose ``field`` is the proto field path
 (``sampling.top_p``, ``stopping.max_new_tokens``, ``chat.messages``), so the interceptor can
 name it in the INVALID_ARGUMENT status.
@@ -18,6 +21,7 @@ from adapter_store.errors import InvalidRequestError
 from adapter_store.format.files import AdapterInfo
 from adapter_store.format.naming import validate_adapter_id
 from inference_server.engine.api import PromptTokenizer
+from inference_server.engine.info import EngineInfo
 from inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
@@ -51,6 +55,13 @@ class RequestLimits:
         for name in ("vocab_size", "max_context_len", "max_new_tokens_limit", "default_max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @classmethod
+    def for_engine(cls, info: EngineInfo, default_max_new_tokens: int) -> "RequestLimits":
+        """The limits of requests to an engine; the edge's default is capped by the engine's limit."""
+        return cls(vocab_size=info.vocab_size, max_context_len=info.max_context_len,
+                   max_new_tokens_limit=info.max_new_tokens_limit,
+                   default_max_new_tokens=min(default_max_new_tokens, info.max_new_tokens_limit))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +99,8 @@ def adapter_id_from_pb(adapter_id: str, field: str = "adapter_id") -> str | None
     return validate_adapter_id(adapter_id, field) if adapter_id else None
 
 
-def _check_token_ids(ids: Any, vocab_size: int, field: str) -> tuple[int, ...]:
+def check_token_ids(ids: Any, vocab_size: int, field: str) -> tuple[int, ...]:
+    """``ids`` as a tuple; InvalidRequestError naming ``field`` for one outside the vocabulary."""
     out = tuple(ids)
     bad = next((t for t in out if t >= vocab_size), None)
     if bad is not None:
@@ -106,16 +118,21 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
             raise InvalidRequestError("must be non-empty", "text")
         ids = tuple(tokenizer.encode(msg.text))
     elif kind == "token_ids":
-        ids = _check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
+        ids = check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
     else:
         ids = tuple(_chat_ids(msg.chat, tokenizer))
+    return check_prompt_ids(ids, limits, kind)
+
+
+def check_prompt_ids(ids: tuple[int, ...], limits: RequestLimits, field: str) -> tuple[int, ...]:
+    """``ids`` if the prompt has tokens and leaves room in the context window for one more."""
     if not ids:
-        raise InvalidRequestError("the prompt has no tokens", kind)
+        raise InvalidRequestError("the prompt has no tokens", field)
     if len(ids) >= limits.max_context_len:
         raise InvalidRequestError(
             f"the prompt has {len(ids)} tokens; the context window is {limits.max_context_len} "
             "(prompt + generated tokens)",
-            kind,
+            field,
         )
     return ids
 
@@ -124,20 +141,26 @@ CHAT_ROLES = ("system", "user", "assistant")  # ChatMessage.role in inference.pr
 
 
 def _chat_ids(chat: pb.ChatMessages, tokenizer: PromptTokenizer) -> list[int]:
-    if not chat.messages:
-        raise InvalidRequestError("at least one message is required", "chat.messages")
-    messages = []
-    for i, m in enumerate(chat.messages):
-        if not m.role:
-            raise InvalidRequestError(f"message {i} has no role", "chat.messages.role")
-        if m.role not in CHAT_ROLES:
-            raise InvalidRequestError(f"message {i} has role {m.role!r}; roles are {', '.join(CHAT_ROLES)}",
-                                      "chat.messages.role")
-        messages.append({"role": m.role, "content": m.content})
+    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    return chat_prompt_ids(messages, tokenizer, "chat.messages", "chat")
+
+
+def chat_prompt_ids(messages: list[dict[str, str]], tokenizer: PromptTokenizer, field: str,
+                    template_field: str) -> list[int]:
+    """The chat template applied to ``messages`` ({role, content}); errors name ``field`` (a
+    message) or ``template_field`` (no template, or the template refused them)."""
+    if not messages:
+        raise InvalidRequestError("at least one message is required", field)
+    for i, m in enumerate(messages):
+        if not m["role"]:
+            raise InvalidRequestError(f"message {i} has no role", f"{field}.role")
+        if m["role"] not in CHAT_ROLES:
+            raise InvalidRequestError(f"message {i} has role {m['role']!r}; roles are {', '.join(CHAT_ROLES)}",
+                                      f"{field}.role")
     try:
         return tokenizer.apply_chat_template(messages)
     except ValueError as exc:  # no chat template, or the template refused the messages
-        raise InvalidRequestError(str(exc), "chat") from None
+        raise InvalidRequestError(str(exc), template_field) from None
 
 
 def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
@@ -156,18 +179,28 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
 
 def stopping_from_pb(msg: pb.StoppingCriteria, limits: RequestLimits) -> StoppingCriteria:
     """StoppingCriteria; max_new_tokens defaults to the server's default and is capped by its limit."""
-    max_new = msg.max_new_tokens if msg.HasField("max_new_tokens") else limits.default_max_new_tokens
-    if max_new > limits.max_new_tokens_limit:
-        raise InvalidRequestError(
-            f"{max_new} is above this server's limit of {limits.max_new_tokens_limit}", "stopping.max_new_tokens"
-        )
-    stop_ids = _check_token_ids(msg.stop_token_ids, limits.vocab_size, "stopping.stop_token_ids")
+    max_new = max_new_tokens_checked(msg.max_new_tokens if msg.HasField("max_new_tokens") else None, limits,
+                                     "stopping.max_new_tokens")
+    stop_ids = check_token_ids(msg.stop_token_ids, limits.vocab_size, "stopping.stop_token_ids")
     return _refield("stopping", lambda: StoppingCriteria(
         max_new_tokens=max_new,
         stop_token_ids=stop_ids,
         stop_strings=tuple(msg.stop_strings),
         ignore_eos=msg.ignore_eos,
     ))
+
+
+def max_new_tokens_checked(requested: int | None, limits: RequestLimits, field: str) -> int:
+    """The request's max_new_tokens (None: the server's default), refused above the limit."""
+    max_new = limits.default_max_new_tokens if requested is None else requested
+    if max_new > limits.max_new_tokens_limit:
+        raise InvalidRequestError(f"{max_new} is above this server's limit of {limits.max_new_tokens_limit}", field)
+    return max_new
+
+
+def tenant_of(adapter_id: str | None) -> str | None:
+    """The tenant part of ``tenant/name`` (None for the base model or a shared adapter)."""
+    return adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
 
 
 def generate_request_from_pb(
@@ -179,7 +212,7 @@ def generate_request_from_pb(
     sampling = sampling_from_pb(msg.sampling)
     stopping = stopping_from_pb(msg.stopping, limits)
     prompt = prompt_from_pb(msg, tokenizer, limits)
-    tenant = adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
+    tenant = tenant_of(adapter_id)
     request = GenerationRequest(
         request_id=uuid.uuid4().hex,
         prompt_token_ids=prompt,

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 import grpc
 
-from adapter_store.errors import InvalidRequestError, LoraplexError
+from adapter_store.errors import InvalidRequestError
 from inference_server.auth.security import Security
 from inference_server.engine.api import ServingEngine
 from inference_server.server import convert
+from inference_server.server.generation import generation
 from inference_server.server.metrics import ServerMetrics
 from inference_server.server.state import ServingState
 from inference_server.server.tenancy import Tenancy
@@ -51,13 +53,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._upload_limits = UploadLimits(max_upload_bytes=config.max_upload_bytes)
 
     def _limits(self, engine: ServingEngine) -> convert.RequestLimits:
-        info = engine.info
-        return convert.RequestLimits(
-            vocab_size=info.vocab_size,
-            max_context_len=info.max_context_len,
-            max_new_tokens_limit=info.max_new_tokens_limit,
-            default_max_new_tokens=min(self._config.default_max_new_tokens, info.max_new_tokens_limit),
-        )
+        return convert.RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
 
     async def _decode(self, request: pb.GenerateRequest, engine: ServingEngine) -> convert.EdgeRequest:
         args = (request, engine.tokenizer, self._limits(engine))
@@ -72,26 +68,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         engine = self._state.engine_or_raise()
         edge = await self._decode(request, engine)
         client_id = edge.client_request_id
-        async with self._tenancy.generation(context, engine, edge.request) as (req, ticket), \
-                self._state.stream(req.request_id):
-            track = self._metrics.stream(req.adapter_id, len(req.prompt_token_ids))
-            stream = engine.generate(req)
-            finished = False
-            try:
-                async for event in stream:
-                    track.tokens(len(event.token_ids))
-                    self._tenancy.generated(ticket, len(event.token_ids))
-                    if event.finish_reason is not None:
-                        finished = True
-                        track.finished(event.finish_reason.value)
-                    yield convert.token_event_to_pb(event, client_id)
-            except LoraplexError:
-                finished = True  # the engine refused the request: there is nothing to abort
-                raise
-            finally:
-                if not finished:  # cancelled, deadline passed, or failed mid-stream
-                    engine.abort(req.request_id)
-                await stream.aclose()
+        events = generation(self._state, self._metrics, self._tenancy, context, engine, edge.request)
+        async with aclosing(events):
+            async for event in events:
+                yield convert.token_event_to_pb(event, client_id)
 
     async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
                             context: grpc.aio.ServicerContext) -> pb.Adapter:

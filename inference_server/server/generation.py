@@ -1,0 +1,45 @@
+"""One generation's life at an edge, shared by the gRPC servicer and the HTTP edge.
+
+Admission (tenant rules and quotas, the stream limit, draining), metrics and the abort of a
+request its caller left are the same whichever protocol the request came in on, so they live
+here once: an edge converts its request, iterates ``generation(...)`` and converts each event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from adapter_store.errors import LoraplexError
+from inference_server.engine.api import ServingEngine
+from inference_server.engine.request import GenerationRequest, TokenEvent
+from inference_server.server.metrics import ServerMetrics
+from inference_server.server.state import ServingState
+from inference_server.server.tenancy import Tenancy
+
+
+async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenancy, context: Any,
+                     engine: ServingEngine, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    """Stream ``request``'s events from ``engine`` on behalf of ``context``'s caller. Refusals
+    (unknown adapter, quota, full queue, draining) raise before the first event; a stream closed
+    or cancelled before its last event aborts the request in the engine, freeing its KV blocks.
+    Iterate it inside ``contextlib.aclosing`` so an edge that stops early closes it at once."""
+    async with tenancy.generation(context, engine, request) as (req, ticket), state.stream(req.request_id):
+        track = metrics.stream(req.adapter_id, len(req.prompt_token_ids))
+        stream = engine.generate(req)
+        finished = False
+        try:
+            async for event in stream:
+                track.tokens(len(event.token_ids))
+                tenancy.generated(ticket, len(event.token_ids))
+                if event.finish_reason is not None:
+                    finished = True
+                    track.finished(event.finish_reason.value)
+                yield event
+        except LoraplexError:
+            finished = True  # the engine refused the request: there is nothing to abort
+            raise
+        finally:
+            if not finished:  # cancelled, deadline passed, or failed mid-stream
+                engine.abort(req.request_id)
+            await stream.aclose()
