@@ -1,7 +1,7 @@
 """``loraplex-server``: parse settings, configure logging, open the port, load the model, serve.
 
-The gRPC port opens before the model loads (health NOT_SERVING, Generate UNAVAILABLE) so
-orchestrators can probe it; the weights load in a background thread with a progress bar;
+The gRPC port (and the OpenAI-compatible HTTP port, --http-port) opens before the model loads
+(health NOT_SERVING, Generate UNAVAILABLE, /health 503) so orchestrators can probe it; the weights load in a background thread with a progress bar;
 SIGTERM or SIGINT drains open streams within ``--grace-period-s`` and exits 0.
 """
 
@@ -142,6 +142,7 @@ async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None
     security.log_startup()
     server = GrpcServer(ServerOptions.from_settings(settings), security=security)
     await server.start()
+    http = await _start_http(settings, server)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -165,10 +166,24 @@ async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None
         loading.cancel()
     stopping.cancel()
     log.info("shutting down (grace period %.1fs)", settings.grace_period_s)
-    await server.shutdown(settings.grace_period_s)
+    await server.shutdown(settings.grace_period_s)  # drains HTTP streams too: the two edges share one state
+    if http is not None:
+        await http.close()
     if engine is not None:
         await engine.shutdown()
     return code
+
+
+async def _start_http(settings: ServerSettings, server: Any) -> Any:
+    """The OpenAI-compatible HTTP edge over the gRPC server's state (None with --http-port 0)."""
+    if not settings.http_port:
+        return None
+    from inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
+
+    http = HttpServer(HttpOptions.from_settings(settings), server.state, server.metrics, server.security,
+                      server.tenant_metrics)
+    await http.start()
+    return http
 
 
 def main(argv: Sequence[str] | None = None) -> int:

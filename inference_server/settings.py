@@ -42,6 +42,8 @@ class ServerSettings:
     host: str = _opt("127.0.0.1", "address to listen on (0.0.0.0 or :: for all interfaces)")
     port: int = _opt(50051, "gRPC port (0 = any free port, logged at start)", int)
     metrics_port: int = _opt(9464, "Prometheus /metrics HTTP port (0 = no metrics endpoint)", int)
+    http_port: int = _opt(8000, "OpenAI-compatible HTTP port: /v1/completions, /v1/chat/completions, /v1/models, "
+                                "/health, /metrics (0 = off)", int)
     health_port: int = _opt(0, "plaintext port serving only grpc.health.v1, for probes that cannot speak TLS "
                                "(0 = none)", int)
     # model
@@ -107,7 +109,7 @@ class ServerSettings:
                 raise ValueError(_where(f.name, f"must be one of {list(choices)}, got {getattr(self, f.name)!r}"))
         if not self.host:
             raise ValueError(_where("host", "must be non-empty"))
-        for name in ("port", "metrics_port", "health_port"):
+        for name in ("port", "metrics_port", "health_port", "http_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(_where(name, f"must be in 0..65535, got {getattr(self, name)}"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")

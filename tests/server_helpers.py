@@ -168,6 +168,7 @@ class ServerThread:
         self.server = GrpcServer(options, security=security)
         self.port = self.call(self.server.start())
         self.address = f"127.0.0.1:{self.port}"
+        self.http: Any = None
 
     def call(self, coro: Any, timeout: float = 60.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -183,8 +184,23 @@ class ServerThread:
             await self.server.attach_engine(engine)
         self.call(go())
 
+    def start_http(self, **routes: Any) -> str:
+        """Open the OpenAI-compatible HTTP edge on this server's state (RouteConfig ``routes``);
+        returns its base URL (``http://127.0.0.1:PORT/v1``)."""
+        from inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
+        from inference_server.http.routes import RouteConfig  # noqa: PLC0415
+
+        s = self.server
+        self.http = HttpServer(HttpOptions(routes=RouteConfig(**routes)), s.state, s.metrics, s.security,
+                               s.tenant_metrics)
+        port = self.call(self.http.start())
+        scheme = "https" if s.security.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{port}/v1"
+
     def close(self, grace_s: float = 5.0) -> None:
         self.call(self.server.shutdown(grace_s))
+        if self.http is not None:
+            self.call(self.http.close())
         engine = self.server.state.engine
         if engine is not None:
             self.call(engine.shutdown())

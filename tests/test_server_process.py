@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 def start_server(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(tmp_path / "server.log", "w")
-    env = {**os.environ, "LORAPLEX_ADAPTER_DIR": str(tmp_path / "adapters"), "LORAPLEX_METRICS_PORT": "0"}
+    env = {**os.environ, "LORAPLEX_ADAPTER_DIR": str(tmp_path / "adapters"), "LORAPLEX_METRICS_PORT": "0",
+           "LORAPLEX_HTTP_PORT": "0"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "inference_server.main", "--model", str(model_dir), "--port", str(port),
          "--num-kv-blocks", "256", *extra],

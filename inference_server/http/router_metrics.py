@@ -1,0 +1,82 @@
+"""The gauges LoRA-aware routers scrape, under vLLM's names, and the HTTP edge's request counts.
+
+The Gateway API Inference Extension's endpoint picker and llm-d's scheduler read a model
+server's queue (``vllm:num_requests_waiting``, ``vllm:num_requests_running``), its KV cache
+use (``vllm:kv_cache_usage_perc``, and the older ``vllm:gpu_cache_usage_perc``) and which
+adapters it serves (``vllm:lora_requests_info``: labels ``running_lora_adapters`` and
+``waiting_lora_adapters``, comma-separated, and ``max_lora``; the value is the time of the
+scrape, as vLLM sets it). They are read from the engine at scrape time, like loraplex's own
+gauges, and cover requests from both edges. With tenants, adapter names follow
+ServerMetrics.adapter_label (``acme/*``): the metrics endpoint has no authentication.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inference_server.engine.api import ServingEngine
+from inference_server.server.metrics import ServerMetrics
+from inference_server.server.state import ServingState
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class RouterCollector(Collector):
+    """vLLM-named gauges from the engine's stats; zeros (and no adapters) before it loads."""
+
+    def __init__(self, state: ServingState, metrics: ServerMetrics, model_name: Callable[[ServingEngine], str]
+                 ) -> None:
+        self._state = state
+        self._metrics = metrics
+        self._model_name = model_name
+
+    def _gauge(self, name: str, doc: str, model: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        return family
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._state.engine
+        stats = engine.stats() if engine is not None else None
+        model = self._model_name(engine) if engine is not None else ""
+        waiting = float(stats.num_waiting) if stats else 0.0
+        running = float(stats.num_running) if stats else 0.0
+        usage = 1.0 - stats.free_kv_blocks / stats.total_kv_blocks if stats and stats.total_kv_blocks else 0.0
+        yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled", model, waiting)
+        yield self._gauge("vllm:num_requests_running", "Requests being decoded", model, running)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = full)", model, usage)
+        yield self._gauge("vllm:gpu_cache_usage_perc", "KV cache usage (1 = full; the older name)", model, usage)
+        yield self._lora_info(engine, stats)
+
+    def _lora_info(self, engine: ServingEngine | None, stats: object) -> GaugeMetricFamily:
+        family = GaugeMetricFamily("vllm:lora_requests_info", "Adapters with running and waiting requests",
+                                   labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"])
+        if engine is None or stats is None:
+            return family
+        label = self._metrics.adapter_label
+        running = ",".join(sorted({label(a) for a in stats.running_adapters}))
+        waiting = ",".join(sorted({label(a) for a in stats.waiting_adapters}))
+        # every request of a batch may use its own adapter: the batch size bounds the adapters in one step
+        family.add_metric([running, waiting, str(engine.info.max_batch_size)], time.time())
+        return family
+
+
+class HttpMetrics:
+    """Requests of the HTTP edge by route and status, and their duration (the gRPC edge counts
+    RPCs in loraplex_rpc_requests)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        r = metrics.registry
+        self.requests = Counter("loraplex_http_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.seconds = Histogram("loraplex_http_request_duration_seconds", "HTTP request duration by route "
+                                 "(a stream: until its first token, when its headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.seconds.labels(route).observe(seconds)

@@ -1,0 +1,202 @@
+"""The OpenAI-compatible endpoints: thin handlers that convert, call the engine, convert back.
+
+Conversion is convert.py's and responses.py's, statuses errors.py's, streaming
+streaming.py's; admission, tenants, metrics and aborts are the gRPC edge's own
+(server/generation.py, tenancy.py, state.py), so a request behaves the same on either port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from adapter_store.errors import AdapterNotFoundError
+from adapter_store.format.files import AdapterInfo
+from adapter_store.tenants import policy
+from inference_server.auth.security import Security
+from inference_server.engine.api import ServingEngine
+from inference_server.engine.request import FinishReason, TokenEvent
+from inference_server.http import convert
+from inference_server.http.auth import HttpCaller, authenticate
+from inference_server.http.body import read_body
+from inference_server.http.errors import error_body, error_response
+from inference_server.http.responses import ChatFormat, CompletionFormat
+from inference_server.http.router_metrics import HttpMetrics
+from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest
+from inference_server.http.streaming import EventStreamResponse, sse_events
+from inference_server.server.convert import RequestLimits
+from inference_server.server.generation import generation
+from inference_server.server.metrics import ServerMetrics
+from inference_server.server.state import ServingState
+from inference_server.server.tenancy import Tenancy
+
+_INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    """The HTTP edge's own limits and names (from ServerSettings)."""
+
+    default_max_new_tokens: int = 256
+    max_body_bytes: int = 8 * 1024 * 1024
+    served_model_name: str | None = None  # the base model's id; None: the engine's model name
+
+    def __post_init__(self) -> None:
+        for name in ("default_max_new_tokens", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class OpenAIRoutes:
+    """/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
+
+    def __init__(self, config: RouteConfig, state: ServingState, metrics: ServerMetrics, tenancy: Tenancy,
+                 security: Security) -> None:
+        self._config = config
+        self._state = state
+        self._metrics = metrics
+        self._tenancy = tenancy
+        self._security = security
+        self._http_metrics = HttpMetrics(metrics)
+        self._started = int(time.time())
+
+    def routes(self) -> list[Route]:
+        table: list[tuple[str, Handler, str]] = [
+            ("/v1/completions", self.completions, "POST"), ("/v1/chat/completions", self.chat, "POST"),
+            ("/v1/models", self.models, "GET"), ("/v1/models/{model:path}", self.model, "GET"),
+            ("/health", self.health, "GET"), ("/metrics", self.prometheus, "GET"),
+        ]
+        return [Route(path, self._counted(path, handler), methods=[method]) for path, handler, method in table]
+
+    def _counted(self, route: str, handler: Handler) -> Handler:
+        """``handler`` with its exceptions as OpenAI error responses, counted by status."""
+        async def endpoint(request: Request) -> Response:
+            start = time.perf_counter()
+            try:
+                response = await handler(request)
+            except Exception as exc:  # noqa: BLE001  (every refusal becomes its status)
+                response = error_response(exc)
+            self._http_metrics.observe(route, response.status_code, time.perf_counter() - start)
+            return response
+        return endpoint
+
+    def model_names(self, engine: ServingEngine) -> convert.ModelNames:
+        name = engine.info.model_name
+        return convert.ModelNames(served=self._config.served_model_name or name, aliases=frozenset({name}))
+
+    def _caller(self, request: Request) -> HttpCaller:
+        return authenticate(request, self._security.tokens, self._tenancy.metrics.auth_failure)
+
+    # -- generation ----------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, CompletionRequest, convert.completion_request, CompletionFormat)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, ChatCompletionRequest, convert.chat_request, ChatFormat)
+
+    async def _generate(self, request: Request, schema: type[BaseModel], decode: Callable[..., convert.DecodedRequest],
+                        fmt_type: type[CompletionFormat] | type[ChatFormat]) -> Response:
+        caller = self._caller(request)  # authentication first, as on the gRPC port
+        body = await read_body(request, schema, self._config.max_body_bytes)
+        engine = self._state.engine_or_raise()
+        limits = RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
+        args = (body, engine.tokenizer, limits, self.model_names(engine))
+        heavy = isinstance(body, ChatCompletionRequest) or (
+            isinstance(body, CompletionRequest) and len(str(body.prompt)) > _INLINE_TOKENIZE_CHARS)
+        decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
+        fmt = fmt_type(model=decoded.model, decode=engine.tokenizer.decode, logprobs=decoded.logprobs)
+        events = generation(self._state, self._metrics, self._tenancy, caller, engine, decoded.request)
+        first = await _first(events)
+        if decoded.stream:
+            return EventStreamResponse(sse_events(first, events, fmt, decoded.include_usage))
+        answer = await _collect_unless_disconnected(request, first, events)
+        if answer is None:
+            return Response(status_code=499)  # the client left; nobody reads this
+        if answer[-1].finish_reason is FinishReason.ERROR:
+            return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
+                                           None, "internal_error"), status_code=500)
+        return JSONResponse(fmt.response(answer))
+
+    # -- models, health, metrics -----------------------------------------------------------
+    async def _cards(self, request: Request) -> list[dict[str, Any]]:
+        caller = self._caller(request)
+        engine = self._state.engine_or_raise()
+        infos = await asyncio.to_thread(self._tenancy.adapters_for(caller, engine).list)
+        visible = set(self._tenancy.visible(caller, infos))
+        base = self.model_names(engine).served
+        cards = [{"id": base, "object": "model", "created": self._started, "owned_by": "loraplex",
+                  "root": engine.info.model_name, "parent": None}]
+        return cards + [_adapter_card(i, base) for i in sorted(infos, key=lambda i: i.adapter_id)
+                        if i.adapter_id in visible]
+
+    async def models(self, request: Request) -> Response:
+        """The base model and every adapter the caller may use; uploads show at once (read now)."""
+        return JSONResponse({"object": "list", "data": await self._cards(request)})
+
+    async def model(self, request: Request) -> Response:
+        wanted = request.path_params["model"]
+        card = next((c for c in await self._cards(request) if c["id"] == wanted), None)
+        if card is None:
+            raise AdapterNotFoundError(wanted)
+        return JSONResponse(card)
+
+    async def health(self, request: Request) -> Response:
+        """200 only while SERVING: the model is loaded and the server is not draining."""
+        serving = self._state.engine is not None and not self._state.draining
+        return JSONResponse({"status": "SERVING" if serving else "NOT_SERVING"}, status_code=200 if serving else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self._metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _adapter_card(info: AdapterInfo, base: str) -> dict[str, Any]:
+    """An adapter as vLLM lists a LoRA: its own id, ``parent`` the base model."""
+    return {"id": info.adapter_id, "object": "model", "created": int(info.created_at),
+            "owned_by": policy.adapter_owner(info.adapter_id) or "shared", "root": info.adapter_id, "parent": base}
+
+
+async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
+    """The stream's first event (refusals raise here, before any header is sent)."""
+    try:
+        return await anext(events)
+    except BaseException:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def _collect(first: TokenEvent, events: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
+    async with aclosing(events):  # type: ignore[type-var]
+        return [first] + [event async for event in events]
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the body has been read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect_unless_disconnected(request: Request, first: TokenEvent, events: AsyncIterator[TokenEvent]
+                                       ) -> list[TokenEvent] | None:
+    """Every event of a non-streaming request, or None once its client disconnected, which
+    cancels the collection and so aborts the request in the engine."""
+    collect = asyncio.ensure_future(_collect(first, events))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not collect.done():
+            collect.cancel()
+        await asyncio.gather(collect, gone, return_exceptions=True)
+    return None if collect.cancelled() else collect.result()
