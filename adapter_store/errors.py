@@ -69,3 +69,21 @@ class BackendUnavailable(Exception):
 
 class BlobMissing(LookupError):
     """A blob key that the index points at is not in the blob backend."""
+
+
+class LeaseLost(Exception):
+    """A writer's lease on an adapter id ran out or was taken over before its commit: the write
+    must not commit (another writer may have committed since)."""
+
+    def __init__(self, adapter_id: str, why: str) -> None:
+        super().__init__(f"the writer lease on {adapter_id!r} was lost: {why}")
+        self.adapter_id = adapter_id
+
+
+class HeadChanged(Exception):
+    """A conditional head write or delete found the head changed since it was read: another
+    writer committed in between, and this write must not overwrite it."""
+
+    def __init__(self, adapter_id: str) -> None:
+        super().__init__(f"the head of {adapter_id!r} changed since it was read")
+        self.adapter_id = adapter_id

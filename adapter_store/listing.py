@@ -26,12 +26,16 @@ class HeadScanner:
     def read(self, adapter_id: str) -> StoredRecord | None:
         """The adapter's current record, or None. A head that does not parse is corruption."""
         raw = self._blobs.read_head(adapter_id)
-        if raw is None:
-            return None
-        try:
-            return StoredRecord.from_json(raw)
-        except (ValueError, TypeError, KeyError) as e:
-            raise AdapterCorruptError(f"adapter {adapter_id!r}: its head record is unreadable ({e})") from None
+        return None if raw is None else _parsed(adapter_id, raw, None)
+
+    def read_tagged(self, adapter_id: str) -> tuple[StoredRecord | None, str | None]:
+        """The record and its head's tag (what a conditional head write expects), or (None, None).
+        An unreadable head raises UnreadableHead, which carries the tag (an upload replaces it)."""
+        tagged = self._blobs.read_head_tagged(adapter_id)
+        if tagged is None:
+            return None, None
+        raw, tag = tagged
+        return _parsed(adapter_id, raw, tag), tag
 
     def list(self, prefix: str, start_after: str, limit: int) -> list[StoredRecord]:
         """One page, read head by head (ids whose head vanished meanwhile are skipped)."""
@@ -65,3 +69,18 @@ class HeadScanner:
         """The same page as Index.list, cut from a sorted scan."""
         picked = [r for r in records if r.adapter_id.startswith(prefix) and r.adapter_id > start_after]
         return picked[:limit]
+
+
+class UnreadableHead(AdapterCorruptError):
+    """A head that does not parse; ``tag`` is its tag (None where not read with one)."""
+
+    def __init__(self, message: str, tag: str | None) -> None:
+        super().__init__(message)
+        self.tag = tag
+
+
+def _parsed(adapter_id: str, raw: bytes, tag: str | None) -> StoredRecord:
+    try:
+        return StoredRecord.from_json(raw)
+    except (ValueError, TypeError, KeyError) as e:
+        raise UnreadableHead(f"adapter {adapter_id!r}: its head record is unreadable ({e})", tag) from None

@@ -17,11 +17,12 @@ import functools
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from adapter_store.auth import caller_of
+from adapter_store.call_deadline import CallDeadline
 from adapter_store.convert import event_to_pb, record_to_pb
 from adapter_store.decoding import Undecodable, lenient
 from adapter_store.errors import (
@@ -42,6 +43,7 @@ from adapter_store.upload import receive_upload
 from loraplex.v1 import store_pb2 as pb
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 WATCH_QUEUE = 1024
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -135,10 +137,11 @@ class AdapterStoreService:
     @_unary
     async def put(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
         caller = _caller(context)
+        deadline = CallDeadline(context.time_remaining())
         upload = await receive_upload(requests, self._store.max_adapter_bytes,
                                       lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
-        record = await asyncio.to_thread(self._store.put, upload.adapter_id, upload.files, upload.public,
-                                         upload.digests)
+        record = await _until_caller_leaves(deadline, self._store.put, upload.adapter_id, upload.files,
+                                            upload.public, upload.digests, deadline=deadline)
         return record_to_pb(record)
 
     async def _readable(self, caller: Principal | None, adapter_id: str) -> StoredRecord | None:
@@ -208,7 +211,8 @@ class AdapterStoreService:
         if isinstance(request, Undecodable):
             raise request.error()
         policy.check_write(caller, request.adapter_id, "delete")
-        record = await asyncio.to_thread(self._store.delete, request.adapter_id)
+        deadline = CallDeadline(context.time_remaining())
+        record = await _until_caller_leaves(deadline, self._store.delete, request.adapter_id, deadline=deadline)
         return pb.StoreDeleteResponse(version=record.version)
 
     @_streaming
@@ -232,6 +236,16 @@ class AdapterStoreService:
                     yield event_to_pb(event)
         finally:
             unsubscribe()
+
+
+async def _until_caller_leaves(until: CallDeadline, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn`` in a worker thread; if the call is cancelled (the client cancelled, or its deadline
+    passed), ``until`` says so, and the write, which goes on in its thread, does not commit."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except asyncio.CancelledError:
+        until.cancel()
+        raise
 
 
 def _caller(context: grpc.aio.ServicerContext) -> Principal | None:

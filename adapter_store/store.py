@@ -10,32 +10,34 @@ speed-ups: when one fails the store falls back, counts it and logs it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
-from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
+from adapter_store.backends.base import NO_LEASE, BlobBackend, BlobCache, ChangeFeed, Index, WriterLease
+from adapter_store.call_deadline import CallDeadline
 from adapter_store.degradation import Degradation
 from adapter_store.errors import (
     AdapterCorruptError,
     AdapterNotFoundError,
     BackendUnavailable,
     BlobMissing,
+    HeadChanged,
     InvalidRequestError,
+    LeaseLost,
     UnavailableError,
 )
 from adapter_store.format.base_shapes import BaseShapes
 from adapter_store.format.naming import validate_adapter_id
 from adapter_store.format.peft_format import parse_adapter_upload
+from adapter_store.id_locks import IdLocks
 from adapter_store.index_keeper import IndexKeeper
 from adapter_store.listing import HeadScanner
 from adapter_store.metrics import StoreMetrics
 from adapter_store.records import KIND_DELETE, KIND_PUT, ChangeEvent, StoredRecord, check_upload_files
 
 log = logging.getLogger(__name__)
-_LOCK_STRIPES = 64
+FILL_WAIT_S = 0.5  # an index fill is a speed-up: it does not queue behind a writer for long
 
 
 class Store:
@@ -61,19 +63,21 @@ class Store:
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.health = Degradation(self.metrics)
         self._clock = clock
-        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._id_locks = IdLocks()
         self._heads = HeadScanner(blobs)
         self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description)
 
     # ------------------------------------------------------------------ writes
 
     def put(
-        self, adapter_id: str, files: Mapping[str, bytes], public: bool = False, digests: Mapping[str, str] | None = None
+        self, adapter_id: str, files: Mapping[str, bytes], public: bool = False, digests: Mapping[str, str] | None = None,
+        deadline: CallDeadline | None = None,
     ) -> StoredRecord:
         """Validate ``files`` (a PEFT folder) and make them the adapter's new version, readable by
         every tenant when ``public`` (the flag is part of the record: each put sets it anew).
         ``digests``: the files' sha256, hashed from these very bytes by the caller (an upload
-        does, to check them), so they are not hashed again."""
+        does, to check them), so they are not hashed again. ``deadline``: the caller's; the
+        lock wait ends before it, and the put does not commit once the caller is gone."""
         try:
             validate_adapter_id(adapter_id)
             check_upload_files(files, self.max_adapter_bytes)
@@ -83,9 +87,10 @@ class Store:
             raise
         record = StoredRecord.build(adapter_id, files, spec, self._clock(), public, digests)
         blob = record.pack(files)
-        with self._write_lock(adapter_id):
-            old = self._head_for_write(adapter_id, "store")
-            self._commit(record, blob, old)
+        deadline = deadline or CallDeadline()
+        with self._write_lock(adapter_id, deadline.wait_budget()) as lease:
+            old, tag = self._head_for_write(adapter_id, "store")
+            self._commit(record, blob, old, _Turn(tag, lease, deadline))
             self.keeper.write(self.index.put, record)
             self._cache_call(self.cache.put, record.blob_key, blob)
             if old is not None and old.version != record.version:
@@ -96,18 +101,24 @@ class Store:
                  "public" if public else "private")
         return record
 
-    def delete(self, adapter_id: str) -> StoredRecord:
-        """Remove the adapter's name and every stored version; returns the record that was current."""
+    def delete(self, adapter_id: str, deadline: CallDeadline | None = None) -> StoredRecord:
+        """Remove the adapter's name and every stored version; returns the record that was current.
+        ``deadline`` as for put."""
         validate_adapter_id(adapter_id)
-        with self._write_lock(adapter_id):
-            record = self._head_for_write(adapter_id, "delete")
+        deadline = deadline or CallDeadline()
+        with self._write_lock(adapter_id, deadline.wait_budget()) as lease:
+            record, tag = self._head_for_write(adapter_id, "delete")
             if record is None:
                 self.keeper.write(self.index.remove, adapter_id)
                 raise AdapterNotFoundError(adapter_id)
+            what = f"cannot delete {adapter_id!r}"
             try:
-                self.blobs.delete_head(adapter_id)  # the commit point
+                _Turn(tag, lease, deadline).check(what)
+                self.blobs.delete_head(adapter_id, expect=tag)  # the commit point
             except BackendUnavailable as e:
-                raise self._unavailable(f"cannot delete {adapter_id!r}", e) from e
+                raise self._unavailable(what, e) from e
+            except (HeadChanged, LeaseLost) as e:
+                raise _superseded(what, e) from None
             self.keeper.write(self.index.remove, adapter_id)
             keys = {record.blob_key}
             try:
@@ -120,17 +131,23 @@ class Store:
         log.info("deleted %s (was version %s)", adapter_id, record.version)
         return record
 
-    def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None) -> None:
-        """Write the blob, then the head. On failure nothing new stays behind."""
+    def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None, turn: "_Turn") -> None:
+        """Write the blob, then (if this writer's turn still holds) the head, on the condition that
+        it is still the one read under the lock. On failure nothing new stays behind."""
+        what = f"cannot store {record.adapter_id!r}"
         try:
             self.blobs.write_blob(record.blob_key, blob)
-            self.blobs.write_head(record.adapter_id, record.to_json())
+            turn.check(what)
+            self.blobs.write_head(record.adapter_id, record.to_json(), expect=turn.tag)
         except BaseException as e:
             if (old is None or old.version != record.version) and not self._head_may_be(record):
                 self._quietly(self.blobs.delete_blob, record.blob_key)
-            if isinstance(e, BackendUnavailable):
+            if isinstance(e, (BackendUnavailable, HeadChanged, LeaseLost, UnavailableError)):
                 self.metrics.uploads.labels("unavailable").inc()
-                raise self._unavailable(f"cannot store {record.adapter_id!r}", e) from e
+            if isinstance(e, BackendUnavailable):
+                raise self._unavailable(what, e) from e
+            if isinstance(e, (HeadChanged, LeaseLost)):
+                raise _superseded(what, e) from None
             raise
 
     def _head_may_be(self, record: StoredRecord) -> bool:
@@ -141,9 +158,10 @@ class Store:
             return True
         return raw is not None and StoredRecord.from_json(raw).version == record.version
 
-    def _head_for_write(self, adapter_id: str, what: str) -> StoredRecord | None:
+    def _head_for_write(self, adapter_id: str, what: str) -> tuple[StoredRecord | None, str | None]:
+        """The current record and its head's tag (the condition of the commit)."""
         try:
-            return self._heads.read(adapter_id)
+            return self._heads.read_tagged(adapter_id)
         except BackendUnavailable as e:
             if what == "store":
                 self.metrics.uploads.labels("unavailable").inc()
@@ -152,7 +170,7 @@ class Store:
             if what != "store":
                 raise
             log.warning("%s; the new upload replaces it", e)
-            return None
+            return None, getattr(e, "tag", None)
 
     def _unavailable(self, what: str, e: BackendUnavailable) -> UnavailableError:
         return UnavailableError(
@@ -161,13 +179,23 @@ class Store:
         )
 
     @contextmanager
-    def _write_lock(self, adapter_id: str) -> Iterator[None]:
-        with self._stripes[zlib.crc32(adapter_id.encode()) % _LOCK_STRIPES], ExitStack() as stack:
+    def _write_lock(self, adapter_id: str, wait_s: float) -> Iterator[WriterLease]:
+        """The id's lock in this process, then its lease across processes (where the index is
+        shared), both within ``wait_s``; UnavailableError when another writer holds it longer."""
+        started = time.monotonic()
+        with self._id_locks.hold(adapter_id, wait_s) as held, ExitStack() as stack:
+            if not held:
+                raise UnavailableError(
+                    f"adapter {adapter_id!r} is being written by another upload or delete (waited {wait_s:.1f}s "
+                    "of the caller's deadline); try again"
+                )
+            left = max(0.0, wait_s - (time.monotonic() - started))
             try:
-                stack.enter_context(self.index.lock(adapter_id))
+                lease = stack.enter_context(self.index.lock(adapter_id, left))
             except BackendUnavailable as e:
-                self.health.fell_back("index", e)  # other processes cannot be excluded; go on
-            yield
+                self.health.fell_back("index", e)  # other processes cannot be excluded; the head's condition still holds
+                lease = NO_LEASE
+            yield lease
 
     # ------------------------------------------------------------------ reads
 
@@ -232,13 +260,19 @@ class Store:
         since: under the adapter's write lock (writes hold it over head and index), the head is read
         again and the record filled only if it is still current (else a delete that completed
         between the read and the fill was undone in the index)."""
-        with self._write_lock(record.adapter_id):
-            try:
-                current = self._heads.read(record.adapter_id)
-            except BackendUnavailable:
-                return  # not filled: the index stays a miss, which reads the head again
-            if current is not None and current.version == record.version:
-                self.keeper.write(self.index.fill, current, lost_ok=True)
+        try:
+            with self._write_lock(record.adapter_id, FILL_WAIT_S):
+                self._fill_if_current(record)
+        except UnavailableError:
+            return  # a writer holds the id: not filled, the index stays a miss, which reads the head again
+
+    def _fill_if_current(self, record: StoredRecord) -> None:
+        try:
+            current = self._heads.read(record.adapter_id)
+        except BackendUnavailable:
+            return  # not filled: the index stays a miss, which reads the head again
+        if current is not None and current.version == record.version:
+            self.keeper.write(self.index.fill, current, lost_ok=True)
 
     def _from_cache(self, record: StoredRecord) -> dict[str, bytes] | None:
         pieces = self._cache_call(self.cache.pieces, record.blob_key)
@@ -334,3 +368,21 @@ class Store:
             fn(*args)
         except BackendUnavailable as e:
             log.warning("%s(%s) failed: %s (left for a later delete)", getattr(fn, "__name__", fn), args, e)
+
+
+class _Turn:
+    """What a writer checks just before its commit point: the caller is still there, its lease
+    still holds, and (in the write itself) the head is still ``tag``, the one read under the lock."""
+
+    def __init__(self, tag: str | None, lease: WriterLease, deadline: CallDeadline) -> None:
+        self.tag = tag
+        self._lease = lease
+        self._deadline = deadline
+
+    def check(self, what: str) -> None:
+        self._deadline.check_commit(what)
+        self._lease.check()
+
+
+def _superseded(what: str, e: Exception) -> UnavailableError:
+    return UnavailableError(f"{what}: {e}; another writer may have committed since, so nothing was changed; try again")

@@ -16,6 +16,8 @@ from typing import Protocol
 
 from adapter_store.records import ChangeEvent, StoredRecord
 
+ANY_HEAD = object()  # write_head / delete_head without a condition
+
 
 class BlobBackend(Protocol):
     description: str  # for messages: "S3 bucket 'b' at http://..." or "local directory /x"
@@ -32,14 +34,19 @@ class BlobBackend(Protocol):
     def list_blobs(self, adapter_id: str) -> list[str]:
         """Keys of every stored version of ``adapter_id``."""
 
-    def write_head(self, adapter_id: str, data: bytes) -> None:
-        """Atomically replace the head (current record) of ``adapter_id``."""
+    def write_head(self, adapter_id: str, data: bytes, expect: str | None | object = ANY_HEAD) -> None:
+        """Atomically replace the head (current record) of ``adapter_id``. With ``expect`` (a tag
+        from read_head_tagged, or None for "no head yet") only if the head is still that one,
+        else HeadChanged: a writer whose turn ran out never overwrites a newer commit."""
 
     def read_head(self, adapter_id: str) -> bytes | None:
         """The head, or None if the id has none."""
 
-    def delete_head(self, adapter_id: str) -> None:
-        """Remove the head (no error if absent)."""
+    def read_head_tagged(self, adapter_id: str) -> tuple[bytes, str] | None:
+        """The head and a tag that changes whenever the head does (S3: its ETag), or None."""
+
+    def delete_head(self, adapter_id: str, expect: str | None | object = ANY_HEAD) -> None:
+        """Remove the head (no error if absent); with ``expect``, only if it is still that one."""
 
     def list_heads(self, prefix: str, start_after: str, limit: int) -> list[str]:
         """Up to ``limit`` ids with a head, starting with ``prefix``, after ``start_after``,
@@ -68,8 +75,24 @@ class Index(Protocol):
         """Load a full scan of the heads taken from ``started_at``; entries written after that
         by others win over the scan. Marks the index complete."""
 
-    def lock(self, adapter_id: str) -> AbstractContextManager[None]:
-        """Serialises writers of one adapter id (across processes where the index is shared)."""
+    def lock(self, adapter_id: str, wait_s: float) -> AbstractContextManager[WriterLease]:
+        """Serialises writers of one adapter id (across processes where the index is shared),
+        waiting at most ``wait_s`` (UnavailableError after that)."""
+
+
+class WriterLease(Protocol):
+    def check(self) -> None:
+        """Before a commit: raise LeaseLost unless this writer still holds the id."""
+
+
+class _NoLease:
+    """The lease of an index that one process owns: the in-process lock is the whole story."""
+
+    def check(self) -> None:
+        return None
+
+
+NO_LEASE = _NoLease()
 
 
 class BlobCache(Protocol):

@@ -7,11 +7,13 @@ moved in with one rename, so nothing half-written is ever visible.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
 
-from adapter_store.errors import BackendUnavailable, BlobMissing
+from adapter_store.backends.base import ANY_HEAD
+from adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
 
 HEAD_SUFFIX = "@head.json"
 BLOB_SUFFIX = ".blob"
@@ -68,7 +70,8 @@ class LocalBlobBackend:
             (f"{base}/" if base else "") + n[: -len(BLOB_SUFFIX)] for n in names if n.endswith(BLOB_SUFFIX)
         )
 
-    def write_head(self, adapter_id: str, data: bytes) -> None:
+    def write_head(self, adapter_id: str, data: bytes, expect: str | None | object = ANY_HEAD) -> None:
+        self._check_expected(adapter_id, expect)
         self._write(self._path(adapter_id, HEAD_SUFFIX), data)
 
     def read_head(self, adapter_id: str) -> bytes | None:
@@ -77,8 +80,22 @@ class LocalBlobBackend:
         except FileNotFoundError:
             return None
 
-    def delete_head(self, adapter_id: str) -> None:
+    def read_head_tagged(self, adapter_id: str) -> tuple[bytes, str] | None:
+        raw = self.read_head(adapter_id)
+        return None if raw is None else (raw, _tag(raw))
+
+    def delete_head(self, adapter_id: str, expect: str | None | object = ANY_HEAD) -> None:
+        self._check_expected(adapter_id, expect)
         self._path(adapter_id, HEAD_SUFFIX).unlink(missing_ok=True)
+
+    def _check_expected(self, adapter_id: str, expect: str | None | object) -> None:
+        """The condition of a head write. One process owns a local directory and holds the id's
+        lock over read and write, so checking just before is enough here."""
+        if expect is ANY_HEAD:
+            return
+        raw = self.read_head(adapter_id)
+        if (None if raw is None else _tag(raw)) != expect:
+            raise HeadChanged(adapter_id)
 
     def list_heads(self, prefix: str, start_after: str, limit: int) -> list[str]:
         ids = []
@@ -91,3 +108,7 @@ class LocalBlobBackend:
                     ids.append(path.relative_to(self.root).as_posix()[: -len(HEAD_SUFFIX)])
         picked = sorted(i for i in ids if i.startswith(prefix) and i > start_after)
         return picked[:limit]
+
+
+def _tag(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 
+from adapter_store.backends.base import NO_LEASE, WriterLease
 from adapter_store.records import StoredRecord
 
 
@@ -78,6 +79,6 @@ class MemoryIndex:
                     self._put(record)
             self._complete = True
 
-    def lock(self, adapter_id: str) -> AbstractContextManager[None]:
+    def lock(self, adapter_id: str, wait_s: float) -> AbstractContextManager[WriterLease]:
         """Nothing to do: one process owns this index, and the store serialises its own writers."""
-        return nullcontext()
+        return nullcontext(NO_LEASE)

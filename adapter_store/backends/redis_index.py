@@ -2,7 +2,8 @@
 
 Keys (``ns`` = the namespace): ``ns:rec:<id>`` (record JSON), ``ns:ids`` (sorted set, all
 scores 0, so ZRANGEBYLEX pages in byte order), ``ns:complete`` (set by a full rebuild;
-gone after a Redis restart, which triggers the next rebuild), ``ns:lock:<id>`` (writer lock).
+gone after a Redis restart, which triggers the next rebuild), ``ns:lock:<id>`` (a writer's lease:
+redis_lease.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from contextlib import contextmanager
 
 import redis
 
-from adapter_store.backends.redis_conn import REDIS_DOWN, Breaker, describe, translated
+from adapter_store.backends.redis_conn import Breaker, describe, translated
+from adapter_store.backends.redis_lease import RedisLease, acquire_lease
+from adapter_store.errors import UnavailableError
 from adapter_store.records import StoredRecord
 
 # Write a record read from the blob backend unless the stored one is newer than ARGV[3]
@@ -37,12 +40,14 @@ return 1
 class RedisIndex:
     """Adapter records in Redis, shared by every store process using the same namespace."""
 
-    def __init__(self, client: redis.Redis, namespace: str, lock_timeout_s: float = 120.0,
+    def __init__(self, client: redis.Redis, namespace: str, lease_s: float = 5.0,
                  breaker: Breaker | None = None) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be > 0, got {lease_s}")
         self._breaker = breaker or Breaker()
         self._r = client
         self._ns = namespace
-        self._lock_timeout = lock_timeout_s
+        self._lease_s = lease_s  # how soon a dead writer's id is free again
         self._ids = f"{namespace}:ids"
         self._complete = f"{namespace}:complete"
         self.description = describe(client)
@@ -110,18 +115,17 @@ class RedisIndex:
             self._r.set(self._complete, b"1")
 
     @contextmanager
-    def lock(self, adapter_id: str) -> Iterator[None]:
-        lock = self._r.lock(
-            f"{self._ns}:lock:{adapter_id}", timeout=self._lock_timeout, blocking_timeout=self._lock_timeout
-        )
+    def lock(self, adapter_id: str, wait_s: float) -> Iterator[RedisLease]:
+        """The writer lease on ``adapter_id`` (redis_lease.py), waiting at most ``wait_s``;
+        UnavailableError naming the wait when another writer holds it longer."""
         with translated(self.description, self._breaker):
-            acquired = lock.acquire()
-        if not acquired:
-            raise RuntimeError(f"adapter {adapter_id!r} has been locked by another writer for {self._lock_timeout}s")
+            lease = acquire_lease(self._r, f"{self._ns}:lock:{adapter_id}", adapter_id, self._lease_s, wait_s)
+        if lease is None:
+            raise UnavailableError(
+                f"adapter {adapter_id!r} is being written by another upload or delete (waited {wait_s:.1f}s "
+                "of the caller's deadline); try again"
+            )
         try:
-            yield
+            yield lease
         finally:
-            try:
-                lock.release()
-            except (redis.exceptions.LockError, *REDIS_DOWN):
-                pass  # expired, or Redis went away: the holder's work is done either way
+            lease.release()

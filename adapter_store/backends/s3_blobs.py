@@ -17,11 +17,13 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapter_store.errors import BackendUnavailable, BlobMissing
+from adapter_store.backends.base import ANY_HEAD
+from adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
 from adapter_store.settings import S3Settings
 
 T = TypeVar("T")
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+_CHANGED_CODES = ("PreconditionFailed:", "412:", "ConditionalRequestConflict:")
 
 
 class S3BlobBackend:
@@ -92,18 +94,42 @@ class S3BlobBackend:
         start = len(self._blob(""))
         return [k[start:] for k in self._list(self._blob(f"{adapter_id}@"), "", 10_000)]
 
-    def write_head(self, adapter_id: str, data: bytes) -> None:
-        self._call(
-            lambda: self._client.put_object(
-                Bucket=self._bucket, Key=self._head(adapter_id), Body=data, ContentType="application/json"
-            )
-        )
+    def write_head(self, adapter_id: str, data: bytes, expect: str | None | object = ANY_HEAD) -> None:
+        kwargs = {} if expect is ANY_HEAD else {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
+        self._conditional(adapter_id, lambda: self._client.put_object(
+            Bucket=self._bucket, Key=self._head(adapter_id), Body=data, ContentType="application/json", **kwargs
+        ))
 
     def read_head(self, adapter_id: str) -> bytes | None:
         return self._get(self._head(adapter_id))
 
-    def delete_head(self, adapter_id: str) -> None:
-        self._call(lambda: self._client.delete_object(Bucket=self._bucket, Key=self._head(adapter_id)))
+    def read_head_tagged(self, adapter_id: str) -> tuple[bytes, str] | None:
+        try:
+            obj = self._call(lambda: self._client.get_object(Bucket=self._bucket, Key=self._head(adapter_id)),
+                             missing_ok=True)
+            return self._call(lambda: obj["Body"].read()), obj["ETag"]
+        except ClientError:  # only the "missing" codes reach here
+            return None
+
+    def delete_head(self, adapter_id: str, expect: str | None | object = ANY_HEAD) -> None:
+        if expect is None:  # "no head": nothing to delete, unless one appeared
+            if self.read_head_tagged(adapter_id) is not None:
+                raise HeadChanged(adapter_id)
+            return
+        kwargs = {} if expect is ANY_HEAD else {"IfMatch": expect}
+        self._conditional(adapter_id, lambda: self._client.delete_object(
+            Bucket=self._bucket, Key=self._head(adapter_id), **kwargs
+        ))
+
+    def _conditional(self, adapter_id: str, fn: Callable[[], object]) -> None:
+        """A head write or delete; S3's "precondition failed" (the head changed since it was
+        read) is HeadChanged, anything else as _call says."""
+        try:
+            self._call(fn)
+        except BackendUnavailable as e:
+            if e.detail.startswith(_CHANGED_CODES):
+                raise HeadChanged(adapter_id) from None
+            raise
 
     def list_heads(self, prefix: str, start_after: str, limit: int) -> list[str]:
         start = len(self._head(""))
