@@ -140,9 +140,8 @@ def _upload(client: Any, args: argparse.Namespace) -> int:
 
         info = client.upload_adapter(args.adapter_id, args.folder, public=args.public, progress=progress,
                                      timeout=max(args.timeout, 600.0))
-    visibility = "public" if info.public else "private"
     print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes, "
-          f"{visibility})")
+          f"{info.visibility})")
     return EXIT_OK
 
 
@@ -153,19 +152,12 @@ def _list(client: Any, args: argparse.Namespace) -> int:
             print(json.dumps(asdict(a)))
         return EXIT_OK
     rows = [("ID", "VISIBILITY", "RANK", "ALPHA", "DTYPE", "BYTES", "VERSION", "TARGETS")]
-    rows += [(a.adapter_id, _visibility(a), str(a.rank), f"{a.lora_alpha:g}", a.dtype,
+    rows += [(a.adapter_id, a.visibility, str(a.rank), f"{a.lora_alpha:g}", a.dtype,
               str(a.size_bytes), a.version, ",".join(a.target_modules)) for a in adapters]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return EXIT_OK
-
-
-def _visibility(adapter: Any) -> str:
-    """public (uploaded with --public), shared (an id without 'tenant/': every tenant reads it) or private."""
-    if adapter.public:
-        return "public"
-    return "private" if "/" in adapter.adapter_id else "shared"
 
 
 def _health(client: Any, args: argparse.Namespace) -> int:

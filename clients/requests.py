@@ -79,7 +79,10 @@ def generate_request(
     if prompt is not None:
         req.text = prompt
     elif token_ids is not None:
-        req.token_ids.ids.extend(token_ids)
+        try:
+            req.token_ids.ids.extend(token_ids)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"token_ids: {e} (token ids are integers in 0..{2**32 - 1})") from None
     else:
         req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages or ()))
     s = req.sampling

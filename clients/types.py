@@ -110,6 +110,15 @@ class AdapterInfo:
             resident=msg.resident, host_cached=msg.host_cached, public=msg.public,
         )
 
+    @property
+    def visibility(self) -> str:
+        """Who may use it, in the one vocabulary the CLI prints (upload and list alike): public
+        (uploaded with public=True), shared (an id without 'tenant/': every tenant reads it
+        whatever its flag) or private (its tenant's only)."""
+        if self.public:
+            return "public"
+        return "private" if "/" in self.adapter_id else "shared"
+
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:

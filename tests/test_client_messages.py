@@ -1,0 +1,48 @@
+"""What the client and CLI say (#29 item 5): the upload names the visibility the list will show,
+and a request the client refuses locally names the field at fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clients.cli import main
+from clients.requests import generate_request
+from inference_server.server.app import ServerOptions
+from server_helpers import FakeEngine, ServerThread, write_fake_adapter
+
+
+@pytest.fixture
+def address(tmp_path: Path):
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
+    srv.attach(FakeEngine(tmp_path / "store"))
+    yield srv.address
+    srv.close()
+
+
+def _run(capsys, address: str, *argv: str) -> tuple[int, str]:
+    code = main(["--address", address, *argv])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("adapter_id, flags, expected", [
+    ("pirate", (), "shared"),
+    ("pirate", ("--public",), "public"),
+    ("acme/pirate", (), "private"),
+    ("acme/pirate", ("--public",), "public"),
+])
+def test_upload_says_the_visibility_the_list_shows(capsys, address: str, tmp_path: Path, adapter_id: str,
+                                                   flags: tuple[str, ...], expected: str) -> None:
+    folder = write_fake_adapter(tmp_path / "a")
+    code, out = _run(capsys, address, "adapters", "upload", *flags, adapter_id, str(folder))
+    assert code == 0 and out.rstrip().endswith(f"{expected})"), out
+    code, out = _run(capsys, address, "adapters", "list")
+    row = next(line for line in out.splitlines() if line.split()[0] == adapter_id)
+    assert row.split()[1] == expected
+
+
+@pytest.mark.parametrize("ids", [[2**40], [-1], [5, "x"], [1.5]])
+def test_a_token_id_the_client_refuses_names_the_field(ids: list) -> None:
+    with pytest.raises(ValueError, match=r"^token_ids: "):
+        generate_request(token_ids=ids)
