@@ -132,9 +132,10 @@ class StoreClient:
     # ---------------------------------------------------------------- AdapterSource
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
-        """The current version's files, checked end to end and parsed."""
+        """The current version's files, checked end to end and parsed (its patterns as the store
+        decided them at upload)."""
         record, files = self.fetch(adapter_id)
-        spec = parse_adapter_files(files, self._base, self._max_rank)
+        spec = parse_adapter_files(files, self._base, self._max_rank, record.info.pattern_values)
         return AdapterFiles(record.info, spec, files)
 
     def get(self, adapter_id: str) -> AdapterInfo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from adapter_store.format.files import AdapterInfo
+from adapter_store.format.pattern_decisions import PatternValue
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, FileEntry, StoredRecord
 from loraplex.v1 import store_pb2 as pb
 
@@ -36,6 +37,9 @@ def record_to_pb(record: StoredRecord) -> pb.StoredAdapter:
         created_at=_timestamp(info.created_at),
         files=[pb.StoredFile(name=f.name, size=f.size, sha256=f.sha256) for f in record.files],
         public=info.public,
+        patterns_decided=info.pattern_values is not None,
+        pattern_values=[pb.PatternValue(layer=v.layer, module=v.module, rank=v.rank, alpha=v.alpha)
+                        for v in info.pattern_values or ()],
     )
 
 
@@ -51,6 +55,8 @@ def record_from_pb(msg: pb.StoredAdapter) -> StoredRecord:
         size_bytes=msg.size_bytes,
         created_at=msg.created_at.ToNanoseconds() / 1e9,
         public=msg.public,
+        pattern_values=tuple(PatternValue(v.layer, v.module, v.rank, v.alpha) for v in msg.pattern_values)
+        if msg.patterns_decided else None,
     )
     return StoredRecord(info, tuple(FileEntry(f.name, f.size, f.sha256) for f in msg.files))
 

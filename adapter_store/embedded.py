@@ -19,7 +19,7 @@ class InProcessStoreSource:
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
         record, files = self.store.fetch(adapter_id)
-        spec = parse_adapter_files(files, self.store.base, self.store.max_rank)
+        spec = parse_adapter_files(files, self.store.base, self.store.max_rank, record.info.pattern_values)
         return AdapterFiles(record.info, spec, files)
 
     def get(self, adapter_id: str) -> AdapterInfo:

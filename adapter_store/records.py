@@ -17,6 +17,7 @@ from typing import Any
 
 from adapter_store.errors import AdapterCorruptError, AdapterValidationError
 from adapter_store.format.files import ADAPTER_FILES, AdapterInfo, make_info
+from adapter_store.format.pattern_decisions import PatternValue
 from adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec
 
 MAX_FILE_NAME_LEN = 255
@@ -133,6 +134,8 @@ class StoredRecord:
         public = body.setdefault("public", False)  # written before the flag existed: private
         if not isinstance(public, bool):
             raise TypeError(f"'public' must be true or false, got {public!r}")
+        values = body.get("pattern_values")  # None: written before they were kept
+        body["pattern_values"] = None if values is None else tuple(PatternValue.from_dict(v) for v in values)
         return cls(AdapterInfo(**body), files)
 
 

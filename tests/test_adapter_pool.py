@@ -321,7 +321,8 @@ def test_a_cold_load_checks_the_adapter_once_when_the_source_checked_it_against_
 
     calls: list[ModelConfig] = []
     parse = manager_module.parse_adapter_files
-    monkeypatch.setattr(manager_module, "parse_adapter_files", lambda files, base: calls.append(base) or parse(files, base))
+    monkeypatch.setattr(manager_module, "parse_adapter_files",
+                        lambda files, base, **kw: calls.append(base) or parse(files, base, **kw))
     mgr = _manager(adapter_root, 3)
     mgr.release(mgr.acquire("a0"))
     assert calls == []

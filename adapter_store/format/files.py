@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from adapter_store.format.pattern_decisions import PatternValue
 from adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -27,6 +28,9 @@ class AdapterInfo:
     created_at: float
     # Other tenants may read it (docs/TENANTS.md); stored with the version, False when absent.
     public: bool = False
+    # What the config's rank/alpha patterns decided at upload (AdapterSpec.pattern_values), so a
+    # reader does not match them again; None: not kept (a record written before they were).
+    pattern_values: tuple[PatternValue, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,4 +78,5 @@ def make_info(
         size_bytes=spec.num_bytes,
         created_at=created_at,
         public=public,
+        pattern_values=spec.pattern_values,
     )

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from adapter_store.errors import AdapterValidationError
 from adapter_store.format.base_shapes import BaseShapes
+from adapter_store.format.pattern_decisions import PatternJudge, PatternValue, StoredDecisions
 from adapter_store.format.patterns import PatternMatcher
 from adapter_store.format.safetensors_header import TensorInfo, non_finite_tensors, read_header
 
@@ -63,6 +64,9 @@ class AdapterSpec:
     # the base model the shapes were checked against (None: none), so a later check against
     # the same base can reuse this spec
     checked_base: BaseShapes | None = field(default=None, repr=False, compare=False)
+    # what rank_pattern / alpha_pattern decided, module by module (only where a key matched):
+    # kept with the stored adapter so that reading it again matches no pattern
+    pattern_values: tuple[PatternValue, ...] = ()
 
     @property
     def target_modules(self) -> tuple[str, ...]:
@@ -74,10 +78,13 @@ class AdapterSpec:
 
 
 def parse_adapter_files(
-    files: Mapping[str, bytes], base: BaseShapes | None = None, max_rank: int = 128
+    files: Mapping[str, bytes], base: BaseShapes | None = None, max_rank: int = 128,
+    decided: tuple[PatternValue, ...] | None = None,
 ) -> AdapterSpec:
     """Validate a PEFT LoRA folder given as {filename: bytes}; return its spec.
 
+    ``decided``: the spec's ``pattern_values`` from when these files were stored (their
+    patterns are then not matched again); None judges the patterns now, as an upload does.
     Raises AdapterValidationError naming the file, tensor or feature at fault.
     """
     pickles = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
@@ -89,11 +96,14 @@ def parse_adapter_files(
     for required in (CONFIG_FILE, WEIGHTS_FILE):
         if required not in files:
             raise AdapterValidationError(f"missing {required}")
-    patterns = PatternMatcher()
+    patterns = PatternMatcher() if decided is None else None
     config = _load_config(files[CONFIG_FILE], patterns)
     _reject_unsupported(config)
     tensors = read_header(files[WEIGHTS_FILE])
-    modules = _module_specs(config, tensors, base, max_rank, patterns)
+    rank, alpha = config["r"], config.get("lora_alpha", config["r"])
+    decider = (PatternJudge(config, rank, alpha, patterns) if patterns is not None
+               else StoredDecisions(config, rank, alpha, decided))
+    modules = _module_specs(config, tensors, base, max_rank, decider)
     return AdapterSpec(
         rank=int(config["r"]),
         lora_alpha=float(config.get("lora_alpha", config["r"])),
@@ -104,6 +114,7 @@ def parse_adapter_files(
         base_model_name=config.get("base_model_name_or_path"),
         tensors=MappingProxyType(tensors),
         checked_base=base,
+        pattern_values=tuple(decider.decided),
     )
 
 
@@ -120,7 +131,7 @@ def parse_adapter_upload(
     return spec
 
 
-def _load_config(raw: bytes, patterns: PatternMatcher) -> dict:
+def _load_config(raw: bytes, patterns: PatternMatcher | None) -> dict:
     try:
         config = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -150,14 +161,15 @@ def _is_positive_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _check_field_types(config: dict, patterns: PatternMatcher) -> None:
-    """The fields validation reads have the types PEFT writes (else a clear error, not a crash)."""
+def _check_field_types(config: dict, patterns: PatternMatcher | None) -> None:
+    """The fields validation reads have the types PEFT writes (else a clear error, not a crash);
+    with ``patterns``, the patterns among them compile."""
     targets = config.get("target_modules")
     if targets is not None and not isinstance(targets, str) and not (
             isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
         raise AdapterValidationError(f"{CONFIG_FILE}: target_modules must be a string or a list of strings, "
                                      f"got {targets!r}")
-    if isinstance(targets, str):
+    if isinstance(targets, str) and patterns is not None:
         patterns.compile(targets, f"{CONFIG_FILE}: target_modules")
     layers = config.get("layers_to_transform")
     if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)) and not (
@@ -172,7 +184,8 @@ def _check_field_types(config: dict, patterns: PatternMatcher) -> None:
         if not isinstance(table, dict):
             raise AdapterValidationError(f"{CONFIG_FILE}: {field_name} must be an object, got {table!r}")
         for key, value in table.items():
-            patterns.compile(key, f"{CONFIG_FILE}: {field_name} key")
+            if patterns is not None:
+                patterns.compile(key, f"{CONFIG_FILE}: {field_name} key")
             if not valid(value):
                 raise AdapterValidationError(f"{CONFIG_FILE}: {field_name}[{key!r}] must be {what}, got {value!r}")
 
@@ -200,17 +213,9 @@ def _reject_unsupported(config: dict) -> None:
         raise AdapterValidationError("unsupported adapter features: " + "; ".join(problems))
 
 
-def _pattern_value(values: Mapping[str, float], module_key: str, default: float, patterns: PatternMatcher,
-                   field_name: str) -> float:
-    """PEFT's rule: a pattern key matches a module name that ends with it (after a dot)."""
-    for key, value in values.items():
-        if patterns.match(rf"(.*\.)?({key})$", module_key, f"{CONFIG_FILE}: {field_name} key"):
-            return value
-    return default
-
-
 def _module_specs(
-    config: dict, tensors: dict[str, TensorInfo], base: BaseShapes | None, max_rank: int, patterns: PatternMatcher
+    config: dict, tensors: dict[str, TensorInfo], base: BaseShapes | None, max_rank: int,
+    decider: PatternJudge | StoredDecisions,
 ) -> tuple[LoraModuleSpec, ...]:
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     for name, info in tensors.items():
@@ -232,34 +237,12 @@ def _module_specs(
     layers = config.get("layers_to_transform")
     layers = {layers} if isinstance(layers, int) else (set(layers) if layers else None)
     for layer, module in pairs:
-        _check_targeted(config, layer, module, patterns)
+        decider.check_targeted(layer, module)
     specs = [
-        _one_module(layer, module, names, tensors, config, base, max_rank, layers, patterns)
+        _one_module(layer, module, names, tensors, config, base, max_rank, layers, decider)
         for (layer, module), names in sorted(pairs.items())
     ]
     return tuple(specs)
-
-
-def _module_key(layer: int, module: str) -> str:
-    """The module's name in a Llama model, as PEFT matches target_modules and patterns against it."""
-    return f"model.layers.{layer}.{'self_attn' if module in PROJECTIONS[:4] else 'mlp'}.{module}"
-
-
-def _check_targeted(config: dict, layer: int, module: str, patterns: PatternMatcher) -> None:
-    """A weight for a module that target_modules leaves out would be ignored by PEFT (an unexpected
-    key) but applied here: refuse it. PEFT's rules: a string is a full-match pattern (or
-    "all-linear"), a list matches a module name that is an entry or ends with '.' + an entry."""
-    targets = config.get("target_modules")
-    if not targets or targets == "all-linear":
-        return
-    key = _module_key(layer, module)
-    if isinstance(targets, str):
-        targeted = patterns.fullmatch(targets, key, f"{CONFIG_FILE}: target_modules")
-    else:
-        targeted = any(key == t or key.endswith(f".{t}") for t in targets)
-    if not targeted:
-        raise AdapterValidationError(f"layers.{layer}.{module}: has weights but is not among target_modules "
-                                     f"{targets!r} (PEFT would ignore them)")
 
 
 def _one_module(
@@ -271,7 +254,7 @@ def _one_module(
     base: BaseShapes | None,
     max_rank: int,
     layers: set[int] | None,
-    patterns: PatternMatcher,
+    decider: PatternJudge | StoredDecisions,
 ) -> LoraModuleSpec:
     where = f"layers.{layer}.{module}"
     if set(names) != {"A", "B"}:
@@ -280,10 +263,8 @@ def _one_module(
     if layers is not None and layer not in layers:
         raise AdapterValidationError(f"{where}: layer {layer} is not in layers_to_transform {sorted(layers)}")
     a, b = tensors[names["A"]].shape, tensors[names["B"]].shape
-    key = _module_key(layer, module)
-    rank = int(_pattern_value(config.get("rank_pattern") or {}, key, config["r"], patterns, "rank_pattern"))
-    alpha = float(_pattern_value(config.get("alpha_pattern") or {}, key, config.get("lora_alpha", config["r"]), patterns,
-                                 "alpha_pattern"))
+    rank, alpha = decider.values(layer, module)
+    rank, alpha = int(rank), float(alpha)
     if rank < 1 or rank > max_rank:
         raise AdapterValidationError(f"{where}: rank {rank} outside the supported range 1..{max_rank}")
     if a[0] != rank or b[1] != rank:

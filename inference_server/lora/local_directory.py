@@ -13,16 +13,21 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 
 from adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
 from adapter_store.format.base_shapes import BaseShapes
 from adapter_store.format.files import ADAPTER_FILES, AdapterFiles, AdapterInfo, content_version, make_info
 from adapter_store.format.naming import validate_adapter_id
+from adapter_store.format.pattern_decisions import PatternValue
 from adapter_store.format.peft_format import CONFIG_FILE, parse_adapter_files, parse_adapter_upload
 
 # Written next to the PEFT files of a LocalAdapterDirectory version: {"public": true|false}.
 VISIBILITY_FILE = "loraplex_visibility.json"
+# And what the config's patterns decided at upload ({"pattern_values": [...]}), so reading the
+# version matches no pattern again (a hand-made folder has none: its patterns are judged).
+PATTERNS_FILE = "loraplex_patterns.json"
 
 
 class LocalAdapterDirectory:
@@ -78,12 +83,13 @@ class LocalAdapterDirectory:
                 raise InvalidRequestError(
                     f"{adapter_id!r}: {target} exists and holds no adapter; move it away first", "adapter_id")
 
-    def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float, bool]:
+    def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float, bool, tuple[PatternValue, ...] | None]:
         folder = self._path(adapter_id)
-        real = Path(os.path.realpath(folder))  # pin one version for both files and the flag
+        real = Path(os.path.realpath(folder))  # pin one version for its files, flag and decisions
         try:
             files = {name: (real / name).read_bytes() for name in ADAPTER_FILES}
-            return files, real.stat().st_mtime, _read_public(adapter_id, real / VISIBILITY_FILE)
+            return (files, real.stat().st_mtime, _read_public(adapter_id, real / VISIBILITY_FILE),
+                    _read_decided(adapter_id, real / PATTERNS_FILE))
         except FileNotFoundError:
             if folder.exists() and not any((real / n).exists() for n in ADAPTER_FILES):
                 raise AdapterNotFoundError(adapter_id) from None
@@ -92,8 +98,8 @@ class LocalAdapterDirectory:
             raise AdapterNotFoundError(adapter_id) from None
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
-        files, mtime, public = self._read(adapter_id)
-        spec = parse_adapter_files(files, self._base, self._max_rank)
+        files, mtime, public, decided = self._read(adapter_id)
+        spec = parse_adapter_files(files, self._base, self._max_rank, decided)
         return AdapterFiles(make_info(adapter_id, files, spec, mtime, public), spec, files)
 
     def get(self, adapter_id: str) -> AdapterInfo:
@@ -129,6 +135,8 @@ class LocalAdapterDirectory:
             for name in ADAPTER_FILES:
                 _write_synced(stage / name, files[name])
             _write_synced(stage / VISIBILITY_FILE, json.dumps({"public": bool(public)}).encode())
+            decided = {"pattern_values": [asdict(v) for v in spec.pattern_values]}
+            _write_synced(stage / PATTERNS_FILE, json.dumps(decided).encode())
             with self._lock:
                 self._check_no_clash(adapter_id, target)
                 final = self._versions / f"{adapter_id.replace('/', '__')}@{version}-{uuid.uuid4().hex[:8]}"
@@ -209,6 +217,20 @@ def _read_public(adapter_id: str, path: Path) -> bool:
             f"adapter {adapter_id!r}: {path.name} must be {{\"public\": true|false}}; re-upload the adapter"
         )
     return public
+
+
+def _read_decided(adapter_id: str, path: Path) -> tuple[PatternValue, ...] | None:
+    """What a version's patterns were decided to be at upload (None without the file)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return tuple(PatternValue.from_dict(v) for v in json.loads(raw)["pattern_values"])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise AdapterValidationError(
+            f"adapter {adapter_id!r}: {path.name} must be {{\"pattern_values\": [...]}}; re-upload the adapter"
+        ) from None
 
 
 def _write_synced(path: Path, data: bytes) -> None:

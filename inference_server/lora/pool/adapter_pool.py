@@ -155,8 +155,8 @@ class AdapterPool:
         self.metrics.count("source_fetches")
         files = self.source.resolve(adapter_id)
         spec = files.spec  # the base model decides what fits: checked again unless against this one
-        if spec.checked_base != self.config:
-            spec = parse_adapter_files(files.files, self.config)
+        if spec.checked_base != self.config:  # (its patterns as the source decided them)
+            spec = parse_adapter_files(files.files, self.config, decided=spec.pattern_values)
         layout = self._pool_layout(spec)
         if layout.num_elements > self._alloc.capacity:
             raise ResourceExhaustedError(
