@@ -22,6 +22,11 @@ class StoreMetrics:
             ["dependency"],
             registry=r,
         )
+        self.blob_store_lost = Counter(
+            "loraplex_store_blob_store_lost",
+            "Times the blob store was found to have lost its objects (its marker gone or changed: blob_marker.py)",
+            registry=r,
+        )
         self.checksum_failures = Counter(
             "loraplex_store_checksum_failures", "Blobs that failed their sha256 check (never served)", ["where"], registry=r
         )

@@ -18,6 +18,11 @@ from adapter_store.store import Store
 log = logging.getLogger(__name__)
 
 
+def health_detail_name(detail: str) -> str:
+    """The health service name a problem of the store is reported under."""
+    return f"{SERVICE_NAME}/{detail}"
+
+
 class StoreServer:
     """Serves one Store on ``listen`` (host:port; port 0 picks a free one). With ``secret``, every
     AdapterStore call must carry it (adapter_store/auth.py); health and reflection stay open."""
@@ -58,6 +63,7 @@ class StoreServer:
         self._server = server
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._report_details()
         self._upkeep = asyncio.create_task(self._maintain_forever())
         log.info("adapter store serving on port %d (blobs: %s)", self.port, self.store.blobs.description)
         return self.port
@@ -66,6 +72,13 @@ class StoreServer:
         while True:
             await asyncio.sleep(self._interval)
             await asyncio.to_thread(self.store.maintain)
+            await self._report_details()
+
+    async def _report_details(self) -> None:
+        """Each problem of Store.health_details as its own health service name, NOT_SERVING
+        (e.g. "loraplex.v1.AdapterStore/blob-store"); the store itself still serves what it can."""
+        for name in self.store.health_details():
+            await self._health.set(health_detail_name(name), health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting calls, let running ones finish within ``grace_s``, then close the store."""

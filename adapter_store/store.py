@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
 from adapter_store.backends.base import NO_LEASE, BlobBackend, BlobCache, ChangeFeed, Index, WriterLease
+from adapter_store.blob_marker import BlobMarker
 from adapter_store.call_deadline import CallDeadline
 from adapter_store.degradation import Degradation
 from adapter_store.errors import (
@@ -34,7 +35,7 @@ from adapter_store.id_locks import IdLocks
 from adapter_store.index_keeper import IndexKeeper
 from adapter_store.listing import HeadScanner
 from adapter_store.metrics import StoreMetrics
-from adapter_store.records import KIND_DELETE, KIND_PUT, ChangeEvent, StoredRecord, check_upload_files
+from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord, check_upload_files
 
 log = logging.getLogger(__name__)
 FILL_WAIT_S = 0.5  # an index fill is a speed-up: it does not queue behind a writer for long
@@ -66,6 +67,7 @@ class Store:
         self._id_locks = IdLocks()
         self._heads = HeadScanner(blobs)
         self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description)
+        self.marker = BlobMarker(blobs, index, self._blob_store_lost)
 
     # ------------------------------------------------------------------ writes
 
@@ -318,8 +320,22 @@ class Store:
         return self.keeper.list(prefix, start_after, limit)
 
     def maintain(self) -> None:
-        """Periodic upkeep: rebuild the index from the blob store when it missed writes or was emptied."""
+        """Periodic upkeep: check the blob store still holds its objects (blob_marker.py), and rebuild
+        the index from it when it missed writes, was emptied, or the blob store lost objects."""
+        self.marker.check()
         self.keeper.maintain()
+
+    def _blob_store_lost(self, what: str) -> None:
+        """The blob store lost objects behind the index's back: count it, stop trusting the index
+        (rebuilt at once from what is there), and tell watchers to re-check their copies."""
+        self.metrics.blob_store_lost.inc()
+        self.keeper.write(self.index.mark_incomplete)
+        self.keeper.maintain()
+        self._publish(ChangeEvent(KIND_RESYNC))
+
+    def health_details(self) -> dict[str, str]:
+        """Problems an operator must hear of, by name (empty while there are none)."""
+        return {"blob-store": self.marker.lost} if self.marker.lost else {}
 
     def check_backends(self) -> None:
         """At start: a warning for each backend that does not answer now (the store serves anyway,

@@ -52,6 +52,12 @@ class BlobBackend(Protocol):
         """Up to ``limit`` ids with a head, starting with ``prefix``, after ``start_after``,
         in byte order."""
 
+    def create_marker(self, data: bytes) -> bytes:
+        """Store the backend's marker (blob_marker.py) unless it has one; returns the one it has."""
+
+    def read_marker(self) -> bytes | None:
+        """The backend's marker, or None (never written, or lost with everything else)."""
+
 
 class Index(Protocol):
     def get(self, adapter_id: str) -> StoredRecord | None: ...
@@ -70,6 +76,11 @@ class Index(Protocol):
         """True when the index holds every head (it was rebuilt and no write was lost since)."""
 
     def mark_incomplete(self) -> None: ...
+
+    def marker(self) -> bytes | None:
+        """The blob backend's marker as this index last saw it (blob_marker.py), or None."""
+
+    def set_marker(self, data: bytes) -> None: ...
 
     def rebuild(self, records: Iterable[StoredRecord], started_at: float) -> None:
         """Load a full scan of the heads taken from ``started_at``; entries written after that

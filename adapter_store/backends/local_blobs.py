@@ -17,6 +17,7 @@ from adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
 
 HEAD_SUFFIX = "@head.json"
 BLOB_SUFFIX = ".blob"
+MARKER_FILE = ".store-marker"  # a dot name: list_heads skips it
 
 
 class LocalBlobBackend:
@@ -87,6 +88,19 @@ class LocalBlobBackend:
     def delete_head(self, adapter_id: str, expect: str | None | object = ANY_HEAD) -> None:
         self._check_expected(adapter_id, expect)
         self._path(adapter_id, HEAD_SUFFIX).unlink(missing_ok=True)
+
+    def create_marker(self, data: bytes) -> bytes:
+        found = self.read_marker()
+        if found is not None:
+            return found
+        self._write(self.root / MARKER_FILE, data)
+        return data
+
+    def read_marker(self) -> bytes | None:
+        try:
+            return (self.root / MARKER_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
 
     def _check_expected(self, adapter_id: str, expect: str | None | object) -> None:
         """The condition of a head write. One process owns a local directory and holds the id's

@@ -18,7 +18,14 @@ class MemoryIndex:
         self._records: dict[str, StoredRecord] = {}
         self._ids: list[str] = []
         self._complete = False
+        self._marker: bytes | None = None
         self._mutex = threading.Lock()
+
+    def marker(self) -> bytes | None:
+        return self._marker
+
+    def set_marker(self, data: bytes) -> None:
+        self._marker = data
 
     def get(self, adapter_id: str) -> StoredRecord | None:
         with self._mutex:

@@ -3,7 +3,7 @@
 Keys (``ns`` = the namespace): ``ns:rec:<id>`` (record JSON), ``ns:ids`` (sorted set, all
 scores 0, so ZRANGEBYLEX pages in byte order), ``ns:complete`` (set by a full rebuild;
 gone after a Redis restart, which triggers the next rebuild), ``ns:lock:<id>`` (a writer's lease:
-redis_lease.py).
+redis_lease.py), ``ns:blob-marker`` (the blob backend's marker: blob_marker.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class RedisIndex:
         self._lease_s = lease_s  # how soon a dead writer's id is free again
         self._ids = f"{namespace}:ids"
         self._complete = f"{namespace}:complete"
+        self._marker = f"{namespace}:blob-marker"
         self.description = describe(client)
         self._upsert = client.register_script(_UPSERT_IF_NEWER)
         self._remove_older = client.register_script(_REMOVE_IF_OLDER)
@@ -97,6 +98,14 @@ class RedisIndex:
     def is_complete(self) -> bool:
         with translated(self.description, self._breaker):
             return bool(self._r.exists(self._complete))
+
+    def marker(self) -> bytes | None:
+        with translated(self.description, self._breaker):
+            return self._r.get(self._marker)
+
+    def set_marker(self, data: bytes) -> None:
+        with translated(self.description, self._breaker):
+            self._r.set(self._marker, data)
 
     def mark_incomplete(self) -> None:
         with translated(self.description, self._breaker):

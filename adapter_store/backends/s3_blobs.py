@@ -1,7 +1,7 @@
 """Blob backend on S3 (or any S3-compatible endpoint) through boto3.
 
 Keys under the configured prefix: ``heads/<id>`` (the head: one small JSON object; its
-PUT is the commit point) and ``blobs/<id>@<version>``. Large blobs go up as multipart
+PUT is the commit point), ``blobs/<id>@<version>`` and ``store-marker`` (blob_marker.py). Large blobs go up as multipart
 uploads (boto3's transfer manager aborts a failed multipart upload, leaving nothing).
 Credentials come from the standard AWS chain (environment, profile, instance role).
 """
@@ -46,6 +46,7 @@ class S3BlobBackend:
         )
         where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
         self.description = f"S3 bucket {settings.bucket!r}{where}"
+        self._marker = f"{self._prefix}store-marker"  # outside heads/ and blobs/
 
     def _call(self, fn: Callable[[], T], missing_ok: bool = False) -> T:
         """fn(), its failures as BackendUnavailable; where ``missing_ok`` (reading one key), a
@@ -135,6 +136,22 @@ class S3BlobBackend:
         start = len(self._head(""))
         after = self._head(start_after) if start_after else ""
         return [k[start:] for k in self._list(self._head(prefix), after, limit)]
+
+    def create_marker(self, data: bytes) -> bytes:
+        try:
+            self._call(lambda: self._client.put_object(Bucket=self._bucket, Key=self._marker, Body=data,
+                                                       IfNoneMatch="*"))
+            return data
+        except BackendUnavailable as e:
+            if not e.detail.startswith(_CHANGED_CODES):
+                raise
+        found = self.read_marker()  # another store created it first
+        if found is None:
+            raise BackendUnavailable(self.description, "its marker vanished while being created")
+        return found
+
+    def read_marker(self) -> bytes | None:
+        return self._get(self._marker)
 
     def _list(self, prefix: str, start_after: str, limit: int) -> list[str]:
         keys: list[str] = []

@@ -84,12 +84,15 @@ class StoreEnv:
     closed: bool = False
 
     def stored_objects(self) -> list[str]:
-        """Everything in the blob backend (S3 keys, or files under the local directory)."""
+        """Everything in the blob backend (S3 keys, or files under the local directory) but the
+        store's own marker (adapter_store/blob_marker.py)."""
         if self.settings.blob_backend == "s3":
             page = self.moto.s3().list_objects_v2(Bucket=self.settings.s3.bucket)
-            return sorted(o["Key"] for o in page.get("Contents", []))
-        root = Path(self.settings.local_dir)
-        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+            keys = [o["Key"] for o in page.get("Contents", [])]
+        else:
+            root = Path(self.settings.local_dir)
+            keys = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
+        return sorted(k for k in keys if k.rpartition("/")[2] not in ("store-marker", ".store-marker"))
 
     def redis_keys(self, kinds: tuple[str, ...] = ("rec", "blob", "ids", "lru")) -> list[str]:
         """Redis keys of this store's index and cache ([] for the memory backends)."""
