@@ -71,7 +71,7 @@ def engine_config(settings: ServerSettings) -> Any:
         max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
         adapter_pool_bytes=settings.adapter_pool_bytes, max_lora_rank=settings.max_lora_rank, seed=settings.seed,
         tensor_parallel_size=settings.tensor_parallel, enforce_eager=settings.cuda_graphs == "off",
-        launch_ahead=settings.launch_ahead == "on",
+        launch_ahead=settings.launch_ahead == "on", served_model_name=settings.served_model_name,
     )
 
 

