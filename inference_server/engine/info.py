@@ -16,6 +16,8 @@ class EngineInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     max_lora_rank: int
+    # a text prompt longer than this is past the context window whatever it says (None: no bound)
+    max_prompt_chars: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

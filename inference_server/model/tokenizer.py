@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from inference_server.model import text_bound
+
 # Tokens that end an assistant turn in common chat templates. When the model's chat template
 # closes turns with one of them, generation must stop there too (Qwen2/ChatML-style models
 # whose eos is <|endoftext|>); for SmolLM2 the eos already is <|im_end|>.
@@ -98,6 +100,12 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def max_chars_for(self, max_tokens: int) -> int | None:
+        """The most characters a text of fewer than ``max_tokens`` tokens can have (None: this
+        tokenizer's pipeline bounds nothing; see text_bound.py). A longer text is past the window
+        without being tokenized."""
+        return text_bound.max_chars_for(self._tok.backend_tokenizer, self._tok.get_vocab(), max_tokens)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Token ids -> text."""

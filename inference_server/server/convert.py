@@ -50,18 +50,22 @@ class RequestLimits:
     max_context_len: int
     max_new_tokens_limit: int
     default_max_new_tokens: int
+    max_prompt_chars: int | None = None  # longer text is past the window untokenized (None: no bound)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_context_len", "max_new_tokens_limit", "default_max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 0:
+            raise ValueError(f"max_prompt_chars must be >= 0, got {self.max_prompt_chars}")
 
     @classmethod
     def for_engine(cls, info: EngineInfo, default_max_new_tokens: int) -> "RequestLimits":
         """The limits of requests to an engine; the edge's default is capped by the engine's limit."""
         return cls(vocab_size=info.vocab_size, max_context_len=info.max_context_len,
                    max_new_tokens_limit=info.max_new_tokens_limit,
-                   default_max_new_tokens=min(default_max_new_tokens, info.max_new_tokens_limit))
+                   default_max_new_tokens=min(default_max_new_tokens, info.max_new_tokens_limit),
+                   max_prompt_chars=info.max_prompt_chars)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +120,24 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
     if kind == "text":
         if not msg.text:
             raise InvalidRequestError("must be non-empty", "text")
+        check_text_length(msg.text, limits, "text")
         ids = tuple(tokenizer.encode(msg.text))
     elif kind == "token_ids":
         ids = check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
     else:
         ids = tuple(_chat_ids(msg.chat, tokenizer))
     return check_prompt_ids(ids, limits, kind)
+
+
+def check_text_length(text: str, limits: RequestLimits, field: str) -> None:
+    """Refuse a text that cannot fit the context window by its length alone, before tokenizing
+    it: megabytes of text cost the tokenizer seconds of CPU and hundreds of MiB."""
+    if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:
+        raise InvalidRequestError(
+            f"the prompt has {len(text)} characters; at most {limits.max_prompt_chars} can fit the context "
+            f"window of {limits.max_context_len} tokens with this model's tokenizer",
+            field,
+        )
 
 
 def check_prompt_ids(ids: tuple[int, ...], limits: RequestLimits, field: str) -> tuple[int, ...]:
