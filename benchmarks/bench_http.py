@@ -112,7 +112,8 @@ def main() -> None:
     ap.add_argument("--streams", default="1,16,128")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--results", type=Path, default=None, help="record the table in this page (RESULTS.md)")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="record the run in this page (benchmarks/history/RESULTS-2026.md; RESULTS.md is at its length)")
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +122,8 @@ def main() -> None:
             model = json.loads(urllib.request.urlopen(
                 f"http://127.0.0.1:{http_port}/v1/models", timeout=5).read())["data"][0]["id"]
             measure(grpc_port, http_port, model, 4, 8, 1)  # warm-up: connections, first steps
-            rows = ["| streams | gRPC µs/token | HTTP µs/token | HTTP overhead µs/token |", "| ---: | ---: | ---: | ---: |"]
+            rows = ["| streams | gRPC µs/token | HTTP µs/token | HTTP overhead µs/token |",
+                    "| ---: | ---: | ---: | ---: |"]
             for n in counts:
                 m = measure(grpc_port, http_port, model, n, args.tokens, args.repeats)
                 rows.append(f"| {n} | {m['grpc']:.0f} | {m['http']:.0f} | {m['http'] - m['grpc']:+.0f} |")

@@ -1,8 +1,9 @@
 """``loraplex-server``: parse settings, configure logging, open the port, load the model, serve.
 
 The gRPC port (and the OpenAI-compatible HTTP port, --http-port) opens before the model loads
-(health NOT_SERVING, Generate UNAVAILABLE, /health 503) so orchestrators can probe it; the weights load in a background thread with a progress bar;
-SIGTERM or SIGINT drains open streams within ``--grace-period-s`` and exits 0.
+(health NOT_SERVING, Generate UNAVAILABLE, /health 503) so orchestrators can probe it; the
+weights load in a background thread with a progress bar; SIGTERM or SIGINT drains open streams
+of both ports within ``--grace-period-s`` and exits 0.
 """
 
 from __future__ import annotations

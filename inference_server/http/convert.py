@@ -28,8 +28,8 @@ _ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name of the system rol
 
 @dataclass(frozen=True, slots=True)
 class ModelNames:
-    """The names of the base model: ``served`` is its id in /v1/models; ``aliases`` (the
-    engine's own model name) are accepted too."""
+    """The names of the base model: ``served`` is its id in /v1/models; ``aliases`` are
+    accepted for it too."""
 
     served: str
     aliases: frozenset[str] = frozenset()

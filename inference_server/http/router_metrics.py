@@ -74,8 +74,9 @@ class HttpMetrics:
         r = metrics.registry
         self.requests = Counter("loraplex_http_requests", "HTTP requests by route and status", ["route", "status"],
                                 registry=r)
-        self.seconds = Histogram("loraplex_http_request_duration_seconds", "HTTP request duration by route "
-                                 "(a stream: until its first token, when its headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.seconds = Histogram("loraplex_http_request_duration_seconds",
+                                 "HTTP request duration by route (a stream: until its first token, when its "
+                                 "headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()

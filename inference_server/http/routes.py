@@ -50,7 +50,6 @@ class RouteConfig:
 
     default_max_new_tokens: int = 256
     max_body_bytes: int = 8 * 1024 * 1024
-    served_model_name: str | None = None  # the base model's id; None: the engine's model name
 
     def __post_init__(self) -> None:
         for name in ("default_max_new_tokens", "max_body_bytes"):
@@ -92,8 +91,8 @@ class OpenAIRoutes:
         return endpoint
 
     def model_names(self, engine: ServingEngine) -> convert.ModelNames:
-        name = engine.info.model_name
-        return convert.ModelNames(served=self._config.served_model_name or name, aliases=frozenset({name}))
+        """The base model as callers name it: the engine's model name (--served-model-name)."""
+        return convert.ModelNames(served=engine.info.model_name)
 
     def _caller(self, request: Request) -> HttpCaller:
         return authenticate(request, self._security.tokens, self._tenancy.metrics.auth_failure)
