@@ -1,5 +1,6 @@
 """What an adapter config's patterns decide for each adapted module: its rank and alpha
-(rank_pattern, alpha_pattern) and whether target_modules names it.
+(rank_pattern, alpha_pattern) and whether PEFT adapts it at all (target_modules,
+exclude_modules, layers_pattern).
 
 They are judged once, at upload, by ``PatternJudge`` (regex matching under patterns.py's CPU
 budget); the outcome is kept with the stored adapter as ``PatternValue``s, and every later read of
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 
 from adapter_store.errors import AdapterValidationError
 from adapter_store.format.patterns import PatternMatcher
+from adapter_store.format.peft_config import CONFIG_FILE
+from adapter_store.format.peft_fields import DEFAULT_TARGET_MODULES
 
-CONFIG_FILE = "adapter_config.json"
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -44,39 +46,68 @@ def module_key(layer: int, module: str) -> str:
     return f"model.layers.{layer}.{'self_attn' if module in ATTENTION else 'mlp'}.{module}"
 
 
-def targeted_by_list(targets: list[str], layer: int, module: str) -> bool:
-    """PEFT's rule for a list: the module's name is an entry or ends with '.' + an entry."""
-    key = module_key(layer, module)
-    return any(key == t or key.endswith(f".{t}") for t in targets)
+def targets_of(config: dict) -> str | list[str]:
+    """target_modules as PEFT applies it: left out (or null), the architecture's default."""
+    targets = config.get("target_modules")
+    return list(DEFAULT_TARGET_MODULES) if targets is None else targets
 
 
-def refuse_untargeted(targets: object, layer: int, module: str) -> None:
-    raise AdapterValidationError(f"layers.{layer}.{module}: has weights but is not among target_modules "
-                                 f"{targets!r} (PEFT would ignore them)")
+def in_list(names: list[str], key: str) -> bool:
+    """PEFT's rule for a list of module names: the key is an entry or ends with '.' + an entry."""
+    return any(key == t or key.endswith(f".{t}") for t in names)
+
+
+def by_layer_index(config: dict) -> bool:
+    """layers_to_transform selects layers (PEFT: an index, or a list that is not empty)."""
+    layers = config.get("layers_to_transform")
+    return layers is not None and layers != []
+
+
+def refuse(layer: int, module: str, why: str) -> None:
+    raise AdapterValidationError(f"layers.{layer}.{module}: has weights but {why} (PEFT would ignore them)")
 
 
 class PatternJudge:
     """Decides by matching the config's patterns (at upload); ``decided`` is what to keep."""
 
-    def __init__(self, config: dict, default_rank: int, default_alpha: float, matcher: PatternMatcher) -> None:
+    def __init__(self, config: dict, matcher: PatternMatcher) -> None:
         self._config = config
-        self._defaults = (default_rank, default_alpha)
+        self._defaults = (config["r"], config["lora_alpha"])
         self._matcher = matcher
         self.decided: list[PatternValue] = []
 
     def check_targeted(self, layer: int, module: str) -> None:
-        """A weight for a module that target_modules leaves out would be ignored by PEFT (an
-        unexpected key) but applied here: refuse it. A string is a full-match pattern (or
-        "all-linear")."""
-        targets = self._config.get("target_modules")
-        if not targets or targets == "all-linear":
-            return
+        """A weight for a module that PEFT does not adapt would be ignored by PEFT (an unexpected
+        key) but applied here: refuse it. PEFT's rules: exclude_modules first, then target_modules
+        (a string is a full-match pattern or "all-linear"; a list is matched by ``in_list``,
+        within the layers that layers_to_transform and layers_pattern pick)."""
+        key, targets = module_key(layer, module), targets_of(self._config)
+        if self._excluded(key):
+            refuse(layer, module, f"exclude_modules {self._config['exclude_modules']!r} leaves it out")
         if isinstance(targets, str):
-            field = f"{CONFIG_FILE}: target_modules"
-            if not self._matcher.fullmatch(targets, module_key(layer, module), field):
-                refuse_untargeted(targets, layer, module)
-        elif not targeted_by_list(targets, layer, module):
-            refuse_untargeted(targets, layer, module)
+            if targets.lower() != "all-linear" and not self._matcher.fullmatch(
+                    targets, key, f"{CONFIG_FILE}: target_modules"):
+                refuse(layer, module, f"is not among target_modules {targets!r}")
+            return
+        if not in_list(targets, key):
+            refuse(layer, module, f"is not among target_modules {targets!r}")
+        if by_layer_index(self._config) and not self._layer_found(key):
+            refuse(layer, module, f"layers_pattern {self._config['layers_pattern']!r} finds no layer index in "
+                                  f"{key!r}")
+
+    def _excluded(self, key: str) -> bool:
+        exclude = self._config.get("exclude_modules")
+        if isinstance(exclude, str):
+            return self._matcher.fullmatch(exclude, key, f"{CONFIG_FILE}: exclude_modules")
+        return isinstance(exclude, list) and in_list(exclude, key)
+
+    def _layer_found(self, key: str) -> bool:
+        """PEFT reads the layer index after one of layers_pattern's names (any, when there is none);
+        a module name here has one index, the layer's, which _one_module checks."""
+        names = self._config.get("layers_pattern") or []
+        names = [names] if isinstance(names, str) else names
+        field = f"{CONFIG_FILE}: layers_pattern"
+        return not names or any(self._matcher.match(rf"(?:^|.*?\.){n}\.\d+\.", key, field, shown=n) for n in names)
 
     def values(self, layer: int, module: str) -> tuple[int, float]:
         """(rank, alpha) of the module: the first matching pattern key's, else the config's."""
@@ -102,19 +133,21 @@ class PatternJudge:
 class StoredDecisions:
     """The same answers from the values kept at upload: no pattern is compiled or matched."""
 
-    def __init__(self, config: dict, default_rank: int, default_alpha: float,
-                 stored: Iterable[PatternValue]) -> None:
+    def __init__(self, config: dict, stored: Iterable[PatternValue]) -> None:
         self._config = config
-        self._defaults = (default_rank, default_alpha)
+        self._defaults = (config["r"], config["lora_alpha"])
         self._values = {(v.layer, v.module): v for v in stored}
         self.decided = list(self._values.values())
 
     def check_targeted(self, layer: int, module: str) -> None:
-        """A list is checked again (plain comparisons); a pattern let every module with weights
+        """Lists are checked again (plain comparisons); the patterns let every module with weights
         through at upload, or the adapter would not have been stored."""
-        targets = self._config.get("target_modules")
-        if isinstance(targets, list) and targets and not targeted_by_list(targets, layer, module):
-            refuse_untargeted(targets, layer, module)
+        key, targets = module_key(layer, module), targets_of(self._config)
+        exclude = self._config.get("exclude_modules")
+        if isinstance(exclude, list) and in_list(exclude, key):
+            refuse(layer, module, f"exclude_modules {exclude!r} leaves it out")
+        if isinstance(targets, list) and not in_list(targets, key):
+            refuse(layer, module, f"is not among target_modules {targets!r}")
 
     def values(self, layer: int, module: str) -> tuple[int, float]:
         value = self._values.get((layer, module))

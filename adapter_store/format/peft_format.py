@@ -1,14 +1,15 @@
 """PEFT LoRA adapter format: parse and validate an adapter folder, without torch.
 
-An adapter is PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``. Validation
-names what is wrong: unsupported features (DoRA, modules_to_save, embedding or lm_head
-targets, bias training), pickle files, tensors whose shapes do not fit the declared rank or
-the base model. The same function guards uploads (store, server) and loads (engine).
+An adapter is PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``. The config is
+read as PEFT reads it, defaults included (peft_config.py); the patterns in it decide each
+module's rank and alpha (pattern_decisions.py). Validation names what is wrong: unsupported
+features (DoRA, modules_to_save, embedding or lm_head targets, bias training), pickle files,
+tensors whose shapes do not fit the declared rank or the base model, weights for modules PEFT
+would not adapt. The same function guards uploads (store, server) and loads (engine).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -19,9 +20,9 @@ from adapter_store.errors import AdapterValidationError
 from adapter_store.format.base_shapes import BaseShapes
 from adapter_store.format.pattern_decisions import PatternJudge, PatternValue, StoredDecisions
 from adapter_store.format.patterns import PatternMatcher
+from adapter_store.format.peft_config import CONFIG_FILE, read_config
 from adapter_store.format.safetensors_header import TensorInfo, non_finite_tensors, read_header
 
-CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -97,17 +98,14 @@ def parse_adapter_files(
         if required not in files:
             raise AdapterValidationError(f"missing {required}")
     patterns = PatternMatcher() if decided is None else None
-    config = _load_config(files[CONFIG_FILE], patterns)
-    _reject_unsupported(config)
+    config = read_config(files[CONFIG_FILE], patterns)
     tensors = read_header(files[WEIGHTS_FILE])
-    rank, alpha = config["r"], config.get("lora_alpha", config["r"])
-    decider = (PatternJudge(config, rank, alpha, patterns) if patterns is not None
-               else StoredDecisions(config, rank, alpha, decided))
+    decider = PatternJudge(config, patterns) if patterns is not None else StoredDecisions(config, decided)
     modules = _module_specs(config, tensors, base, max_rank, decider)
     return AdapterSpec(
         rank=int(config["r"]),
-        lora_alpha=float(config.get("lora_alpha", config["r"])),
-        use_rslora=bool(config.get("use_rslora", False)),
+        lora_alpha=float(config["lora_alpha"]),
+        use_rslora=bool(config["use_rslora"]),
         dtype=next(iter(tensors.values())).dtype,
         modules=modules,
         num_bytes=len(files[WEIGHTS_FILE]),
@@ -129,88 +127,6 @@ def parse_adapter_upload(
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
         raise AdapterValidationError(f"{WEIGHTS_FILE}: tensor {bad[0]!r}{more} holds infinite or NaN values")
     return spec
-
-
-def _load_config(raw: bytes, patterns: PatternMatcher | None) -> dict:
-    try:
-        config = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AdapterValidationError(f"{CONFIG_FILE} is not valid JSON ({e})") from None
-    except RecursionError:
-        raise AdapterValidationError(f"{CONFIG_FILE} nests too deeply to be an adapter config") from None
-    if not isinstance(config, dict):
-        raise AdapterValidationError(f"{CONFIG_FILE} must hold a JSON object")
-    peft_type = str(config.get("peft_type", "LORA")).upper()
-    if peft_type != "LORA":
-        raise AdapterValidationError(f"{CONFIG_FILE}: peft_type {peft_type} is not supported (only LORA)")
-    r = config.get("r")
-    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-        raise AdapterValidationError(f"{CONFIG_FILE}: r must be a positive integer, got {r!r}")
-    alpha = config.get("lora_alpha", r)
-    if not _is_number(alpha):
-        raise AdapterValidationError(f"{CONFIG_FILE}: lora_alpha must be a number, got {alpha!r}")
-    _check_field_types(config, patterns)
-    return config
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_positive_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _check_field_types(config: dict, patterns: PatternMatcher | None) -> None:
-    """The fields validation reads have the types PEFT writes (else a clear error, not a crash);
-    with ``patterns``, the patterns among them compile."""
-    targets = config.get("target_modules")
-    if targets is not None and not isinstance(targets, str) and not (
-            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
-        raise AdapterValidationError(f"{CONFIG_FILE}: target_modules must be a string or a list of strings, "
-                                     f"got {targets!r}")
-    if isinstance(targets, str) and patterns is not None:
-        patterns.compile(targets, f"{CONFIG_FILE}: target_modules")
-    layers = config.get("layers_to_transform")
-    if layers is not None and not (isinstance(layers, int) and not isinstance(layers, bool)) and not (
-            isinstance(layers, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in layers)):
-        raise AdapterValidationError(f"{CONFIG_FILE}: layers_to_transform must be a layer index or a list of "
-                                     f"them, got {layers!r}")
-    for field_name, valid, what in (("rank_pattern", _is_positive_int, "a positive integer"),
-                                    ("alpha_pattern", _is_number, "a finite number")):
-        table = config.get(field_name)
-        if table is None:
-            continue
-        if not isinstance(table, dict):
-            raise AdapterValidationError(f"{CONFIG_FILE}: {field_name} must be an object, got {table!r}")
-        for key, value in table.items():
-            if patterns is not None:
-                patterns.compile(key, f"{CONFIG_FILE}: {field_name} key")
-            if not valid(value):
-                raise AdapterValidationError(f"{CONFIG_FILE}: {field_name}[{key!r}] must be {what}, got {value!r}")
-
-
-def _reject_unsupported(config: dict) -> None:
-    problems = []
-    if config.get("use_dora"):
-        problems.append("DoRA (use_dora)")
-    if config.get("modules_to_save"):
-        problems.append(f"modules_to_save {config['modules_to_save']}")
-    if config.get("bias", "none") != "none" or config.get("lora_bias"):
-        problems.append(f"bias training (bias={config.get('bias')!r})")
-    if config.get("fan_in_fan_out"):
-        problems.append("fan_in_fan_out (Conv1D-style weights)")
-    if config.get("target_parameters"):
-        problems.append("target_parameters")
-    if config.get("trainable_token_indices"):
-        problems.append("trainable_token_indices")
-    targets = config.get("target_modules") or []
-    targets = [targets] if isinstance(targets, str) else list(targets)
-    bad = [t for t in targets if any(k in t for k in ("embed", "lm_head"))]
-    if bad:
-        problems.append(f"embedding or lm_head targets {bad}")
-    if problems:
-        raise AdapterValidationError("unsupported adapter features: " + "; ".join(problems))
 
 
 def _module_specs(
@@ -274,7 +190,7 @@ def _one_module(
         )
     if base is not None:
         _check_base_fit(where, layer, module, a, b, names, base)
-    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    scale = alpha / math.sqrt(rank) if config["use_rslora"] else alpha / rank
     return LoraModuleSpec(layer, module, rank, scale, names["A"], names["B"], a[1], b[0])
 
 
