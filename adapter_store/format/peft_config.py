@@ -99,7 +99,7 @@ def _check_pattern_tables(config: dict, patterns: PatternMatcher | None) -> None
 def reject_unsupported(config: dict) -> None:
     """Refuse a config that turns on a feature plain LoRA on a shared base cannot serve; the
     error's field is the first such config field, its message lists them all."""
-    problems = [(name, f"{what} ({name}={config[name]!r})") for name, (_, what) in UNSUPPORTED.items()
+    problems = [(name, f"{what} ({name}={json.dumps(config[name])})") for name, (_, what) in UNSUPPORTED.items()
                 if name in config and is_set(name, config[name])]
     init = config["init_lora_weights"]
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
