@@ -73,6 +73,7 @@ def engine_config(settings: ServerSettings) -> Any:
         adapter_pool_bytes=settings.adapter_pool_bytes, max_lora_rank=settings.max_lora_rank, seed=settings.seed,
         tensor_parallel_size=settings.tensor_parallel, enforce_eager=settings.cuda_graphs == "off",
         launch_ahead=settings.launch_ahead == "on", served_model_name=settings.served_model_name,
+        prefix_caching=settings.prefix_caching == "on",
     )
 
 

@@ -76,6 +76,9 @@ class ServerSettings:
     launch_ahead: str = _opt("on", "with CUDA graphs: launch each step before reading the previous step's tokens, so "
                                    "the GPU never waits for the host's bookkeeping (greedy requests); off = one step "
                                    "at a time", str, ("on", "off"))
+    prefix_caching: str = _opt("on", "reuse the KV blocks of a prompt prefix already computed for the same adapter "
+                                     "version (system prompts, few-shot examples); off = every prompt computed "
+                                     "in full", str, ("on", "off"))
     # edge limits
     max_concurrent_streams: int = _opt(4096, "open Generate streams at once; beyond it RESOURCE_EXHAUSTED", int)
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)

@@ -59,6 +59,8 @@ def test_engine_config_and_model_source_follow_settings() -> None:
     assert config.launch_ahead and not config.enforce_eager
     one_at_a_time = engine_config(ServerSettings.from_sources(["--launch-ahead", "off", "--cuda-graphs", "off"], {}))
     assert not one_at_a_time.launch_ahead and one_at_a_time.enforce_eager
+    assert config.prefix_caching
+    assert not engine_config(ServerSettings.from_sources(["--prefix-caching", "off"], {})).prefix_caching
     dummy = model_source(ServerSettings.from_sources(["--model-format", "dummy", "--model", "tiny"], {}))
     assert dummy.format == "dummy" and dummy.dummy == "tiny" and dummy.path is None
     assert model_source(s).path is None and model_source(s).format == "auto"  # the embedded SmolLM2

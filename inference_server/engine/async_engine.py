@@ -157,6 +157,8 @@ class AsyncEngine:
             preemptions=self._core.num_preemptions,
             running_adapters=running_adapters,
             waiting_adapters=waiting_adapters,
+            prefix_queried_tokens=self._core.blocks.prefix_queried_tokens,
+            prefix_hit_tokens=self._core.blocks.prefix_hit_tokens,
         )
 
     # -- the step loop (engine thread) -----------------------------------------------------

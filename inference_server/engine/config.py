@@ -36,6 +36,8 @@ class EngineConfig:
     lora_side_stream: bool = True  # in step graphs, each LoRA shrink runs beside its base GEMM
     # with CUDA graphs: launch the next step before reading this one's tokens
     launch_ahead: bool = True
+    # reuse the KV blocks of a prompt prefix already computed for the same adapter version
+    prefix_caching: bool = True
     served_model_name: str | None = None  # the name clients see (None: the checkpoint's own name)
 
     def __post_init__(self) -> None:

@@ -65,7 +65,7 @@ def assemble(
     )
     log.info("KV cache: %d blocks of %d tokens; adapter pool: %.1f MiB", num_blocks, config.block_size,
              pool_size / 2**20)
-    blocks = BlockManager(num_blocks, config.block_size)
+    blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
     max_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings,
                   num_blocks * config.block_size)
     if runner_factory is not None:

@@ -30,3 +30,5 @@ class EngineStats:
     preemptions: int
     running_adapters: tuple[str, ...] = ()  # adapter ids with a running request (sorted; no base model)
     waiting_adapters: tuple[str, ...] = ()  # adapter ids with a queued request
+    prefix_queried_tokens: int = 0  # prompt tokens of admitted requests, looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of those, served from cached KV blocks (not computed)

@@ -161,6 +161,7 @@ class LLMEngine:
             return None
         for seq, n in zip(seqs, num_tokens):
             seq.num_computed += n
+            self.scheduler.computed(seq)  # later steps run after this one on the device's stream
         for seq in step.sample_seqs:
             step.token_index.append(len(seq.token_ids))
             seq.token_ids.append(PLACEHOLDER)
@@ -208,6 +209,7 @@ class LLMEngine:
         results = {id(s): i for i, s in enumerate(out.sampled_seqs)}
         for seq, n, token in zip(seqs, num_tokens, out.sampled):
             seq.num_computed += n
+            self.scheduler.computed(seq)
             if token is None:
                 continue
             seq.first_token = seq.first_token or now

@@ -6,6 +6,11 @@ budget, the batch size and the KV blocks allow: round-robin across tenants, FCFS
 tenant (fair_queue.py), so one tenant's flood cannot starve another. When blocks run out, the newest running
 sequence is preempted: its blocks are freed and it goes back to the front of the queue,
 to be recomputed later (never dropped).
+
+A sequence admitted with nothing computed starts from the longest prompt prefix already in the
+KV cache for the same adapter version (prefix caching, engine/prefix_cache.py): only the rest
+of its prompt is computed. Each step's computed full prompt blocks are named for later prompts
+(``computed``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 from inference_server.engine.block_manager import BlockManager
 from inference_server.engine.fair_queue import FairQueue
+from inference_server.engine.prefix_cache import block_digests
 from inference_server.engine.sequence import Sequence, SeqStatus
 
 
@@ -101,9 +107,17 @@ class Scheduler:
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            fresh = seq.num_computed == 0 and not seq.block_table
+            if fresh:
+                seq.num_computed = self.blocks.match_prefix(seq.block_table, self._digests(seq), seq.num_prompt)
             chunk = min(seq.num_pending, budget)
             if not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
+                if fresh:  # give the matched blocks back until it is admitted
+                    self.blocks.free(seq.block_table)
+                    seq.num_computed = 0
                 break  # the head waits for blocks, nobody overtakes it
+            if fresh:
+                self.blocks.note_prefix(seq.num_prompt, seq.num_computed)
             self.waiting.popleft()
             self.blocks.grow(seq.block_table, seq.num_computed + chunk)
             seq.status = SeqStatus.RUNNING
@@ -111,3 +125,15 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_tokens.append(chunk)
             budget -= chunk
+
+    def computed(self, seq: Sequence) -> None:
+        """``seq.num_computed`` grew: name its newly computed full prompt blocks for reuse."""
+        if self.blocks.prefix_caching:
+            self.blocks.cache_computed(seq.block_table, self._digests(seq), min(seq.num_computed, seq.num_prompt))
+
+    def _digests(self, seq: Sequence) -> list[bytes]:
+        if not self.blocks.prefix_caching:
+            return []
+        if seq.prefix_digests is None:
+            seq.prefix_digests = block_digests(seq.request.prompt_token_ids, self.blocks.block_size, seq.kv_key)
+        return seq.prefix_digests

@@ -33,6 +33,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose keys/values are in the cache
     block_table: list[int] = field(default_factory=list)
+    prefix_digests: list[bytes] | None = None  # the prompt's full blocks, named (engine/prefix_cache.py)
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
@@ -74,3 +75,9 @@ class Sequence:
     @property
     def adapter_key(self) -> str:
         return self.request.adapter_id or ""
+
+    @property
+    def kv_key(self) -> str:
+        """What the KV of this sequence's tokens depends on besides the tokens: the adapter's id
+        and content version (its q/k/v deltas), or nothing for the base model."""
+        return "" if self.adapter is None else f"{self.adapter.adapter_id}@{self.adapter.version}"
