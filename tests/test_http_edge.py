@@ -287,6 +287,28 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_it(served) -> None:
     wait_for(lambda: len(engine.aborted) == 1 and not engine.running)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_before_its_first_token_is_aborted_at_once(tmp_path: Path, stream: bool) -> None:
+    """A request still queued (or waiting for its adapter) when its client leaves is aborted
+    then, not when its first token arrives: it would hold a slot and be prefilled for nobody."""
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
+    url = srv.start_http(default_max_new_tokens=4)
+    engine = FakeEngine(tmp_path / "adapters", step_s=3.0)  # the first token takes 3 s
+    srv.attach(engine)
+    try:
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        body = json.dumps({"model": BASE, "prompt": "hi", "max_tokens": 4, "stream": stream}).encode()
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            wait_for(lambda: engine.running)
+        left = time.monotonic()
+        wait_for(lambda: len(engine.aborted) == 1, timeout=10)
+        assert time.monotonic() - left < 1.5, "aborted only when the first token came"
+    finally:
+        srv.close()
+
+
 def _families(url: str) -> dict:
     text = _get(url.removesuffix("/v1") + "/metrics")[1].decode()
     return {f.name: f for f in text_string_to_metric_families(text)}

@@ -116,7 +116,9 @@ class OpenAIRoutes:
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
         fmt = fmt_type(model=decoded.model, decode=engine.tokenizer.decode, logprobs=decoded.logprobs)
         events = generation(self._state, self._metrics, self._tenancy, caller, engine, decoded.request)
-        first = await _first(events)
+        first = await _first_unless_disconnected(request, events)
+        if first is None:
+            return Response(status_code=499)  # the client left before its first token
         if decoded.stream:
             return EventStreamResponse(sse_events(first, events, fmt, decoded.include_usage))
         answer = await _collect_unless_disconnected(request, first, events)
@@ -172,6 +174,22 @@ async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
     except BaseException:
         await events.aclose()  # type: ignore[attr-defined]
         raise
+
+
+async def _first_unless_disconnected(request: Request, events: AsyncIterator[TokenEvent]) -> TokenEvent | None:
+    """The first event, or None if the client disconnected first: a request still queued or
+    waiting for its adapter is aborted then (the cancelled wait closes the generation), not
+    when its first token would come, so it holds no slot and is prefilled for nobody."""
+    first = asyncio.ensure_future(_first(events))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not first.done():
+            first.cancel()
+        await asyncio.gather(first, gone, return_exceptions=True)
+    return None if first.cancelled() else first.result()
 
 
 async def _collect(first: TokenEvent, events: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
