@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Mapping
 
-from adapter_store.backends.base import NO_LEASE, BlobBackend, BlobCache, ChangeFeed, Index, WriterLease
+from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
 from adapter_store.blob_marker import BlobMarker
 from adapter_store.call_deadline import CallDeadline
 from adapter_store.degradation import Degradation
@@ -31,11 +30,11 @@ from adapter_store.errors import (
 from adapter_store.format.base_shapes import BaseShapes
 from adapter_store.format.naming import validate_adapter_id
 from adapter_store.format.peft_format import parse_adapter_upload
-from adapter_store.id_locks import IdLocks
 from adapter_store.index_keeper import IndexKeeper
 from adapter_store.listing import HeadScanner
 from adapter_store.metrics import StoreMetrics
 from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord, check_upload_files
+from adapter_store.write_turn import Turn, WriterLocks, superseded
 
 log = logging.getLogger(__name__)
 FILL_WAIT_S = 0.5  # an index fill is a speed-up: it does not queue behind a writer for long
@@ -64,9 +63,9 @@ class Store:
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.health = Degradation(self.metrics)
         self._clock = clock
-        self._id_locks = IdLocks()
         self._heads = HeadScanner(blobs)
         self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description)
+        self._writers = WriterLocks(index, self.health)
         self.marker = BlobMarker(blobs, index, self._blob_store_lost)
 
     # ------------------------------------------------------------------ writes
@@ -90,9 +89,9 @@ class Store:
         record = StoredRecord.build(adapter_id, files, spec, self._clock(), public, digests)
         blob = record.pack(files)
         deadline = deadline or CallDeadline()
-        with self._write_lock(adapter_id, deadline.wait_budget()) as lease:
+        with self._writers.hold(adapter_id, deadline.wait_budget()) as lease:
             old, tag = self._head_for_write(adapter_id, "store")
-            self._commit(record, blob, old, _Turn(tag, lease, deadline))
+            self._commit(record, blob, old, Turn(tag, lease, deadline))
             self.keeper.write(self.index.put, record)
             self._cache_call(self.cache.put, record.blob_key, blob)
             if old is not None and old.version != record.version:
@@ -108,19 +107,19 @@ class Store:
         ``deadline`` as for put."""
         validate_adapter_id(adapter_id)
         deadline = deadline or CallDeadline()
-        with self._write_lock(adapter_id, deadline.wait_budget()) as lease:
+        with self._writers.hold(adapter_id, deadline.wait_budget()) as lease:
             record, tag = self._head_for_write(adapter_id, "delete")
             if record is None:
                 self.keeper.write(self.index.remove, adapter_id)
                 raise AdapterNotFoundError(adapter_id)
             what = f"cannot delete {adapter_id!r}"
             try:
-                _Turn(tag, lease, deadline).check(what)
+                Turn(tag, lease, deadline).check(what)
                 self.blobs.delete_head(adapter_id, expect=tag)  # the commit point
             except BackendUnavailable as e:
                 raise self._unavailable(what, e) from e
             except (HeadChanged, LeaseLost) as e:
-                raise _superseded(what, e) from None
+                raise superseded(what, e) from None
             self.keeper.write(self.index.remove, adapter_id)
             keys = {record.blob_key}
             try:
@@ -133,7 +132,7 @@ class Store:
         log.info("deleted %s (was version %s)", adapter_id, record.version)
         return record
 
-    def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None, turn: "_Turn") -> None:
+    def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None, turn: Turn) -> None:
         """Write the blob, then (if this writer's turn still holds) the head, on the condition that
         it is still the one read under the lock. On failure nothing new stays behind."""
         what = f"cannot store {record.adapter_id!r}"
@@ -149,7 +148,7 @@ class Store:
             if isinstance(e, BackendUnavailable):
                 raise self._unavailable(what, e) from e
             if isinstance(e, (HeadChanged, LeaseLost)):
-                raise _superseded(what, e) from None
+                raise superseded(what, e) from None
             raise
 
     def _head_may_be(self, record: StoredRecord) -> bool:
@@ -179,25 +178,6 @@ class Store:
             f"{what}: the blob store ({e.backend}) is unavailable ({e.detail}); "
             "uploads and deletes need it, cached adapters can still be read"
         )
-
-    @contextmanager
-    def _write_lock(self, adapter_id: str, wait_s: float) -> Iterator[WriterLease]:
-        """The id's lock in this process, then its lease across processes (where the index is
-        shared), both within ``wait_s``; UnavailableError when another writer holds it longer."""
-        started = time.monotonic()
-        with self._id_locks.hold(adapter_id, wait_s) as held, ExitStack() as stack:
-            if not held:
-                raise UnavailableError(
-                    f"adapter {adapter_id!r} is being written by another upload or delete (waited {wait_s:.1f}s "
-                    "of the caller's deadline); try again"
-                )
-            left = max(0.0, wait_s - (time.monotonic() - started))
-            try:
-                lease = stack.enter_context(self.index.lock(adapter_id, left))
-            except BackendUnavailable as e:
-                self.health.fell_back("index", e)  # other processes cannot be excluded; the head's condition still holds
-                lease = NO_LEASE
-            yield lease
 
     # ------------------------------------------------------------------ reads
 
@@ -263,7 +243,7 @@ class Store:
         again and the record filled only if it is still current (else a delete that completed
         between the read and the fill was undone in the index)."""
         try:
-            with self._write_lock(record.adapter_id, FILL_WAIT_S):
+            with self._writers.hold(record.adapter_id, FILL_WAIT_S):
                 self._fill_if_current(record)
         except UnavailableError:
             return  # a writer holds the id: not filled, the index stays a miss, which reads the head again
@@ -385,20 +365,3 @@ class Store:
         except BackendUnavailable as e:
             log.warning("%s(%s) failed: %s (left for a later delete)", getattr(fn, "__name__", fn), args, e)
 
-
-class _Turn:
-    """What a writer checks just before its commit point: the caller is still there, its lease
-    still holds, and (in the write itself) the head is still ``tag``, the one read under the lock."""
-
-    def __init__(self, tag: str | None, lease: WriterLease, deadline: CallDeadline) -> None:
-        self.tag = tag
-        self._lease = lease
-        self._deadline = deadline
-
-    def check(self, what: str) -> None:
-        self._deadline.check_commit(what)
-        self._lease.check()
-
-
-def _superseded(what: str, e: Exception) -> UnavailableError:
-    return UnavailableError(f"{what}: {e}; another writer may have committed since, so nothing was changed; try again")
