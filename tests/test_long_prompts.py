@@ -30,6 +30,7 @@ def _rss_bytes() -> int:
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
+    srv.http_url = srv.start_http(default_max_new_tokens=4)
     config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
     engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
                                progress=False)
@@ -97,3 +98,32 @@ def test_a_pipeline_that_can_drop_text_bounds_nothing() -> None:
         tok = Tokenizer(PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="[UNK]"))
         assert len(tok.encode(" " * 10_000 + "a", add_special_tokens=False)) == 1
         assert tok.max_chars_for(8) is None
+
+
+@pytest.mark.slow
+def test_an_oversized_chat_or_http_prompt_is_refused_before_it_is_tokenized(served) -> None:
+    """The same bound holds for a chat's messages over gRPC and for both HTTP routes: a chat
+    template's text holds every message's content, so their total length alone can refuse it."""
+    import openai  # noqa: PLC0415
+
+    srv, engine = served
+    text = "lorem ipsum dolor sit amet " * (7 * 2**20 // 27)
+    with LoraplexClient(srv.address, retry_attempts=1, timeout=30) as client:
+        started = time.monotonic()
+        with pytest.raises(InvalidArgumentError, match="characters") as err:
+            client.generate_text(messages=[{"role": "user", "content": text[: len(text) // 2]},
+                                           {"role": "user", "content": text[len(text) // 2 :]}], max_new_tokens=1)
+        assert err.value.field == "chat.messages" and time.monotonic() - started < 2.0
+    http = openai.OpenAI(base_url=srv.http_url, api_key="unused", max_retries=0, timeout=30)
+    model = engine.info.model_name
+    for call, param in ((lambda: http.completions.create(model=model, prompt=text, max_tokens=1), "prompt"),
+                        (lambda: http.chat.completions.create(model=model, max_tokens=1,
+                                                              messages=[{"role": "user", "content": text}]),
+                         "messages")):
+        started = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as bad:
+            call()
+        assert bad.value.body["param"] == param and "characters" in bad.value.body["message"]
+        assert time.monotonic() - started < 3.0
+    assert http.completions.create(model=model, prompt="still serving", max_tokens=2).usage.completion_tokens == 2
+    http.close()

@@ -111,6 +111,7 @@ def _completion_prompt(prompt: str | list, tokenizer: PromptTokenizer, limits: R
                                       "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
+        edge.check_text_length(prompt, limits, "prompt")
         ids = tuple(tokenizer.encode(prompt)) if prompt else ()
     else:
         if any(t < 0 for t in prompt):
@@ -169,6 +170,8 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     requested, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
                         is not None else (body.max_tokens, "max_tokens"))
     stopping = _stopping(body, requested, param, limits)
-    ids = edge.chat_prompt_ids(_chat_messages(body), tokenizer, "messages", "messages")
+    messages = _chat_messages(body)
+    edge.check_text_length("".join(m["content"] for m in messages), limits, "messages")
+    ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages")
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
     return _request(body, prompt, adapter, sampling, stopping, body.logprobs, top)

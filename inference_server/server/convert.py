@@ -125,13 +125,15 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
     elif kind == "token_ids":
         ids = check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
     else:
+        check_text_length("".join(m.content for m in msg.chat.messages), limits, "chat.messages")
         ids = tuple(_chat_ids(msg.chat, tokenizer))
     return check_prompt_ids(ids, limits, kind)
 
 
 def check_text_length(text: str, limits: RequestLimits, field: str) -> None:
     """Refuse a text that cannot fit the context window by its length alone, before tokenizing
-    it: megabytes of text cost the tokenizer seconds of CPU and hundreds of MiB."""
+    it: megabytes of text cost the tokenizer seconds of CPU and hundreds of MiB. For a chat,
+    ``text`` is its messages' contents, all of which its template's text holds."""
     if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:
         raise InvalidRequestError(
             f"the prompt has {len(text)} characters; at most {limits.max_prompt_chars} can fit the context "
