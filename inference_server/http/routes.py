@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -39,6 +39,8 @@ from inference_server.server.generation import generation
 from inference_server.server.metrics import ServerMetrics
 from inference_server.server.state import ServingState
 from inference_server.server.tenancy import Tenancy
+
+T = TypeVar("T")
 
 _INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
 Handler = Callable[[Request], Awaitable[Response]]
@@ -116,13 +118,15 @@ class OpenAIRoutes:
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
         fmt = fmt_type(model=decoded.model, decode=engine.tokenizer.decode, logprobs=decoded.logprobs)
         events = generation(self._state, self._metrics, self._tenancy, caller, engine, decoded.request)
-        first = await _first_unless_disconnected(request, events)
+        first = await _unless_disconnected(request, _first(events))
         if first is None:
+            await events.aclose()  # type: ignore[attr-defined]  (also if the wait never started)
             return Response(status_code=499)  # the client left before its first token
         if decoded.stream:
             return EventStreamResponse(sse_events(first, events, fmt, decoded.include_usage))
-        answer = await _collect_unless_disconnected(request, first, events)
+        answer = await _unless_disconnected(request, _collect(first, events))
         if answer is None:
+            await events.aclose()  # type: ignore[attr-defined]  (also if the collection never started)
             return Response(status_code=499)  # the client left; nobody reads this
         if answer[-1].finish_reason is FinishReason.ERROR:
             return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
@@ -176,22 +180,6 @@ async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
         raise
 
 
-async def _first_unless_disconnected(request: Request, events: AsyncIterator[TokenEvent]) -> TokenEvent | None:
-    """The first event, or None if the client disconnected first: a request still queued or
-    waiting for its adapter is aborted then (the cancelled wait closes the generation), not
-    when its first token would come, so it holds no slot and is prefilled for nobody."""
-    first = asyncio.ensure_future(_first(events))
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not first.done():
-            first.cancel()
-        await asyncio.gather(first, gone, return_exceptions=True)
-    return None if first.cancelled() else first.result()
-
-
 async def _collect(first: TokenEvent, events: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
     async with aclosing(events):  # type: ignore[type-var]
         return [first] + [event async for event in events]
@@ -203,17 +191,17 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _collect_unless_disconnected(request: Request, first: TokenEvent, events: AsyncIterator[TokenEvent]
-                                       ) -> list[TokenEvent] | None:
-    """Every event of a non-streaming request, or None once its client disconnected, which
-    cancels the collection and so aborts the request in the engine."""
-    collect = asyncio.ensure_future(_collect(first, events))
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None if the client disconnected first: ``work`` is cancelled then,
+    which closes the generation it reads and so aborts the request in the engine at once (a
+    request still queued or waiting for its adapter holds no slot and is prefilled for nobody)."""
+    task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-        if not collect.done():
-            collect.cancel()
-        await asyncio.gather(collect, gone, return_exceptions=True)
-    return None if collect.cancelled() else collect.result()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    return None if task.cancelled() else task.result()
