@@ -151,3 +151,20 @@ def test_a_shared_system_prompt_is_computed_once_per_adapter_and_changes_no_toke
         "every second-round request reuses the system prompt's blocks for its own adapter"
     assert fresh.stats().prefix_hit_tokens == 0
     assert cached.stats().free_kv_blocks == cached.stats().total_kv_blocks
+
+
+def test_the_prefix_cache_counts_are_prometheus_counters() -> None:
+    from prometheus_client import generate_latest  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    from inference_server.engine.info import EngineStats  # noqa: PLC0415
+    from inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
+
+    metrics = ServerMetrics()
+    stats = EngineStats(num_running=0, num_waiting=0, free_kv_blocks=4, total_kv_blocks=4, resident_adapters=0,
+                        preemptions=0, prefix_queried_tokens=120, prefix_hit_tokens=80)
+    metrics.bind_engine_stats(lambda: stats)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+    for name, value in (("loraplex_prefix_cache_queried_tokens", 120), ("loraplex_prefix_cache_hit_tokens", 80)):
+        assert families[name].type == "counter"
+        assert [s.value for s in families[name].samples if s.name.endswith("_total")] == [value]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from inference_server.engine.info import EngineStats
 from inference_server.lora.pool.pool_stats import PoolStats
@@ -51,6 +53,7 @@ class ServerMetrics:
         self._engine_gauge("loraplex_free_kv_blocks", "Free KV cache blocks", "free_kv_blocks")
         self._engine_gauge("loraplex_total_kv_blocks", "KV cache blocks in all", "total_kv_blocks")
         self._engine_gauge("loraplex_resident_adapters", "Adapters resident in the device pool", "resident_adapters")
+        r.register(_EngineCounters(lambda: self._stats()))
 
     def _engine_gauge(self, name: str, doc: str, attr: str) -> None:
         def read() -> float:
@@ -137,3 +140,23 @@ class MetricsHttpServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class _EngineCounters(Collector):
+    """The engine's cumulative counts as Prometheus counters, read at scrape time: prompt
+    tokens looked up in the prefix cache and those served from it (hit rate = their ratio)."""
+
+    _COUNTERS = (
+        ("loraplex_prefix_cache_queried_tokens", "Prompt tokens of admitted requests looked up in the prefix cache",
+         "prefix_queried_tokens"),
+        ("loraplex_prefix_cache_hit_tokens", "Prompt tokens served from cached KV blocks (not computed)",
+         "prefix_hit_tokens"),
+    )
+
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        for name, doc, attr in self._COUNTERS:
+            yield CounterMetricFamily(name, doc, value=getattr(stats, attr) if stats is not None else 0)
