@@ -156,6 +156,18 @@ def test_deadline_exceeded_aborts_in_engine(served) -> None:
     wait_for(lambda: engine.aborted == [engine.requests[0].request_id] and not engine.running)
 
 
+def test_a_deadline_before_the_first_token_aborts_at_once(served) -> None:
+    """A stream whose deadline passes while its request waits for its first token (queued, or
+    its adapter loading) is aborted then, not when that token would come."""
+    srv, engine, client = served
+    engine.step_s = 3.0  # the first token takes 3 s
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        list(client.generate("x", max_new_tokens=4, timeout=0.3))
+    wait_for(lambda: engine.aborted == [engine.requests[0].request_id], timeout=10)
+    assert time.monotonic() - start < 1.5, "aborted only when the first token came"
+
+
 def test_full_queue_is_resource_exhausted(served) -> None:
     srv, engine, client = served
     engine.max_running, engine.step_s = 1, 0.02
