@@ -8,7 +8,7 @@ import json
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +260,12 @@ def write_fake_adapter(folder: Path, rank: int = 4, base: ModelConfig = FAKE_BAS
               "bias": "none", "base_model_name_or_path": base.name}
     (folder / "adapter_config.json").write_text(json.dumps(config))
     return folder
+
+
+def fake_server_address(tmp_path: Path) -> Iterator[str]:
+    """A server over a FakeEngine whose adapters live under ``tmp_path``: yields its address
+    (for a fixture: ``yield from fake_server_address(tmp_path)``)."""
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
+    srv.attach(FakeEngine(tmp_path / "store"))
+    yield srv.address
+    srv.close()

@@ -8,16 +8,12 @@ from pathlib import Path
 import pytest
 
 from clients.cli import main
-from inference_server.server.app import ServerOptions
-from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, write_fake_adapter
+from server_helpers import ByteTokenizer, fake_server_address, fake_tokens, write_fake_adapter
 
 
 @pytest.fixture
 def address(tmp_path: Path):
-    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
-    srv.attach(FakeEngine(tmp_path / "store"))
-    yield srv.address
-    srv.close()
+    yield from fake_server_address(tmp_path)
 
 
 def run(capsys, address: str, *argv: str) -> tuple[int, str, str]:

@@ -9,16 +9,12 @@ import pytest
 
 from clients.cli import main
 from clients.requests import generate_request
-from inference_server.server.app import ServerOptions
-from server_helpers import FakeEngine, ServerThread, write_fake_adapter
+from server_helpers import fake_server_address, write_fake_adapter
 
 
 @pytest.fixture
 def address(tmp_path: Path):
-    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
-    srv.attach(FakeEngine(tmp_path / "store"))
-    yield srv.address
-    srv.close()
+    yield from fake_server_address(tmp_path)
 
 
 def _run(capsys, address: str, *argv: str) -> tuple[int, str]:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from fault_rig import Rig
 from store.store_adapters import make_adapters
-from store.store_services import AWS_ENV, MotoProcess, RedisProcess, redis_binary
+from store.store_services import (  # noqa: F401  (aws_test_credentials: a fixture)
+    MotoProcess, RedisProcess, aws_test_credentials, redis_binary,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -22,11 +24,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def aws_test_credentials() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in AWS_ENV.items():
-            mp.setenv(key, value)
-        yield
+def _aws_credentials(aws_test_credentials: None) -> None:
+    """Every test here talks to moto's S3 with test credentials."""
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from store_adapters import make_adapters, tiny_base
-from store_services import AWS_ENV, MotoProcess, RedisProcess, ServerThread, redis_binary
+from store_services import (  # noqa: F401  (aws_test_credentials: a fixture)
+    MotoProcess, RedisProcess, ServerThread, aws_test_credentials, redis_binary,
+)
 
 from adapter_store.client import StoreClient
 from adapter_store.factory import build_store
@@ -23,12 +25,8 @@ COMBOS = ("local-memory", "s3-memory", "s3-redis")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def aws_test_credentials() -> Iterator[None]:
-    """moto accepts any credentials; boto3 needs some to sign requests."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in AWS_ENV.items():
-            mp.setenv(key, value)
-        yield
+def _aws_credentials(aws_test_credentials: None) -> None:
+    """Every test here talks to moto's S3 with test credentials."""
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import redis
 
 from adapter_store.server import StoreServer
@@ -24,6 +26,15 @@ AWS_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def aws_test_credentials() -> Iterator[None]:
+    """moto accepts any credentials; boto3 needs some to sign requests (conftests make it autouse)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in AWS_ENV.items():
+            mp.setenv(key, value)
+        yield
 
 
 def free_port() -> int:
