@@ -67,14 +67,24 @@ def engine_config(settings: ServerSettings) -> Any:
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     return EngineConfig(
         device=device, dtype=dtype, num_kv_blocks=settings.num_kv_blocks,
-        kv_cache_memory_fraction=settings.kv_cache_memory_fraction, max_num_seqs=settings.max_num_seqs,
+        kv_cache_memory_fraction=settings.kv_cache_memory_fraction, max_num_seqs=max_num_seqs(settings, device),
         max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
         max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
-        adapter_pool_bytes=settings.adapter_pool_bytes, max_lora_rank=settings.max_lora_rank, seed=settings.seed,
+        adapter_pool_bytes=settings.adapter_pool_bytes, adapter_host_cache_bytes=settings.adapter_host_cache_bytes,
+        max_lora_rank=settings.max_lora_rank, seed=settings.seed,
         tensor_parallel_size=settings.tensor_parallel, enforce_eager=settings.cuda_graphs == "off",
         launch_ahead=settings.launch_ahead == "on", served_model_name=settings.served_model_name,
         prefix_caching=settings.prefix_caching == "on",
     )
+
+
+def max_num_seqs(settings: ServerSettings, device: str) -> int:
+    """The batch size: as set, else 256 on a GPU (its graphs are captured for the sizes up to
+    it) and 32 on the CPU, where a larger batch only lengthens every step. Capped by the step's
+    token budget, which must hold one token of every running sequence."""
+    if settings.max_num_seqs is not None:
+        return settings.max_num_seqs
+    return min(256 if device.startswith("cuda") else 32, settings.max_num_batched_tokens)
 
 
 def model_source(settings: ServerSettings, device: str = "cpu") -> Any:

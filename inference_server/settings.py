@@ -59,7 +59,8 @@ class ServerSettings:
     adapter_store: str | None = _opt(None, "host:port of the loraplex-store sidecar; adapters then live in the "
                                            "store (S3/Redis) instead of --adapter-dir", _optional_str)
     # engine limits
-    max_num_seqs: int = _opt(32, "most requests decoded in one step (batch size)", int)
+    max_num_seqs: int | None = _opt(None, "most requests decoded in one step (batch size); auto: 256 on a GPU, "
+                                          "32 on the CPU", _optional_int)
     max_num_batched_tokens: int = _opt(2048, "token budget of one step (prefill + decode)", int)
     max_model_len: int | None = _opt(None, "context window cap (default: the model's)", _optional_int)
     max_new_tokens_limit: int = _opt(4096, "largest max_new_tokens a request may ask for", int)
@@ -68,6 +69,8 @@ class ServerSettings:
     num_kv_blocks: int | None = _opt(None, "KV cache blocks (default: sized from memory)", _optional_int)
     kv_cache_memory_fraction: float = _opt(0.6, "share of free GPU memory for the KV cache", float)
     adapter_pool_bytes: int = _opt(256 * MiB, "device memory for resident adapters, bytes", int)
+    adapter_host_cache_bytes: int = _opt(1024 * MiB, "pinned host memory holding adapters off the device pool "
+                                         "(the host tier, LRU by bytes), bytes", int)
     max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)
     seed: int = _opt(0, "engine RNG seed (requests may set their own)", int)
     tensor_parallel: int = _opt(1, "GPUs (processes) to shard the model over, Megatron-style; 1 = no sharding", int)
@@ -126,7 +129,8 @@ class ServerSettings:
         if self.model_format == "dummy" and not self.model:
             raise ValueError(_where("model", "--model-format dummy needs a preset name, e.g. --model tiny"))
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit", "default_max_new_tokens",
-                    "max_waiting", "adapter_pool_bytes", "max_lora_rank", "max_concurrent_streams",
+                    "max_waiting", "adapter_pool_bytes", "adapter_host_cache_bytes", "max_lora_rank",
+                    "max_concurrent_streams",
                     "max_upload_bytes", "max_model_len", "num_kv_blocks", "tensor_parallel")
         for name in positive:
             value = getattr(self, name)

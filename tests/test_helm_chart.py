@@ -61,6 +61,9 @@ def test_server_and_store_share_the_pod_and_accept_the_rendered_settings(name: s
     server_env = env_of(r.container("server"), cms)
     settings = ServerSettings.from_sources([], server_env)
     assert settings.host == "0.0.0.0"
+    values = values_of(name)
+    if (values.get("server") or {}).get("maxNumSeqs") is None:  # the server picks the batch for its device
+        assert settings.max_num_seqs is None and "LORAPLEX_MAX_NUM_SEQS" not in server_env
     assert not [k for k in server_env if k.startswith("LORAPLEX_") and
                 k.removeprefix("LORAPLEX_").lower() not in ServerSettings.__dataclass_fields__], \
         "a LORAPLEX_* variable the server does not read"

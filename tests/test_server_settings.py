@@ -64,3 +64,24 @@ def test_engine_config_and_model_source_follow_settings() -> None:
     dummy = model_source(ServerSettings.from_sources(["--model-format", "dummy", "--model", "tiny"], {}))
     assert dummy.format == "dummy" and dummy.dummy == "tiny" and dummy.path is None
     assert model_source(s).path is None and model_source(s).format == "auto"  # the embedded SmolLM2
+
+
+def test_batch_size_is_256_on_a_gpu_and_32_on_the_cpu_unless_set() -> None:
+    from inference_server.main import max_num_seqs
+
+    auto = ServerSettings.from_sources([], {})
+    assert auto.max_num_seqs is None
+    assert max_num_seqs(auto, "cuda") == 256 and max_num_seqs(auto, "cuda:1") == 256
+    assert max_num_seqs(auto, "cpu") == 32
+    assert engine_config(ServerSettings.from_sources(["--device", "cpu"], {})).max_num_seqs == 32
+    small_budget = ServerSettings.from_sources(["--max-num-batched-tokens", "128"], {})
+    assert max_num_seqs(small_budget, "cuda") == 128  # every running sequence's token fits a step
+    assert max_num_seqs(ServerSettings.from_sources(["--max-num-seqs", "64"], {}), "cuda") == 64
+    assert ServerSettings.from_sources([], {"LORAPLEX_MAX_NUM_SEQS": "auto"}).max_num_seqs is None
+
+
+def test_host_tier_size_reaches_the_engine() -> None:
+    s = ServerSettings.from_sources(["--device", "cpu", "--adapter-host-cache-bytes", "12345678"], {})
+    assert engine_config(s).adapter_host_cache_bytes == 12345678
+    with pytest.raises(ValueError, match="adapter_host_cache_bytes"):
+        ServerSettings.from_sources(["--adapter-host-cache-bytes", "0"], {})

@@ -36,9 +36,12 @@ MAX_GRAPH_ROWS = 512  # larger steps (long prefill chunks) run eagerly
 
 
 def default_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
-    """Row counts to capture: 1, 2, 4, then multiples of 8 up to max_num_seqs (decode
-    batches), then a few larger ones for steps that also admit short prompts."""
-    sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8)) + [max_num_seqs]
+    """Row counts to capture: 1, 2, 4, 8, then steps of 8 to 32, of 16 to 128 and of 32 beyond,
+    up to max_num_seqs (decode batches; a step pads to the next size, and a decode step costs its
+    weights' bytes whatever its rows, so coarser sizes at large batches cost little and keep start-up
+    and graph memory small at 256), then a few larger ones for steps that also admit short prompts."""
+    ladder = [1, 2, 4, *range(8, 32, 8), *range(32, 128, 16), *range(128, MAX_GRAPH_ROWS + 1, 32)]
+    sizes = [s for s in ladder if s < max_num_seqs] + [max_num_seqs]
     sizes += [s for s in (48, 64, 96, 128, 192, 256, 384, 512) if s > max_num_seqs]
     cap = min(MAX_GRAPH_ROWS, max_num_batched_tokens)
     return tuple(sorted({min(s, cap) for s in sizes}))
