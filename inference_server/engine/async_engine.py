@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -123,8 +123,19 @@ class AsyncEngine:
         resident = self._manager.try_acquire_resident(request.adapter_id)
         if resident is not None:
             return resident
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._loader, self._manager.acquire, request.adapter_id)
+        cancel = threading.Event()
+        loading = self._loader.submit(self._manager.acquire, request.adapter_id, cancel)
+        try:
+            return await asyncio.wrap_future(loading)
+        except asyncio.CancelledError:  # the caller left: stop waiting for pool space
+            self._manager.cancel_wait(cancel)
+            loading.add_done_callback(self._release_unclaimed)
+            raise
+
+    def _release_unclaimed(self, loading: Future) -> None:
+        """An acquisition that completed after its caller left: give the reference back."""
+        if not loading.cancelled() and loading.exception() is None:
+            self._manager.release(loading.result())
 
     def _add(self, request: GenerationRequest, adapter) -> None:
         if request.request_id not in self._streams:  # the caller left while the adapter loaded

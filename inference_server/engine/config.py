@@ -29,7 +29,8 @@ class EngineConfig:
     adapter_pool_memory_fraction: float | None = None
     adapter_host_cache_bytes: int = 1024 * 1024 * 1024  # pinned host tier
     max_lora_rank: int = 128
-    adapter_acquire_timeout_s: float = 60.0
+    # None: a request waits for adapter pool space as long as its caller does (queued, never refused)
+    adapter_acquire_timeout_s: float | None = None
     seed: int = 0
     tensor_parallel_size: int = 1  # processes (GPUs) the model is sharded over (inference_server/parallel)
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (they apply on CUDA in 16-bit)

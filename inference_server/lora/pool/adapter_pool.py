@@ -8,7 +8,10 @@ local directory). ``acquire`` runs on a loader thread, never on the step loop:
    (this is the prefetch: it happens at once, even when the pool is full);
 2. take a place in the pool. Under pressure, acquisitions are served strictly in arrival
    order, and a request for an already resident adapter queues behind earlier waiters
-   too, so resident adapters drain and rotate out: no waiter starves (bounded wait);
+   too, so resident adapters drain and rotate out: no waiter starves. A waiter waits as long
+   as its caller does (running requests release their adapters as they finish; a caller that
+   leaves cancels its wait), so a cold adapter is queued, never refused, while running
+   requests pin every place; an ``acquire_timeout_s`` bounds the wait where one is wanted;
 3. copy host -> device on a side stream and lay the adapter out in its pool range there
    (``PoolCopier``, ``device_packing``); the request is scheduled only once that has
    completed, while the engine keeps decoding everyone else.
@@ -44,6 +47,10 @@ log = logging.getLogger(__name__)
 PackHook = Callable[[AdapterSpec, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
+class AcquireCancelled(Exception):
+    """An acquire's caller left while it waited for pool space (``AdapterPool.cancel_wait``)."""
+
+
 class AdapterPool:
     """Owns the adapter pool tensor and its bookkeeping (thread-safe)."""
 
@@ -54,7 +61,7 @@ class AdapterPool:
         pool_elements: int,
         dtype: torch.dtype,
         device: torch.device | str,
-        acquire_timeout_s: float = 60.0,
+        acquire_timeout_s: float | None = None,
         host_cache_bytes: int = 1 << 30,
     ) -> None:
         self.source = source
@@ -95,16 +102,18 @@ class AdapterPool:
             self.metrics.count("gpu_hits")
             return self._take(ra)
 
-    def acquire(self, adapter_id: str) -> ResidentAdapter:
+    def acquire(self, adapter_id: str, cancel: threading.Event | None = None) -> ResidentAdapter:
         """Make ``adapter_id`` resident and take a reference (blocking; a loader thread).
 
-        Raises AdapterNotFoundError, AdapterValidationError, or ResourceExhaustedError when
-        the bounded wait for pool space runs out."""
+        Waits for pool space until ``cancel`` is set (through ``cancel_wait``: AcquireCancelled)
+        or a configured acquire timeout runs out (ResourceExhaustedError). Raises
+        AdapterNotFoundError or AdapterValidationError for an adapter it cannot serve."""
         started = time.monotonic()
+        deadline = None if self._timeout is None else started + self._timeout
         leased: list[PackedAdapter] = []
         try:
             packed = self._host_tier(adapter_id, leased)
-            ra, to_copy = self._place(packed, started + self._timeout, leased)
+            ra, to_copy = self._place(packed, deadline, cancel, leased)
             if to_copy is not None:
                 self._copy_in(ra, to_copy)
                 self.metrics.observe_load(time.monotonic() - started)
@@ -123,6 +132,13 @@ class AdapterPool:
         finally:
             for entry in leased:
                 self.host.release(entry)
+
+    def cancel_wait(self, cancel: threading.Event) -> None:
+        """Set ``cancel`` (an ``acquire``'s) and wake the waiters: that acquire, if still waiting
+        for pool space, gives up its turn and raises AcquireCancelled."""
+        cancel.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def release(self, ra: ResidentAdapter) -> None:
         with self._cond:
@@ -212,7 +228,8 @@ class AdapterPool:
         return PackedAdapter(adapter_id, version, flat, layout, start)
 
     def _place(
-        self, packed: PackedAdapter, deadline: float, leased: list[PackedAdapter]
+        self, packed: PackedAdapter, deadline: float | None, cancel: threading.Event | None,
+        leased: list[PackedAdapter],
     ) -> tuple[ResidentAdapter, PackedAdapter | None]:
         """FIFO under pressure: wait for our turn, then reuse a resident copy or reserve space.
         Returns the reference and, when a copy into the pool is needed, what to copy."""
@@ -221,12 +238,14 @@ class AdapterPool:
             self._queue.append(ticket)
             try:
                 while True:
+                    if cancel is not None and cancel.is_set():
+                        raise AcquireCancelled(f"the wait for {packed.adapter_id!r} was cancelled")
                     if self._queue[0] is ticket:
                         placed = self._place_now(packed, leased)
                         if placed is not None:
                             return placed
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
                         raise ResourceExhaustedError(
                             f"adapter pool full of in-use adapters; {packed.adapter_id!r} waited "
                             f"{self._timeout:.0f}s (raise the pool size or lower the batch size)"

@@ -1,0 +1,121 @@
+"""Adapter-aware admission: a request whose adapter finds the pool full of in-use adapters is
+queued until a place frees (never refused), and a caller that leaves while it waits gives its
+place in the queue back and pins nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_helpers import collect, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
+
+from inference_server.engine.config import EngineConfig
+from inference_server.lora.local_directory import LocalAdapterDirectory
+from inference_server.lora.pool.adapter_pool import AcquireCancelled, AdapterPool
+from inference_server.lora.pool.packing import plan_layout
+
+NAMES = ("a0", "a1", "a2", "a3")
+
+
+@pytest.fixture(scope="module")
+def four_adapters(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    root = tmp_path_factory.mktemp("admission")
+    for seed, name in enumerate(NAMES):
+        make_peft_adapter(hf_model, root / name, dict(r=8, target_modules=["q_proj", "v_proj"]), seed=seed, std=0.1)
+    return root
+
+
+def _one_adapter_bytes(tiny_llama_dir: Path, root: Path) -> int:
+    probe = load_engine(tiny_llama_dir, root)
+    size = plan_layout(probe.adapters.resolve("a0").spec, probe._core.runner.config).num_elements
+    return (size + 64) * 4  # float32, one allocation's alignment
+
+
+def _pool(root: Path, tiny_llama_dir: Path, places: int) -> AdapterPool:
+    probe = load_engine(tiny_llama_dir, root)
+    cfg = probe._core.runner.config
+    size = plan_layout(probe.adapters.resolve("a0").spec, cfg).num_elements
+    return AdapterPool(LocalAdapterDirectory(root, cfg), cfg, places * (size + 64), torch.float32, "cpu")
+
+
+def test_a_full_pool_queues_without_a_time_limit_by_default() -> None:
+    assert EngineConfig().adapter_acquire_timeout_s is None
+
+
+def test_a_cancelled_wait_leaves_the_queue_and_the_next_waiter_is_served(
+    tiny_llama_dir: Path, four_adapters: Path,
+) -> None:
+    pool = _pool(four_adapters, tiny_llama_dir, places=2)
+    held = [pool.acquire("a0"), pool.acquire("a1")]
+    cancel, outcome, later = threading.Event(), [], []
+
+    def first() -> None:
+        try:
+            outcome.append(pool.acquire("a2", cancel))
+        except AcquireCancelled as e:
+            outcome.append(e)
+
+    waiter = threading.Thread(target=first)
+    waiter.start()
+    time.sleep(1.5)  # still queued: no bound of its own
+    assert waiter.is_alive() and pool.stats().waiting == 1
+    behind = threading.Thread(target=lambda: later.append(pool.acquire("a3")))
+    behind.start()
+    time.sleep(0.2)
+    pool.cancel_wait(cancel)
+    waiter.join(timeout=2)
+    assert not waiter.is_alive() and isinstance(outcome[0], AcquireCancelled)
+    pool.release(held[0])  # the place goes to the waiter behind, not to the one that left
+    behind.join(timeout=5)
+    assert later and later[0].adapter_id == "a3"
+    assert set(pool.resident_ids()) == {"a1", "a3"} and pool.stats().waiting == 0
+
+
+def test_cold_requests_wait_for_running_ones_and_a_caller_that_left_pins_nothing(
+    tiny_llama_dir: Path, four_adapters: Path,
+) -> None:
+    """A pool of one place: a1's request waits while a0's runs; b leaves while it waits; once a0's
+    request ends, a2's request is served (a place pinned by the caller that left would stall it),
+    with the tokens of an engine whose pool holds every adapter."""
+    one = _one_adapter_bytes(tiny_llama_dir, four_adapters)
+    engine = load_engine(tiny_llama_dir, four_adapters, adapter_pool_bytes=one, max_num_seqs=4,
+                         max_num_batched_tokens=256)
+    prompt = engine.tokenizer.encode("Tell me about the sea")
+    running, queued, leaving, after = (greedy_request(r, prompt, a, n) for r, a, n in
+                                       (("run", "a0", 48), ("queued", "a1", 8), ("leaves", "a3", 8), ("after", "a2", 8)))
+
+    async def main() -> dict[str, list[int]]:
+        await engine.start()
+        try:
+            first = asyncio.create_task(collect(engine, running))
+            while engine.stats().num_running == 0:
+                await asyncio.sleep(0.01)
+            waiting = asyncio.create_task(collect(engine, queued))
+            gone = asyncio.create_task(collect(engine, leaving))
+            while engine.pool_stats().waiting < 1:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            gone.cancel()
+            got = {"run": tokens_of(await first), "queued": tokens_of(await asyncio.wait_for(waiting, 30))}
+            got["after"] = tokens_of(await asyncio.wait_for(collect(engine, after), 30))
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            stats = engine.pool_stats()
+            assert stats.in_use == 0 and stats.waiting == 0, "a reference or a queue place outlived its caller"
+            assert "a3" not in engine.adapters.resident_ids()
+            return got
+        finally:
+            await engine.shutdown()
+
+    got = asyncio.run(main())
+    everything = load_engine(tiny_llama_dir, four_adapters, adapter_pool_bytes=8 * one)
+    expected = run_all(everything, [running, queued, after])
+    assert got == {rid: tokens_of(events) for rid, events in expected.items()}
