@@ -186,7 +186,7 @@ def build_engine(args) -> AsyncEngine:
     config = EngineConfig(
         device="cuda", dtype="bfloat16", max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_len,
         max_model_len=args.max_len, max_lora_rank=getattr(args, "max_lora_rank", None) or args.rank,
-        kv_cache_memory_fraction=0.5,
+        kv_cache_memory_fraction=getattr(args, "kv_fraction", 0.5),
         adapter_pool_bytes=int(adapter_bytes * (args.num_adapters + 8)),
         adapter_host_cache_bytes=int(adapter_bytes * 4), enforce_eager=args.eager,
         lora_side_stream=getattr(args, "lora_side_stream", "on") == "on",
@@ -270,6 +270,8 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=1000)
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--kv-fraction", type=float, default=0.5,
+                    help="share of the GPU memory free after the weights that the KV cache takes")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--max-lora-rank", type=int, default=None,
                     help="the engine's rank cap (default: --rank; the server's default is 128)")
