@@ -20,7 +20,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.serve_adapters import adapter_names, write_adapters  # noqa: E402
+from benchmarks.serve_process import free_port, wait_serving  # noqa: E402
 
 PROMPT = list(range(10, 42))  # 32 prompt tokens
 
@@ -178,12 +180,6 @@ def run_rounds_over_grpc(args: argparse.Namespace, address: str, adapters: list[
     return results
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     if args.engine == "synthetic":
@@ -201,40 +197,12 @@ def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subproces
     return subprocess.Popen(cmd, cwd=REPO), wait_serving(f"127.0.0.1:{port}")
 
 
-def wait_serving(address: str) -> str:
-    from clients import LoraplexClient
-
-    with LoraplexClient(address) as client:
-        client.wait_until_serving(timeout=600)
-    return address
-
-
 # ---------------------------------------------------------------- adapters, report
 
 def make_adapters(args: argparse.Namespace, adapter_dir: Path) -> list[str]:
     """A few random rank-16 adapters on all projections of the dummy model, as PEFT files."""
-    import torch
-    from safetensors.torch import save_file
-
-    from inference_server.model.dummy import preset_config
-
-    cfg = preset_config(args.model)
-    names = [f"bench-{i}" for i in range(args.adapters)]
-    gen = torch.Generator().manual_seed(0)
-    for name in names:
-        folder = adapter_dir / name
-        folder.mkdir(parents=True)
-        tensors = {}
-        for layer in range(cfg.num_layers):
-            for module, (fan_in, fan_out) in cfg.projection_shapes().items():
-                parent = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-                key = f"base_model.model.model.layers.{layer}.{parent}.{module}"
-                tensors[f"{key}.lora_A.weight"] = torch.randn(16, fan_in, generator=gen) * 0.01
-                tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, 16, generator=gen) * 0.01
-        save_file(tensors, str(folder / "adapter_model.safetensors"))
-        (folder / "adapter_config.json").write_text(
-            '{"peft_type": "LORA", "r": 16, "lora_alpha": 16, "target_modules": '
-            '["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}')
+    names = adapter_names(args.adapters)
+    write_adapters(args.model, adapter_dir, names, [16])
     return names
 
 

@@ -1,0 +1,101 @@
+"""A real ``loraplex-server`` process for the serving benchmarks: start it, wait until it serves, stop it.
+
+bench_serving.py and bench_serve.py both reach the server the way a deployment does: a separate
+process on loopback, its gRPC port and (for bench_serve) its OpenAI-compatible HTTP port.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_serving(address: str, proc: subprocess.Popen | None = None, log: Path | None = None,
+                 timeout: float = 600.0) -> str:
+    """Poll gRPC health at ``address`` until SERVING; RuntimeError with the log's tail if ``proc``
+    exits first, TimeoutError after ``timeout`` seconds. Returns ``address``."""
+    from clients import LoraplexClient
+
+    deadline = time.monotonic() + timeout
+    with LoraplexClient(address, timeout=5) as client:
+        while True:
+            if proc is not None and proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+                raise RuntimeError(f"the server exited with {proc.returncode} before serving:\n{tail}")
+            try:
+                if client.health(timeout=2) == "SERVING":
+                    return address
+            except Exception:  # noqa: BLE001  (not listening yet)
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} not SERVING after {timeout:.0f} s")
+            time.sleep(0.2)
+
+
+def wait_http(port: int, timeout: float = 60.0) -> str:
+    """Wait for the HTTP edge's /health to answer 200; the base model's id from /v1/models."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                return json.loads(r.read())["data"][0]["id"]
+        except (OSError, urllib.error.HTTPError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A started server process and how to reach it."""
+
+    proc: subprocess.Popen
+    grpc_address: str
+    http_port: int  # 0: the HTTP edge is off
+    base_model: str  # the base model's id on the HTTP edge ("" when it is off)
+    log: Path
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then SIGKILL if it has not exited after ``timeout`` seconds; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        return self.proc.returncode
+
+
+def start_server(flags: list[str], log: Path, http: bool = True, timeout: float = 600.0) -> Server:
+    """``python -m inference_server.main <flags>`` on free gRPC (and HTTP) ports, metrics off,
+    output to ``log``; returns once it serves. ``flags`` name the model, device, adapters."""
+    port, http_port = free_port(), free_port() if http else 0
+    cmd = [sys.executable, "-m", "inference_server.main", *flags, "--port", str(port),
+           "--http-port", str(http_port), "--metrics-port", "0"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        address = wait_serving(f"127.0.0.1:{port}", proc, log, timeout)
+        base = wait_http(http_port) if http else ""
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return Server(proc, address, http_port, base, log)
