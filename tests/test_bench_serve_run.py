@@ -1,0 +1,108 @@
+"""bench_serve.py end to end against a real loraplex-server process (tiny dummy model, CPU), and
+its parts that need no server: adapter folders, server flags, the command line."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_serve
+from benchmarks.bench_serve_args import byte_size, parse_args
+from benchmarks.serve_adapters import adapter_names, link_subset, write_adapters
+
+TINY_LOAD = ["--model", "tiny", "--prompt-mean", "24", "--output-mean", "12", "--max-prompt-len", "64",
+             "--max-output-len", "32", "--client-procs", "2", "--warmup", "2"]
+
+
+def test_distinct_weight_files_are_hard_links_and_ranks_alternate(tmp_path: Path) -> None:
+    names = adapter_names(6)
+    ranks = write_adapters("tiny", tmp_path / "adapters", names, [8, 16], distinct_files=2)
+    assert ranks == {"bench-0": 8, "bench-1": 16, "bench-2": 8, "bench-3": 16, "bench-4": 8, "bench-5": 16}
+    inodes = {n: os.stat(tmp_path / "adapters" / n / "adapter_model.safetensors").st_ino for n in names}
+    assert inodes["bench-0"] != inodes["bench-2"] and inodes["bench-0"] == inodes["bench-4"]  # 2 files per rank
+    assert len(set(inodes.values())) == 4
+    assert '"r": 16' in (tmp_path / "adapters" / "bench-3" / "adapter_config.json").read_text()
+    assert len(list((tmp_path / "adapters-weights").iterdir())) == 4
+    subset = link_subset(tmp_path / "adapters", names[:2], tmp_path / "two")
+    assert sorted(p.name for p in subset.iterdir()) == ["bench-0", "bench-1"]
+
+
+def test_adapters_are_valid_for_the_server(tmp_path: Path) -> None:
+    from inference_server.lora.local_directory import LocalAdapterDirectory
+    from inference_server.model.dummy import preset_config
+
+    write_adapters("tiny", tmp_path / "adapters", ["a", "b"], [16], distinct_files=1)
+    source = LocalAdapterDirectory(link_subset(tmp_path / "adapters", ["a", "b"], tmp_path / "dir"))
+    assert [i.adapter_id for i in source.list()] == ["a", "b"]
+    files = source.resolve("b")
+    assert files.info.rank == 16 and preset_config("tiny").num_layers == 2
+
+
+def test_server_flags_pass_optional_settings_only_when_given() -> None:
+    args = parse_args(["--model", "tiny", "--max-prompt-len", "64", "--max-output-len", "32", "--prompt-mean",
+                       "24", "--output-mean", "12"])
+    flags = bench_serve.server_flags(args, Path("/x"), "off")
+    assert "--adapter-host-cache-bytes" not in flags and "--adapter-pool-bytes" not in flags
+    assert flags[flags.index("--prefix-caching") + 1] == "off"
+    args = parse_args(["--adapter-host-cache-bytes", "2GiB", "--adapter-pool-bytes", "512MiB",
+                       "--server-arg", "--cuda-graphs off", "--max-prompt-len", "64", "--max-output-len", "32",
+                       "--prompt-mean", "24", "--output-mean", "12"])
+    flags = bench_serve.server_flags(args, Path("/x"), "on")
+    assert flags[flags.index("--adapter-host-cache-bytes") + 1] == str(2 << 30)
+    assert flags[flags.index("--adapter-pool-bytes") + 1] == str(512 << 20)
+    assert flags[-2:] == ["--cuda-graphs", "off"]
+
+
+def test_byte_sizes_and_bad_command_lines() -> None:
+    assert byte_size("4GiB") == 4 << 30 and byte_size("1.5G") == 1_500_000_000 and byte_size("100") == 100
+    with pytest.raises(argparse.ArgumentTypeError):
+        byte_size("lots")
+    with pytest.raises(SystemExit):  # 512 + 1024 + 1024 tokens do not fit tiny's 1024-token context
+        parse_args(["--model", "tiny", "--shared-prefix-len", "512"])
+    with pytest.raises(SystemExit):
+        parse_args(["--workload", "zipf"])
+
+
+def test_one_server_draws_each_count_from_its_own_subset() -> None:
+    args = parse_args(["--one-server", "--num-adapters", "2,5", *TINY_LOAD])
+    subsets = bench_serve.count_subsets(args, [2, 5], adapter_names(5))
+    assert len(subsets[2]) == 2 and len(set(subsets[5])) == 5
+    assert bench_serve.plans(args) == [("on", [2, 5])]
+    assert bench_serve.plans(parse_args(["--num-adapters", "2,5", "--prefix-caching", "on,off", *TINY_LOAD])) == \
+        [("on", [2]), ("on", [5]), ("off", [2]), ("off", [5])]
+
+
+def _check_complete(results: list) -> None:
+    for result in results:
+        drawn = {r.index: r.output_len for r in result.requests}
+        assert len(result.records) == len(result.requests)
+        for rec in result.records:
+            assert rec.ok, (result.key, rec.error)
+            assert rec.tokens == rec.expected_tokens == drawn[rec.index]
+        s = result.summary
+        assert s.completed == s.sent and s.failed == 0
+        for value in (s.req_per_s, s.output_tok_per_s, s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99, s.goodput):
+            assert math.isfinite(value) and value > 0, (result.key, s)
+
+
+@pytest.mark.slow
+def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Results\n\n")
+    results = bench_serve.main(["--edge", "both", "--workload", "skewed,base", "--num-adapters", "3",
+                                "--rates", "8,inf", "--num-requests", "6", "--shared-prefix-len", "16",
+                                "--results", str(results_md), "--workdir", str(tmp_path), *TINY_LOAD])
+    keys = [(r.key.edge, r.key.workload, r.key.rate) for r in results]
+    assert keys == [(e, w, r) for e in ("grpc", "http") for w in ("skewed", "base") for r in (8.0, math.inf)]
+    _check_complete(results)
+    assert {r.adapter for res in results if res.key.workload == "skewed" for r in res.records} <= \
+        {"bench-0", "bench-1", "bench-2"}
+    page = results_md.read_text()
+    assert "## Open-loop serving (bench_serve): dummy tiny float32 on cpu, grpc+http, skewed,base" in page
+    assert "- command: `python benchmarks/bench_serve.py --edge both" in page
+    assert page.count("| http | skewed | 3 |") == 2
+    assert "| prefix cache | edge |" in capsys.readouterr().out
