@@ -29,7 +29,7 @@ from benchmarks.bench_serve_args import parse_args  # noqa: E402
 from benchmarks.serve_adapters import adapter_names, link_subset, write_adapters  # noqa: E402
 from benchmarks.serve_clients import ClientPool, Endpoint  # noqa: E402
 from benchmarks.serve_metrics import RequestRecord, Slo, Summary, summarize  # noqa: E402
-from benchmarks.serve_process import start_server  # noqa: E402
+from benchmarks.serve_process import prefix_cache_tokens, start_server  # noqa: E402
 from benchmarks.serve_report import RunKey, failures, rate_label, table  # noqa: E402
 from benchmarks.serve_workload import BenchRequest, LengthDist, WorkloadSpec, build_requests  # noqa: E402
 
@@ -40,6 +40,7 @@ class RunResult:
     requests: list[BenchRequest]
     records: list[RequestRecord]
     summary: Summary
+    prefix_hit: float  # share of the run's prompt tokens served from the prefix cache (NaN: none looked up)
 
 
 def server_flags(args: argparse.Namespace, adapter_dir: Path, prefix_caching: str) -> list[str]:
@@ -112,8 +113,7 @@ class Bench:
             stored = self.names[:max(counts)]
             folder = link_subset(self.workdir / "adapters", stored, self.workdir / f"server-{i}")
             started = time.perf_counter()
-            server = start_server(server_flags(self.args, folder, prefix), self.workdir / f"server-{i}.log",
-                                  http="http" in self.args.edges)
+            server = start_server(server_flags(self.args, folder, prefix), self.workdir / f"server-{i}.log")
             self.say(f"server {i + 1} (prefix cache {prefix}, {len(stored)} adapters stored) serving after "
                      f"{time.perf_counter() - started:.0f} s")
             try:
@@ -147,9 +147,12 @@ class Bench:
 
     def run_one(self, pool: ClientPool, endpoint: Endpoint, key: RunKey, spec: WorkloadSpec) -> None:
         requests = build_requests(spec)
+        queried, hit = prefix_cache_tokens(endpoint.http_port)
         records = pool.run(key.edge, endpoint, requests, timeout_s=self.args.request_timeout)
         summary = summarize(records, self.slo)
-        self.results.append(RunResult(key, requests, records, summary))
+        queried_after, hit_after = prefix_cache_tokens(endpoint.http_port)
+        share = (hit_after - hit) / (queried_after - queried) if queried_after > queried else math.nan
+        self.results.append(RunResult(key, requests, records, summary, share))
         self.say(f"{key.label()}: {summary.completed}/{summary.sent} done, {summary.req_per_s:.2f} req/s, "
                  f"{summary.output_tok_per_s:.0f} out tok/s, TTFT p50 {1e3 * summary.ttft_p50:.1f} ms, "
                  f"TPOT p50 {1e3 * summary.tpot_p50:.1f} ms")
@@ -172,7 +175,8 @@ def notes(args: argparse.Namespace, runs: dict[RunKey, Summary]) -> str:
         f"Poisson arrivals, seed {args.seed}, {per_rate} per rate.",
         f"Shared system prompt of {args.shared_prefix_len} tokens per adapter." if args.shared_prefix_len else "",
         f"Goodput SLO: TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= {args.slo_tpot_ms:g} ms.",
-        f"Skewed: Zipf alpha {args.zipf_alpha:g}. Ranks {','.join(map(str, args.ranks))}.",
+        f"Skewed: Zipf alpha {args.zipf_alpha:g}." if "skewed" in args.workload else "",
+        f"Ranks {','.join(map(str, args.ranks))}.",
         f"Server flags: {', '.join(flags) or 'the defaults'}; {args.client_procs} client processes;",
         "one server for every adapter count (each count a random subset of the stored adapters)." if args.one_server
         else "a fresh server per adapter count, storing exactly that many.",
@@ -202,7 +206,8 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         finally:
             pool.close()
     runs = {r.key: r.summary for r in results}
-    lines = table(runs, with_prefix=len(args.prefix_caching) > 1 or args.shared_prefix_len > 0)
+    lines = table(runs, len(args.prefix_caching) > 1 or args.shared_prefix_len > 0,
+                  {r.key: r.prefix_hit for r in results})
     print("\n".join(["", f"## {title(args)}", "", *lines, "", notes(args, runs)]))
     if args.results:
         from benchmarks.results import record_results

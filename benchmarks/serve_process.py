@@ -61,6 +61,18 @@ def wait_http(port: int, timeout: float = 60.0) -> str:
             time.sleep(0.2)
 
 
+PREFIX_COUNTERS = ("loraplex_prefix_cache_queried_tokens_total", "loraplex_prefix_cache_hit_tokens_total")
+
+
+def prefix_cache_tokens(http_port: int) -> tuple[float, float]:
+    """(prompt tokens looked up in the prefix cache, tokens served from it) so far, from the HTTP
+    edge's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        values = dict(line.split(" ", 1) for line in r.read().decode().splitlines()
+                      if line.startswith(PREFIX_COUNTERS))
+    return float(values.get(PREFIX_COUNTERS[0], 0)), float(values.get(PREFIX_COUNTERS[1], 0))
+
+
 @dataclass(frozen=True, slots=True)
 class Server:
     """A started server process and how to reach it."""

@@ -49,22 +49,25 @@ HEAD = ["edge", "workload", "adapters", "rate (req/s)", "done / sent", "req/s", 
         "out tok/s vs base", "TPOT p50 vs base"]
 
 
-def row(key: RunKey, s: Summary, base: Summary | None, with_prefix: bool) -> str:
+def row(key: RunKey, s: Summary, base: Summary | None, with_prefix: bool, hit: float = math.nan) -> str:
     vs = ("-", "-") if base is None or key.workload == "base" else (
         _pct(s.output_tok_per_s, base.output_tok_per_s), _pct(s.tpot_p50, base.tpot_p50))
     cells = [key.edge, key.workload, str(key.adapters) if key.workload != "base" else "-", rate_label(key.rate),
              f"{s.completed} / {s.sent}", f"{s.req_per_s:.2f}", f"{s.output_tok_per_s:.0f}",
              f"{_ms(s.ttft_p50)} / {_ms(s.ttft_p99)}", f"{_ms(s.tpot_p50)} / {_ms(s.tpot_p99)}", _ms(s.itl_p99),
              f"{s.goodput:.2f}", *vs]
-    return "| " + " | ".join(([key.prefix_caching] if with_prefix else []) + cells) + " |"
+    if with_prefix:
+        cells = [key.prefix_caching, *cells, "n/a" if math.isnan(hit) else f"{100 * hit:.0f}%"]
+    return "| " + " | ".join(cells) + " |"
 
 
-def table(runs: dict[RunKey, Summary], with_prefix: bool) -> list[str]:
-    """The markdown table of ``runs`` (in their order); a prefix-cache column if ``with_prefix``."""
-    head = (["prefix cache"] if with_prefix else []) + HEAD
+def table(runs: dict[RunKey, Summary], with_prefix: bool, hits: dict[RunKey, float] | None = None) -> list[str]:
+    """The markdown table of ``runs`` (in their order); with ``with_prefix``, a prefix-cache column
+    and the share of prompt tokens the prefix cache served (``hits``, from the server's counters)."""
+    head = ["prefix cache", *HEAD, "prompt tokens from cache"] if with_prefix else HEAD
     lines = ["| " + " | ".join(head) + " |",
              "| " + " | ".join("---" if h in ("edge", "workload", "prefix cache") else "---:" for h in head) + " |"]
-    lines += [row(k, s, base_of(k, runs), with_prefix) for k, s in runs.items()]
+    lines += [row(k, s, base_of(k, runs), with_prefix, (hits or {}).get(k, math.nan)) for k, s in runs.items()]
     return lines
 
 

@@ -84,3 +84,13 @@ def test_overhead_against_the_base_model_at_the_same_rate() -> None:
 def test_slo_bounds_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Slo(ttft_s=0.0)
+
+
+def test_prefix_cache_columns_show_the_setting_and_the_share_served_from_cache() -> None:
+    s = summarize([_rec(0, 0.0, [0.1, 0.2], tokens=2)], Slo())
+    on, off = RunKey("on", "http", "uniform", 4, 2.0), RunKey("off", "http", "uniform", 4, 2.0)
+    lines = table({on: s, off: s}, with_prefix=True, hits={on: 0.25})
+    assert lines[0].startswith("| prefix cache | edge |") and lines[0].endswith("| prompt tokens from cache |")
+    assert lines[2].startswith("| on | http | uniform | 4 |") and lines[2].endswith("| 25% |")
+    assert lines[3].startswith("| off |") and lines[3].endswith("| n/a |")
+    assert len({line.count("|") for line in lines}) == 1

@@ -106,3 +106,5 @@ def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path,
     assert "- command: `python benchmarks/bench_serve.py --edge both" in page
     assert page.count("| http | skewed | 3 |") == 2
     assert "| prefix cache | edge |" in capsys.readouterr().out
+    shared = [r.prefix_hit for r in results if r.key.rate == 8.0]
+    assert all(0 < hit < 1 for hit in shared), shared  # the system prompts (16 of 16-64 tokens) come from cache

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU machine: bench_serve.py with the given arguments, after installing the server's
+# Python packages the machine's image lacks from carried wheels (.whl: grpcio 1.84 and its health
+# and reflection services, protobuf 7, starlette, uvicorn, pydantic, gguf) and with the generated
+# gRPC code (loraplex/, from `make protos`) carried too. Log into $OUT (or ./.out).
+# Usage: bash benchmarks/run_serve_gpu.sh --model llama-7b --device cuda --dtype bfloat16 ...
+set -o pipefail
+OUT=${OUT:-.out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+[ -f loraplex/v1/inference_pb2.py ] || { echo "loraplex/ (the generated gRPC code) was not carried" >&2; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 benchmarks/bench_serve.py --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_serve.log"
