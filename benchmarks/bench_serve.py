@@ -127,13 +127,16 @@ class Bench:
         return self.results
 
     def warm_up(self, pool: ClientPool, endpoint: Endpoint, adapters: tuple[str, ...]) -> None:
-        """A few requests at once over each edge, not reported (connections, first steps)."""
-        if self.args.warmup:
-            workload = "uniform" if adapters else "base"
-            spec = spec_for(self.args, workload, adapters, math.inf, 0, self.vocab_size)
-            spec = replace(spec, num_requests=self.args.warmup)
+        """Unreported requests of 8 tokens at once over each edge, round robin over the stored
+        adapters (connections, first steps, and each of the first ``warmup`` adapters loaded once,
+        so that the first measured run does not pay every cold load alone)."""
+        count = self.args.warmup if self.args.warmup is not None else min(64, max(8, len(adapters)))
+        if count:
+            spec = spec_for(self.args, "distinct" if adapters else "base", adapters, math.inf, 0, self.vocab_size)
+            spec = replace(spec, num_requests=count, output=LengthDist(8, 0.0, 8))
             for edge in self.args.edges:
                 pool.run(edge, endpoint, build_requests(spec), timeout_s=self.args.request_timeout)
+            self.say(f"warmed up: {count} requests per edge")
 
     def run_server(self, pool: ClientPool, endpoint: Endpoint, prefix: str, subsets: dict[int, tuple[str, ...]],
                    with_base: bool) -> None:

@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--zipf-alpha", type=float, default=1.5, help="skewed workload's exponent")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)))
-    load.add_argument("--warmup", type=int, default=8, help="unreported requests per edge after each start")
+    load.add_argument("--warmup", type=int, default=None,
+                      help="unreported 8-token requests per edge after each start, round robin over the stored "
+                           "adapters (default: one per stored adapter, at least 8, at most 64)")
     load.add_argument("--request-timeout", type=float, default=600.0)
     out = ap.add_argument_group("report")
     out.add_argument("--slo-ttft-ms", type=float, default=1000.0)
