@@ -6,7 +6,6 @@ process on loopback, its gRPC port and (for bench_serve) its OpenAI-compatible H
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -48,17 +47,26 @@ def wait_serving(address: str, proc: subprocess.Popen | None = None, log: Path |
             time.sleep(0.2)
 
 
-def wait_http(port: int, timeout: float = 60.0) -> str:
-    """Wait for the HTTP edge's /health to answer 200; the base model's id from /v1/models."""
+def wait_http(port: int, timeout: float = 60.0) -> None:
+    """Wait for the HTTP edge's /health to answer 200 (never /v1/models: listing thousands of
+    stored adapters reads and hashes every one of them)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
-                return json.loads(r.read())["data"][0]["id"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return
         except (OSError, urllib.error.HTTPError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def base_model_id(address: str) -> str:
+    """The base model's id on both edges: ServerInfo's model name (as /v1/models lists it first)."""
+    from clients import LoraplexClient
+
+    with LoraplexClient(address, timeout=10) as client:
+        return client.server_info().model_name
 
 
 PREFIX_COUNTERS = ("loraplex_prefix_cache_queried_tokens_total", "loraplex_prefix_cache_hit_tokens_total")
@@ -80,7 +88,7 @@ class Server:
     proc: subprocess.Popen
     grpc_address: str
     http_port: int  # 0: the HTTP edge is off
-    base_model: str  # the base model's id on the HTTP edge ("" when it is off)
+    base_model: str  # the base model's id (the HTTP edge's ``model`` for no adapter)
     log: Path
 
     def stop(self, timeout: float = 60.0) -> int:
@@ -105,7 +113,9 @@ def start_server(flags: list[str], log: Path, http: bool = True, timeout: float 
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:
         address = wait_serving(f"127.0.0.1:{port}", proc, log, timeout)
-        base = wait_http(http_port) if http else ""
+        if http:
+            wait_http(http_port)
+        base = base_model_id(address)
     except BaseException:
         proc.kill()
         proc.wait(30)
