@@ -11,8 +11,9 @@ Everything is drawn from numpy generators seeded by ``seed`` (no data set is dow
   requests, sgl-project/sglang#2805) with long right tails; the defaults are means 224 and 198
   with log-sigmas 1.0 (prompts: median ~145) and 0.8 (outputs: median ~146), and caps 1024 /
   1024 (vLLM's ShareGPT filter keeps prompts under 1024 tokens). S-LoRA's synthetic workload
-  draws both uniformly from [8, 512] instead (mean 260). Prompt token ids are uniform over [10, vocab), different in every run (``salt``),
-  so no run finds another's prompts in the server's prefix cache.
+  draws both uniformly from [8, 512] instead (mean 260).
+- Prompt token ids are uniform over [10, vocab) and differ in every run (``salt``), so no run
+  finds another's prompts in the server's prefix cache.
 - Adapters (``workload``): distinct = round robin over the N adapters (every request a different
   adapter while N >= the requests in flight); uniform = uniform over N; skewed = Zipf over N,
   P(k-th most popular) proportional to k^-alpha with alpha = 1.5 as PERF.md's Skewed (which
@@ -75,7 +76,8 @@ class LengthDist:
         lo, hi = math.log(self.low) - 10 * self.sigma - 1, math.log(self.high) + 10 * self.sigma + 1
         for _ in range(100):  # the clipped mean rises with mu
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if clipped_lognormal_mean(mid, self.sigma, self.low, self.high) < self.mean else (lo, mid)
+            below = clipped_lognormal_mean(mid, self.sigma, self.low, self.high) < self.mean
+            lo, hi = (mid, hi) if below else (lo, mid)
         return (lo + hi) / 2
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
