@@ -108,3 +108,11 @@ def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path,
     assert "| prefix cache | edge |" in capsys.readouterr().out
     shared = [r.prefix_hit for r in results if r.key.rate == 8.0]
     assert all(0 < hit < 1 for hit in shared), shared  # the system prompts (16 of 16-64 tokens) come from cache
+
+
+def test_duration_sets_the_requests_per_rate_and_rate_inf_keeps_num_requests() -> None:
+    args = parse_args(["--duration", "2.5", "--num-requests", "7", "--rates", "4,inf", *TINY_LOAD])
+    finite = bench_serve.spec_for(args, "skewed", ("a", "b"), 4.0, 1, 512)
+    assert finite.num_requests == 10 and finite.output.high == 32 and finite.prompt.mean == 24
+    assert bench_serve.spec_for(args, "skewed", ("a", "b"), math.inf, 1, 512).num_requests == 7
+    assert bench_serve.spec_for(args, "base", ("a", "b"), 4.0, 1, 512).adapters == ()
