@@ -90,7 +90,7 @@ def test_cold_requests_wait_for_running_ones_and_a_caller_that_left_pins_nothing
                          max_num_batched_tokens=256)
     prompt = engine.tokenizer.encode("Tell me about the sea")
     running, queued, leaving, after = (greedy_request(r, prompt, a, n) for r, a, n in
-                                       (("run", "a0", 48), ("queued", "a1", 8), ("leaves", "a3", 8), ("after", "a2", 8)))
+                                       (("run", "a0", 200), ("queued", "a1", 8), ("leaves", "a3", 8), ("after", "a2", 8)))
 
     async def main() -> dict[str, list[int]]:
         await engine.start()
@@ -100,9 +100,9 @@ def test_cold_requests_wait_for_running_ones_and_a_caller_that_left_pins_nothing
                 await asyncio.sleep(0.01)
             waiting = asyncio.create_task(collect(engine, queued))
             gone = asyncio.create_task(collect(engine, leaving))
-            while engine.pool_stats().waiting < 1:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)
+            while engine.pool_stats().waiting < 2:  # both wait for a0's place
+                await asyncio.sleep(0.005)
+            assert not first.done(), "the running request ended before the others queued: lengthen it"
             gone.cancel()
             got = {"run": tokens_of(await first), "queued": tokens_of(await asyncio.wait_for(waiting, 30))}
             got["after"] = tokens_of(await asyncio.wait_for(collect(engine, after), 30))
