@@ -66,9 +66,9 @@ def test_the_step_loop_keeps_the_engines_thread_count_while_loaders_use_one(
         seen["step"] = torch.get_num_threads()
         return step()
 
-    def recording_acquire(adapter_id):
+    def recording_acquire(adapter_id, cancel=None):
         seen["loader"] = torch.get_num_threads()
-        return acquire(adapter_id)
+        return acquire(adapter_id, cancel)
 
     engine._core.step, engine._manager.acquire = recording_step, recording_acquire
     try:
