@@ -89,32 +89,49 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, behavior: Callable[..., Any], name: str) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(behavior):
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                start, code = time.perf_counter(), "OK"
+                rpc = _Observed(self._metrics, name)
                 try:
                     try:
                         async for item in behavior(request, context):
                             yield item
                         return
                     except BaseException as exc:  # noqa: BLE001  (re-raised or turned into a status)
-                        code = _code_name(exc, context)
+                        rpc.code = _code_name(exc, context)
                         status = _status_or_reraise(exc, context)
+                    rpc.record()  # before abort sends the status: a client that saw it finds it counted
                     await context.abort(*status)  # after the except block: see _status_or_reraise
                 finally:
-                    self._metrics.observe_rpc(name, code, time.perf_counter() - start)
+                    rpc.record()
             return stream
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            start, code = time.perf_counter(), "OK"
+            rpc = _Observed(self._metrics, name)
             try:
                 try:
                     return await behavior(request, context)
                 except BaseException as exc:  # noqa: BLE001
-                    code = _code_name(exc, context)
+                    rpc.code = _code_name(exc, context)
                     status = _status_or_reraise(exc, context)
+                rpc.record()
                 await context.abort(*status)
             finally:
-                self._metrics.observe_rpc(name, code, time.perf_counter() - start)
+                rpc.record()
         return unary
+
+
+class _Observed:
+    """One RPC's outcome, recorded in the metrics once: where it ends in an error status, before
+    that status is sent; otherwise when the handler is done."""
+
+    def __init__(self, metrics: ServerMetrics, name: str) -> None:
+        self._metrics, self._name, self._start = metrics, name, time.perf_counter()
+        self.code = "OK"
+        self._recorded = False
+
+    def record(self) -> None:
+        if not self._recorded:
+            self._recorded = True
+            self._metrics.observe_rpc(self._name, self.code, time.perf_counter() - self._start)
 
 
 def _code_name(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
