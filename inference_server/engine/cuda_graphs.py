@@ -1,7 +1,7 @@
 """Steps replayed from CUDA graphs captured at start-up.
 
-A step whose every row the paged decode kernel serves (decodes, and prefill chunks short
-enough for ``step_plan.kernel_span``: each row one query over its own causal prefix) of T
+A step whose every row the paged decode kernel can serve (decodes, and prefill chunks short
+enough for ``step_plan.graph_span``: each row one query over its own causal prefix) of T
 rows replays the graph captured for the smallest captured row count >= T, so admitting a
 request with a short prompt does not make the whole step eager. Rows past T (all of them, up to
 the largest size) are padding:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference_server.engine.step_plan import StepPlan, kernel_span
+from inference_server.engine.step_plan import StepPlan, graph_span
 from inference_server.lora.batch import LoraBatchBuilder
 from inference_server.lora.layers import LoraContext
 from inference_server.model.attention import AttentionMetadata, DecodeRows
@@ -125,7 +125,7 @@ class StepGraphs:
         n = len(plan.token_ids)
         if n == 0 or not plan.sample_rows or n > self.shape.sizes[-1]:
             return None
-        if any(len(s.block_table) > self.shape.max_blocks or not kernel_span(s) for s in plan.spans):
+        if any(len(s.block_table) > self.shape.max_blocks or not graph_span(s) for s in plan.spans):
             return None
         return next(s for s in self.shape.sizes if s >= n)
 

