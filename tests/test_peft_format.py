@@ -322,4 +322,44 @@ def test_local_directory_lists_without_rereading_unchanged_adapters(tmp_path: Pa
     (folder / "adapter_config.json").write_bytes(_files(r=16)["adapter_config.json"])
     os.utime(folder / "adapter_config.json", ns=(1, 1))  # even with an old time the size changed
     assert {i.adapter_id: i.rank for i in store.list()} == {"acme/a": 4, "acme/b": 2, "team/manual": 16}
-    assert sorted(set(reads)) == ["acme/b", "team/manual"]
+    assert sorted(set(reads)) == ["team/manual"]  # the new version of acme/b: its info recorded at put
+
+
+def test_a_fresh_directory_lists_uploaded_adapters_without_reading_their_weights(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """A server started over a directory of uploaded adapters answers List and Get from what each
+    version recorded at put (the same info a full read gives), not by reading and hashing every
+    weights file; a version whose files changed size, whose record is unreadable, or that was
+    checked against another base or rank cap is read and validated in full, as before."""
+    first = LocalAdapterDirectory(tmp_path, CFG)
+    put = {"acme/a": first.put("acme/a", _files(), public=True), "acme/b": first.put("acme/b", _files(r=8))}
+    fresh = LocalAdapterDirectory(tmp_path, CFG)
+    reads: list[str] = []
+    resolve = fresh.resolve
+    monkeypatch.setattr(fresh, "resolve", lambda adapter_id: reads.append(adapter_id) or resolve(adapter_id))
+    listed = {i.adapter_id: i for i in fresh.list()}
+    assert listed == put and reads == []
+    full = resolve("acme/b").info  # what reading the files gives, apart from when it was made
+    for field in ("version", "sha256", "rank", "lora_alpha", "target_modules", "dtype", "size_bytes", "public",
+                  "pattern_values"):
+        assert getattr(listed["acme/b"], field) == getattr(full, field), field
+
+    version_a = (tmp_path / "acme" / "a").resolve()
+    (version_a / "loraplex_info.json").write_text("{not json")
+    version_b = (tmp_path / "acme" / "b").resolve()
+    weights = version_b / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")  # an edited version: its size no longer matches
+    again = LocalAdapterDirectory(tmp_path, CFG)
+    reads.clear()
+    resolve_again = again.resolve
+    monkeypatch.setattr(again, "resolve", lambda adapter_id: reads.append(adapter_id) or resolve_again(adapter_id))
+    assert again.get("acme/a").sha256 == put["acme/a"].sha256 and reads == ["acme/a"]
+    with pytest.raises(AdapterValidationError):  # read in full, and the edit does not parse
+        again.get("acme/b")
+
+    capped = LocalAdapterDirectory(tmp_path, CFG, max_rank=4)  # checked under another rank cap
+    capped_reads: list[str] = []
+    resolve_capped = capped.resolve
+    monkeypatch.setattr(capped, "resolve", lambda i: capped_reads.append(i) or resolve_capped(i))
+    assert [i.adapter_id for i in capped.list()] == ["acme/a"]  # acme/b is read, and its rank 8 refused
+    assert sorted(capped_reads) == ["acme/a", "acme/b"]

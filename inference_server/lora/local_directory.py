@@ -28,6 +28,12 @@ VISIBILITY_FILE = "loraplex_visibility.json"
 # And what the config's patterns decided at upload ({"pattern_values": [...]}), so reading the
 # version matches no pattern again (a hand-made folder has none: its patterns are judged).
 PATTERNS_FILE = "loraplex_patterns.json"
+# And the version's AdapterInfo as put computed it (hash, rank, ...), with the sizes of its files and
+# what it was checked against (the base shapes and rank cap), so that Get and List of a managed
+# version read this instead of reading and hashing its weights (a fresh server listing thousands
+# of adapters would read them all). A version folder is never written after its rename; where the
+# sizes or the checks differ, or the file is unreadable, the adapter is read and hashed as before.
+INFO_FILE = "loraplex_info.json"
 
 
 class LocalAdapterDirectory:
@@ -107,10 +113,51 @@ class LocalAdapterDirectory:
         hit = self._infos.get(adapter_id)
         if key is not None and hit is not None and hit[0] == key:
             return hit[1]
-        info = self.resolve(adapter_id).info
+        info = self._recorded_info(adapter_id) if key is not None else None
+        if info is None:
+            info = self.resolve(adapter_id).info
         if key is not None:
             self._infos[adapter_id] = (key, info)
         return info
+
+    def _checks(self) -> dict:
+        """What a recorded info was validated against: this directory's base shapes and rank cap."""
+        shapes = None
+        if self._base is not None:
+            shapes = [self._base.num_layers, sorted([k, list(v)] for k, v in self._base.projection_shapes().items())]
+        return {"base": shapes, "max_rank": self._max_rank}
+
+    def _info_record(self, info: AdapterInfo, files: Mapping[str, bytes]) -> dict:
+        record = asdict(info)
+        del record["adapter_id"], record["public"]  # the id is the link's name; the flag has its own file
+        record["file_sizes"] = {name: len(files[name]) for name in ADAPTER_FILES}
+        record["checked"] = self._checks()
+        return record
+
+    def _recorded_info(self, adapter_id: str) -> AdapterInfo | None:
+        """The info a managed version recorded at put, where it still describes its files and was
+        checked as this directory checks; else None (the caller reads the files)."""
+        folder = self._path(adapter_id)
+        if not folder.is_symlink():
+            return None
+        real = Path(os.path.realpath(folder))
+        if real.parent != Path(os.path.realpath(self._versions)):
+            return None
+        try:
+            record = json.loads((real / INFO_FILE).read_bytes())
+            sizes = record.pop("file_sizes")
+            if record.pop("checked") != self._checks():
+                return None
+            if any((real / name).stat().st_size != sizes[name] for name in ADAPTER_FILES):
+                return None
+            decided = record.pop("pattern_values")
+            return AdapterInfo(
+                adapter_id=adapter_id, public=_read_public(adapter_id, real / VISIBILITY_FILE),
+                target_modules=tuple(record.pop("target_modules")),
+                pattern_values=None if decided is None else tuple(PatternValue.from_dict(v) for v in decided),
+                **record)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
 
     def list(self) -> list[AdapterInfo]:
         out = []
@@ -137,6 +184,8 @@ class LocalAdapterDirectory:
             _write_synced(stage / VISIBILITY_FILE, json.dumps({"public": bool(public)}).encode())
             decided = {"pattern_values": [asdict(v) for v in spec.pattern_values]}
             _write_synced(stage / PATTERNS_FILE, json.dumps(decided).encode())
+            info = make_info(adapter_id, files, spec, time.time(), bool(public))
+            _write_synced(stage / INFO_FILE, json.dumps(self._info_record(info, files)).encode())
             with self._lock:
                 self._check_no_clash(adapter_id, target)
                 final = self._versions / f"{adapter_id.replace('/', '__')}@{version}-{uuid.uuid4().hex[:8]}"
@@ -145,7 +194,7 @@ class LocalAdapterDirectory:
                 self._swap_link(target, final)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-        return make_info(adapter_id, files, spec, time.time(), bool(public))
+        return info
 
     def _swap_link(self, target: Path, version_dir: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
