@@ -63,3 +63,31 @@ def test_kernel_params_point_at_values_of_the_declared_c_types() -> None:
 def test_kernel_params_refuse_untyped_arguments() -> None:
     with pytest.raises(TypeError, match="kernel argument 7"):
         _launch_ex.kernel_params((np.int32(1), 7))
+
+
+def test_every_argument_of_a_long_list_reads_back_as_its_c_type() -> None:
+    """The launch paths pass ~30 arguments of mixed types, a by-value map among them: each pointer
+    leads to its own value (one packed buffer, no slot overlapping the next)."""
+    from kernels.cuda._tensor_map import TensorMap
+
+    m = TensorMap()
+    ctypes.memmove(m.address, bytes(range(128)), 128)
+    kinds = [(np.int32, ctypes.c_int32), (np.int64, ctypes.c_int64), (np.uint64, ctypes.c_uint64),
+             (np.float32, ctypes.c_float)]
+    args, expect = [], []
+    for i in range(31):
+        np_type, c_type = kinds[i % 4]
+        value = np_type(-(i + 1) * 3 if np_type in (np.int32, np.int64) else (i + 1) * 7 if np_type is np.uint64
+                        else 0.25 * i - 2)
+        args.append(value)
+        expect.append((c_type, value.item()))
+        if i == 13:
+            args.append(m)
+            expect.append(("map", None))
+    array, keep = _launch_ex.kernel_params(tuple(args))
+    assert len(array) == len(args) == len(keep)
+    for i, (c_type, value) in enumerate(expect):
+        if c_type == "map":
+            assert array[i] == m.address and ctypes.string_at(array[i], 128) == bytes(range(128))
+        else:
+            assert ctypes.cast(array[i], ctypes.POINTER(c_type)).contents.value == value, i
