@@ -65,12 +65,14 @@ def engine_config(settings: ServerSettings) -> Any:
     dtype = settings.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    pool = {"adapter_pool_bytes": settings.adapter_pool_bytes} if settings.adapter_pool_bytes is not None else (
+        {"adapter_pool_memory_fraction": settings.adapter_pool_memory_fraction} if device.startswith("cuda") else {})
     return EngineConfig(
         device=device, dtype=dtype, num_kv_blocks=settings.num_kv_blocks,
         kv_cache_memory_fraction=settings.kv_cache_memory_fraction, max_num_seqs=max_num_seqs(settings, device),
         max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
         max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
-        adapter_pool_bytes=settings.adapter_pool_bytes, adapter_host_cache_bytes=settings.adapter_host_cache_bytes,
+        **pool, adapter_host_cache_bytes=settings.adapter_host_cache_bytes,
         max_lora_rank=settings.max_lora_rank, seed=settings.seed,
         tensor_parallel_size=settings.tensor_parallel, enforce_eager=settings.cuda_graphs == "off",
         launch_ahead=settings.launch_ahead == "on", served_model_name=settings.served_model_name,

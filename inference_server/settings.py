@@ -68,7 +68,12 @@ class ServerSettings:
     max_waiting: int = _opt(1024, "engine queue length; beyond it Generate is RESOURCE_EXHAUSTED", int)
     num_kv_blocks: int | None = _opt(None, "KV cache blocks (default: sized from memory)", _optional_int)
     kv_cache_memory_fraction: float = _opt(0.6, "share of free GPU memory for the KV cache", float)
-    adapter_pool_bytes: int = _opt(256 * MiB, "device memory for resident adapters, bytes", int)
+    adapter_pool_bytes: int | None = _opt(None, "device memory for resident adapters, bytes; auto: on a GPU "
+                                                "--adapter-pool-memory-fraction of what the weights and KV cache "
+                                                "leave, 256 MiB on the CPU", _optional_int)
+    adapter_pool_memory_fraction: float = _opt(0.5, "with --adapter-pool-bytes auto on a GPU: the share of the device "
+                                                    "memory left after the weights and KV cache that holds resident "
+                                                    "adapters (the rest: activations, CUDA graphs)", float)
     adapter_host_cache_bytes: int = _opt(1024 * MiB, "pinned host memory holding adapters off the device pool "
                                          "(the host tier, LRU by bytes), bytes", int)
     max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)
@@ -148,6 +153,9 @@ class ServerSettings:
         if not 0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError(_where("kv_cache_memory_fraction", f"must be in (0, 0.95], got "
                                                                 f"{self.kv_cache_memory_fraction}"))
+        if not 0 < self.adapter_pool_memory_fraction <= 0.9:
+            raise ValueError(_where("adapter_pool_memory_fraction", f"must be in (0, 0.9], got "
+                                                                    f"{self.adapter_pool_memory_fraction}"))
 
     def _check_security(self) -> None:
         if self.auth == "tokens" and not self.tokens_file:

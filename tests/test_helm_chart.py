@@ -64,6 +64,9 @@ def test_server_and_store_share_the_pod_and_accept_the_rendered_settings(name: s
     values = values_of(name)
     if (values.get("server") or {}).get("maxNumSeqs") is None:  # the server picks the batch for its device
         assert settings.max_num_seqs is None and "LORAPLEX_MAX_NUM_SEQS" not in server_env
+    if (values.get("server") or {}).get("adapterPoolBytes") is None:  # sized from the GPU's memory
+        assert settings.adapter_pool_bytes is None and "LORAPLEX_ADAPTER_POOL_BYTES" not in server_env
+        assert settings.adapter_pool_memory_fraction == 0.5
     assert not [k for k in server_env if k.startswith("LORAPLEX_") and
                 k.removeprefix("LORAPLEX_").lower() not in ServerSettings.__dataclass_fields__], \
         "a LORAPLEX_* variable the server does not read"

@@ -80,6 +80,29 @@ def test_batch_size_is_256_on_a_gpu_and_32_on_the_cpu_unless_set() -> None:
     assert ServerSettings.from_sources([], {"LORAPLEX_MAX_NUM_SEQS": "auto"}).max_num_seqs is None
 
 
+def test_the_adapter_pool_is_sized_from_gpu_memory_unless_set() -> None:
+    """auto: on a GPU a share of what the weights and KV cache leave (a fixed 256 MiB there held 3
+    adapters of a 7B model); 256 MiB on the CPU; a size given is used on either."""
+    auto = ServerSettings.from_sources([], {})
+    assert auto.adapter_pool_bytes is None and auto.adapter_pool_memory_fraction == 0.5
+    gpu = engine_config(ServerSettings.from_sources(["--device", "cuda"], {}))
+    assert gpu.adapter_pool_memory_fraction == 0.5
+    tuned = engine_config(ServerSettings.from_sources(["--device", "cuda", "--adapter-pool-memory-fraction", "0.3"], {}))
+    assert tuned.adapter_pool_memory_fraction == 0.3
+    cpu = engine_config(ServerSettings.from_sources(["--device", "cpu"], {}))
+    assert cpu.adapter_pool_memory_fraction is None and cpu.adapter_pool_bytes == 256 * 2**20
+    for device in ("cpu", "cuda"):
+        given = engine_config(ServerSettings.from_sources(["--device", device, "--adapter-pool-bytes", "4096"], {}))
+        assert given.adapter_pool_bytes == 4096 and given.adapter_pool_memory_fraction is None
+    env = ServerSettings.from_sources([], {"LORAPLEX_ADAPTER_POOL_BYTES": "auto"})
+    assert env.adapter_pool_bytes is None
+    for bad in ("0", "0.95", "-1"):
+        with pytest.raises(ValueError, match="adapter_pool_memory_fraction"):
+            ServerSettings.from_sources(["--adapter-pool-memory-fraction", bad], {})
+    with pytest.raises(ValueError, match="adapter_pool_bytes"):
+        ServerSettings.from_sources(["--adapter-pool-bytes", "0"], {})
+
+
 def test_host_tier_size_reaches_the_engine() -> None:
     s = ServerSettings.from_sources(["--device", "cpu", "--adapter-host-cache-bytes", "12345678"], {})
     assert engine_config(s).adapter_host_cache_bytes == 12345678

@@ -93,6 +93,19 @@ def test_small_gpu_pool_reloads_adapters_correctly(tiny_llama_dir: Path, adapter
     assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
 
 
+def test_a_pool_sized_from_free_device_memory_serves_the_same_tokens(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """The server's GPU default: the adapter pool takes a fraction of the device memory the weights
+    and KV cache leave (a small one here, beside the other tests' engines)."""
+    fixed = load_engine(tiny_llama_dir, adapter_dir, device="cuda")
+    free = torch.cuda.mem_get_info()[0]
+    sized = load_engine(tiny_llama_dir, adapter_dir, device="cuda", adapter_pool_memory_fraction=0.01)
+    capacity = sized._manager.stats().capacity_bytes
+    assert 0.005 * free <= capacity <= 0.01 * free, (capacity, free)
+    expected = run_all(fixed, _requests(fixed, 8))
+    got = run_all(sized, _requests(sized, 8))
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+
+
 def test_pool_copies_overlap_compute() -> None:
     """A host->pool copy completes while a long matmul chain is still running on the compute
     stream: the copy does not wait for decode work, nor decode work for the copy."""
