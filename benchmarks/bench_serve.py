@@ -61,7 +61,8 @@ def spec_for(args: argparse.Namespace, workload: str, adapters: tuple[str, ...],
                         num_requests=n, vocab_size=vocab_size,
                         prompt=LengthDist(args.prompt_mean, args.prompt_sigma, args.max_prompt_len),
                         output=LengthDist(args.output_mean, args.output_sigma, args.max_output_len),
-                        shared_prefix_len=args.shared_prefix_len, zipf_alpha=args.zipf_alpha, seed=args.seed,
+                        shared_prefix_len=args.shared_prefix_len, zipf_alpha=args.zipf_alpha, burstiness=args.burstiness,
+                        seed=args.seed,
                         salt=salt)
 
 
@@ -175,7 +176,8 @@ def notes(args: argparse.Namespace, runs: dict[RunKey, Summary]) -> str:
         f"Prompt lengths log-normal, mean {args.prompt_mean:g}, sigma {args.prompt_sigma:g}, in [4, "
         f"{args.max_prompt_len}]; output lengths mean {args.output_mean:g}, sigma {args.output_sigma:g}, in [4, "
         f"{args.max_output_len}] (ignore_eos: exactly that many).",
-        f"Poisson arrivals, seed {args.seed}, {per_rate} per rate.",
+        ("Poisson arrivals" if args.burstiness == 1 else f"Gamma arrivals of burstiness {args.burstiness:g} (gaps' "
+         f"coefficient of variation {args.burstiness ** -0.5:.2f})") + f", seed {args.seed}, {per_rate} per rate.",
         f"Shared system prompt of {args.shared_prefix_len} tokens per adapter." if args.shared_prefix_len else "",
         f"Goodput SLO: TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= {args.slo_tpot_ms:g} ms.",
         f"Skewed: Zipf alpha {args.zipf_alpha:g}." if "skewed" in args.workload else "",

@@ -4,7 +4,9 @@ Everything is drawn from numpy generators seeded by ``seed`` (no data set is dow
 
 - Arrivals: a Poisson process of ``rate`` requests/s (exponential gaps of mean 1/rate, drawn as
   unit exponentials scaled by 1/rate, so every rate replays the same pattern, stretched);
-  ``rate`` = inf sends every request at once.
+  ``rate`` = inf sends every request at once. ``burstiness`` b != 1 draws gamma gaps of shape b
+  and the same mean instead, as ``vllm bench serve --burstiness`` does: their coefficient of
+  variation is 1/sqrt(b), so b < 1 sends requests in bursts with lulls between, b > 1 more evenly.
 - Lengths: ShareGPT-like log-normals rounded and clipped to [4, max], located so that the clipped
   lengths keep the asked mean. ShareGPT, as vLLM and SGLang benchmark it, averages ~224 prompt
   and ~198 output tokens per request (e.g. 369,103 input and 326,408 output tokens over 1,648
@@ -21,7 +23,7 @@ Everything is drawn from numpy generators seeded by ``seed`` (no data set is dow
 - ``shared_prefix_len`` = L: every prompt starts with a system prompt of L tokens, one per adapter
   (the base model has its own), then its drawn length of fresh tokens.
 
-The lengths and arrivals depend only on ``seed``, never on the workload: at one rate every
+The lengths and arrivals depend only on ``seed`` (and ``burstiness``), never on the workload: at one rate every
 workload sends the same lengths at the same times and only the adapters differ (a paired
 comparison against the base model).
 """
@@ -97,6 +99,7 @@ class WorkloadSpec:
     output: LengthDist = field(default_factory=lambda: LengthDist(198, 0.8, 1024))
     shared_prefix_len: int = 0
     zipf_alpha: float = 1.5
+    burstiness: float = 1.0  # 1: Poisson; else gamma gaps of this shape (module docstring)
     seed: int = 0
     salt: int = 0  # the run's number: its token ids differ from every other run's
 
@@ -109,6 +112,8 @@ class WorkloadSpec:
             raise ValueError(f"rate must be > 0 requests/s (inf: all at once), got {self.rate}")
         if self.num_requests < 1 or self.shared_prefix_len < 0 or self.zipf_alpha <= 0:
             raise ValueError("num_requests must be >= 1, shared_prefix_len >= 0 and zipf_alpha > 0")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise ValueError(f"burstiness must be a finite number > 0 (1: Poisson arrivals), got {self.burstiness}")
         if self.vocab_size <= FIRST_TOKEN_ID:
             raise ValueError(f"vocab_size must be > {FIRST_TOKEN_ID}, got {self.vocab_size}")
 
@@ -125,9 +130,10 @@ class BenchRequest:
     adapter: str | None
 
 
-def arrival_offsets(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
-    """Send times of a Poisson process of ``rate``/s, the first at 0; all 0 for rate = inf."""
-    gaps = rng.exponential(1.0, n)
+def arrival_offsets(rng: np.random.Generator, n: int, rate: float, burstiness: float = 1.0) -> np.ndarray:
+    """Send times of a Poisson process of ``rate``/s (gamma gaps of shape ``burstiness`` and mean
+    1/rate where it is not 1), the first at 0; all 0 for rate = inf."""
+    gaps = rng.exponential(1.0, n) if burstiness == 1.0 else rng.gamma(burstiness, 1.0 / burstiness, n)
     if math.isinf(rate):
         return np.zeros(n)
     return np.concatenate([[0.0], np.cumsum(gaps[1:])]) / rate
@@ -169,7 +175,7 @@ def build_requests(spec: WorkloadSpec) -> list[BenchRequest]:
     """The run's requests in send order."""
     n = spec.num_requests
     timing = np.random.default_rng([spec.seed, 1])
-    sends = arrival_offsets(timing, n, spec.rate)
+    sends = arrival_offsets(timing, n, spec.rate, spec.burstiness)
     prompt_lens, output_lens = spec.prompt.draw(timing, n), spec.output.draw(timing, n)
     adapters = draw_adapters(spec.workload, np.random.default_rng([spec.seed, 2, len(spec.adapters)]), n,
                              spec.adapters, spec.zipf_alpha)

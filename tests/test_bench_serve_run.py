@@ -116,3 +116,15 @@ def test_duration_sets_the_requests_per_rate_and_rate_inf_keeps_num_requests() -
     assert finite.num_requests == 10 and finite.output.high == 32 and finite.prompt.mean == 24
     assert bench_serve.spec_for(args, "skewed", ("a", "b"), math.inf, 1, 512).num_requests == 7
     assert bench_serve.spec_for(args, "base", ("a", "b"), 4.0, 1, 512).adapters == ()
+
+
+def test_burstiness_reaches_the_request_stream_and_the_notes(capsys) -> None:  # noqa: ANN001
+    args = parse_args(["--burstiness", "0.5", *TINY_LOAD])
+    spec = bench_serve.spec_for(args, "uniform", ("a", "b"), 4.0, 1, 512)
+    assert spec.burstiness == 0.5
+    assert "Gamma arrivals of burstiness 0.5" in bench_serve.notes(args, {})
+    assert "Poisson arrivals" in bench_serve.notes(parse_args(TINY_LOAD), {})
+    for bad in ("0", "-2", "inf"):
+        with pytest.raises(SystemExit):
+            parse_args(["--burstiness", bad, *TINY_LOAD])
+    assert "--burstiness must be a finite number > 0" in capsys.readouterr().err

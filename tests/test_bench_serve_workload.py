@@ -50,6 +50,26 @@ def test_poisson_gaps_have_mean_one_over_rate_and_are_exponential() -> None:
     assert np.mean(gaps > 1 / 8.0) == pytest.approx(math.exp(-1), abs=0.02)
 
 
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_bursty_arrivals_keep_the_rate_and_spread_the_gaps_by_1_over_sqrt_b(burstiness: float) -> None:
+    """As vllm bench serve --burstiness: gamma gaps of shape b and mean 1/rate, so the offered rate
+    stays and only how clumped the arrivals are changes (coefficient of variation 1/sqrt(b))."""
+    sends = arrival_offsets(np.random.default_rng(0), 40000, 8.0, burstiness)
+    gaps = np.diff(sends)
+    assert sends[0] == 0 and np.all(gaps >= 0)
+    assert gaps.mean() == pytest.approx(1 / 8.0, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(burstiness ** -0.5, rel=0.05)
+
+
+def test_burstiness_1_is_the_poisson_stream_and_bad_values_are_refused() -> None:
+    assert build_requests(_spec(burstiness=1.0)) == build_requests(_spec())
+    bursty = build_requests(_spec(burstiness=0.25))
+    assert [r.send_at for r in bursty] != [r.send_at for r in build_requests(_spec())]
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="burstiness"):
+            _spec(burstiness=bad)
+
+
 def test_rate_inf_sends_everything_at_once() -> None:
     assert {r.send_at for r in build_requests(_spec(rate=math.inf))} == {0.0}
 
