@@ -3,10 +3,9 @@
 A step whose every row the paged decode kernel can serve (decodes, and prefill chunks short
 enough for ``step_plan.graph_span``: each row one query over its own causal prefix) of T
 rows replays the graph captured for the smallest captured row count >= T, so admitting a
-request with a short prompt does not make the whole step eager. Rows past T (all of them, up to
-the largest size) are padding:
-token 0 at position 0, its key/value written to a scratch slot outside the block manager's
-blocks, context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a
+request with a prompt of up to ~511 tokens does not make the whole step eager. Rows past T
+(all of them, up to the largest size) are padding: token 0 at position 0, its key/value
+written to a scratch slot outside the block manager's blocks, context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a
 step changes lives in static buffers written before the replay: token ids, positions,
 new-token slots, per-row block tables and context lengths (staged in pinned memory, two
 copies per step), and the LoRA tables (``LoraBatchBuilder``'s buffers, static already). Two

@@ -2,9 +2,11 @@
 
 Everything above it (scheduler, block manager, adapter bookkeeping) is plain Python.
 A step's sequences are ordered by adapter so that each adapter's rows are contiguous
-(one SGMV segment), then flattened into one batch of rows. On CUDA, decode rows use the
-paged decode kernel (so do short prefill chunks), and steps made only of such rows replay
-CUDA graphs (engine/cuda_graphs.py); the others (long prefill chunks) run eagerly.
+(one SGMV segment), then flattened into one batch of rows. On CUDA, a step of up to 512 rows
+whose prompt chunks are short enough (``step_plan.graph_span``: a fresh prompt of up to ~511
+tokens) replays a CUDA graph, every row on the paged decode kernel (engine/cuda_graphs.py); the
+others (long prompts, larger steps) run eagerly, where decode rows and short chunks take the
+paged decode kernel and the rest SDPA.
 """
 
 from __future__ import annotations
