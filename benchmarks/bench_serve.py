@@ -61,9 +61,8 @@ def spec_for(args: argparse.Namespace, workload: str, adapters: tuple[str, ...],
                         num_requests=n, vocab_size=vocab_size,
                         prompt=LengthDist(args.prompt_mean, args.prompt_sigma, args.max_prompt_len),
                         output=LengthDist(args.output_mean, args.output_sigma, args.max_output_len),
-                        shared_prefix_len=args.shared_prefix_len, zipf_alpha=args.zipf_alpha, burstiness=args.burstiness,
-                        seed=args.seed,
-                        salt=salt)
+                        shared_prefix_len=args.shared_prefix_len, zipf_alpha=args.zipf_alpha,
+                        burstiness=args.burstiness, seed=args.seed, salt=salt)
 
 
 def count_subsets(args: argparse.Namespace, counts: list[int], names: list[str]) -> dict[int, tuple[str, ...]]:

@@ -87,7 +87,8 @@ def test_the_adapter_pool_is_sized_from_gpu_memory_unless_set() -> None:
     assert auto.adapter_pool_bytes is None and auto.adapter_pool_memory_fraction == 0.5
     gpu = engine_config(ServerSettings.from_sources(["--device", "cuda"], {}))
     assert gpu.adapter_pool_memory_fraction == 0.5
-    tuned = engine_config(ServerSettings.from_sources(["--device", "cuda", "--adapter-pool-memory-fraction", "0.3"], {}))
+    tuned = engine_config(ServerSettings.from_sources(["--device", "cuda", "--adapter-pool-memory-fraction", "0.3"],
+                                                      {}))
     assert tuned.adapter_pool_memory_fraction == 0.3
     cpu = engine_config(ServerSettings.from_sources(["--device", "cpu"], {}))
     assert cpu.adapter_pool_memory_fraction is None and cpu.adapter_pool_bytes == 256 * 2**20

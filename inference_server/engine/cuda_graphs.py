@@ -5,12 +5,13 @@ enough for ``step_plan.graph_span``: each row one query over its own causal pref
 rows replays the graph captured for the smallest captured row count >= T, so admitting a
 request with a prompt of up to ~511 tokens does not make the whole step eager. Rows past T
 (all of them, up to the largest size) are padding: token 0 at position 0, its key/value
-written to a scratch slot outside the block manager's blocks, context length 0 (the decode kernel gives zeros) and no LoRA segment. Everything a
-step changes lives in static buffers written before the replay: token ids, positions,
-new-token slots, per-row block tables and context lengths (staged in pinned memory, two
-copies per step), and the LoRA tables (``LoraBatchBuilder``'s buffers, static already). Two
-graphs per size: with LoRA (every projection group; rank-0 slots skip) and without. In the
-LoRA graphs each shrink is a branch beside its base GEMM (both read only x); the expand joins.
+written to a scratch slot outside the block manager's blocks, context length 0 (the decode
+kernel gives zeros) and no LoRA segment. Everything a step changes lives in static buffers
+written before the replay: token ids, positions, new-token slots, per-row block tables and
+context lengths (staged in pinned memory, two copies per step), and the LoRA tables
+(``LoraBatchBuilder``'s buffers, static already). Two graphs per size: with LoRA (every
+projection group; rank-0 slots skip) and without. In the LoRA graphs each shrink is a branch
+beside its base GEMM (both read only x); the expand joins.
 """
 
 from __future__ import annotations
