@@ -101,8 +101,8 @@ SHORT_PREFILL_READS = 16384
 # chunks makes its rows read at most this many cached tokens in all (row i of a chunk reads the
 # ctx_len - q_len + i + 1 tokens up to it): a fresh prompt of up to 511 tokens. The rows re-read
 # their prefix, but an eager step costs far more in launches (H200, 7B bf16, 32 decodes + one
-# fresh prompt, eager -> graph step, ms: 224 tokens 21.2 -> 11.7, 480 tokens 26.6 -> 24.6; with
-# 33 distinct adapters 58.5 -> 15.9 and 71.3 -> 37.3: benchmarks/RESULTS.md).
+# fresh prompt, eager -> graph step, ms: 224 tokens 21.2 -> 11.6, 480 tokens 28.8 -> 25.4; with
+# 33 distinct adapters 59.7 -> 15.9 and 71.5 -> 36.8: benchmarks/history/RESULTS-2026.md).
 GRAPH_PREFILL_READS = 1 << 17
 
 
