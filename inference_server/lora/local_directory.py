@@ -113,7 +113,7 @@ class LocalAdapterDirectory:
         hit = self._infos.get(adapter_id)
         if key is not None and hit is not None and hit[0] == key:
             return hit[1]
-        info = self._recorded_info(adapter_id) if key is not None else None
+        info = self._recorded_info(adapter_id, Path(key[0])) if key is not None else None
         if info is None:
             info = self.resolve(adapter_id).info
         if key is not None:
@@ -134,13 +134,10 @@ class LocalAdapterDirectory:
         record["checked"] = self._checks()
         return record
 
-    def _recorded_info(self, adapter_id: str) -> AdapterInfo | None:
-        """The info a managed version recorded at put, where it still describes its files and was
-        checked as this directory checks; else None (the caller reads the files)."""
-        folder = self._path(adapter_id)
-        if not folder.is_symlink():
-            return None
-        real = Path(os.path.realpath(folder))
+    def _recorded_info(self, adapter_id: str, real: Path) -> AdapterInfo | None:
+        """The info the managed version at ``real`` (the folder ``adapter_id`` resolves to)
+        recorded at put, where it still describes its files and was checked as this directory
+        checks; else None (the caller reads the files). A hand-made folder is not under .versions."""
         if real.parent != Path(os.path.realpath(self._versions)):
             return None
         try:
