@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -131,6 +132,30 @@ def priority_ab(engine, size: int) -> dict[str, list[float]]:
     dev = engine._core.runner.graphs.device
     return stream_ab(engine, size, {"high priority": lambda: torch.cuda.Stream(dev, priority=-1),
                                     "normal priority": lambda: torch.cuda.Stream(dev, priority=0)})
+
+
+def run_items_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph of ``size`` rows captured with row_slot's runs as the items of
+    neither, one or both decode kernels (kernels.cuda._launch.RUN_ITEMS; without them the expand
+    takes one row per item and the shrink seg's 4-row tiles), in turn, ``rounds`` rounds; the
+    default capture is kept. Calls of up to ONE_ROW_ITEMS_ROWS rows take one-row items either way."""
+    from kernels.cuda import _launch
+
+    graphs = engine._core.runner.graphs
+    default = _launch.RUN_ITEMS
+    variants = {"neither": frozenset(), "shrink": frozenset({"shrink"}), "expand": frozenset({"expand"}),
+                "both": frozenset({"shrink", "expand"})}
+    out: dict[str, list[float]] = {f"runs in {name}": [] for name in variants}
+    try:
+        for _ in range(rounds):
+            for name, kernels in variants.items():
+                _launch.RUN_ITEMS = kernels
+                graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+                out[f"runs in {name}"].append(replay_ms(engine, size, True, reps=50))
+    finally:
+        _launch.RUN_ITEMS = default
+        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+    return out
 
 
 def print_replays(title: str, replays: dict[str, list[float]]) -> None:
@@ -282,14 +307,17 @@ def main() -> None:
                     help="also time the LoRA graphs with the shrinks / expands left out, and print one layer's timeline")
     ap.add_argument("--priority-ab", action="store_true",
                     help="also time the LoRA graphs with the side stream at normal vs high priority")
-    ap.add_argument("--workloads", default="base,distinct", help="of base, distinct, identical")
+    ap.add_argument("--items-ab", action="store_true",
+                    help="also time the LoRA graphs with and without row_slot's runs as the decode items")
+    ap.add_argument("--workloads", default="base,distinct", help="of base, distinct, identical, uniform")
     args = ap.parse_args()
     ns = argparse.Namespace(model=args.model, rank=args.rank, max_lora_rank=args.max_lora_rank, max_batch=args.batch,
                             max_len=2048, num_adapters=args.batch, eager=False)
     engine = bench_textgen.build_engine(ns)
     report = {}
     rows = {"base": [None] * args.batch, "distinct": [f"a{i}" for i in range(args.batch)],
-            "identical": ["a0"] * args.batch}
+            "identical": ["a0"] * args.batch,  # uniform: Punica's ceil(sqrt(batch)) adapters
+            "uniform": [f"a{i % (math.isqrt(args.batch - 1) + 1)}" for i in range(args.batch)]}
     for name in args.workloads.split(","):
         ids = rows[name]
         fill(engine, ids, args.prompt_len, 200)
@@ -307,6 +335,12 @@ def main() -> None:
             ab = side_stream_ab(engine, args.batch)
             report[name]["side_stream_ab_replay_ms"] = ab
             print_replays("LoRA graph replay (ms), shrinks beside the GEMMs vs on one stream", ab)
+        if lora and args.items_ab:
+            ab = run_items_ab(engine, args.batch)
+            report[name]["items_ab_replay_ms"] = ab
+            print_replays("LoRA graph replay (ms), decode items", ab)
+            report[name]["base_graph_ms"] = replay_ms(engine, args.batch, False, reps=50)
+            print(f"   base graph replay (this workload's KV) {report[name]['base_graph_ms']:.2f} ms", flush=True)
         if lora and args.priority_ab:
             ab = priority_ab(engine, args.batch)
             report[name]["priority_ab_replay_ms"] = ab

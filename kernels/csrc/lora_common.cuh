@@ -190,23 +190,56 @@ __device__ __noinline__ LoraItem seg_row_item(const int* seg, int nseg, int rows
   return it;
 }
 
+#define LORA_RUN_ROWS 4  // rows a run item takes at most (SHRINK_DEC_NR, DEC_ROWS)
+
+// Runs of row_slot (decode calls past ONE_ROW_ITEMS_ROWS rows, kernels/cuda/_launch.py): item t is
+// row t, and it works when it heads a run, i.e. it is the first row of its segment in its aligned
+// window of LORA_RUN_ROWS rows; it takes that segment's rows of the window. Each segment is then cut
+// into 4-row tiles (a staged B tile serves up to four rows) with no scan over the segments, which
+// sgmv_item needs for every tile past a segment's first. The window's row_slot entries are loaded
+// together (one round trip); rows that head no run, and rows without an adapter, exit.
+// Not inlined, as seg_row_item: inlined, its loads pushed the decode expand into spilling registers.
+__device__ __noinline__ LoraItem run_item(const int* row_slot, int rows, int item, int nslots) {
+  LoraItem it;
+  it.slot = -1;
+  it.row0 = item;
+  it.nrows = 0;
+  if (item >= rows) return it;
+  const int w0 = item - item % LORA_RUN_ROWS, w1 = min(rows, w0 + LORA_RUN_ROWS);
+  const int s = row_slot[item];
+  const int prev = item > w0 ? row_slot[item - 1] : -1;
+  int next[LORA_RUN_ROWS - 1];
+#pragma unroll
+  for (int j = 0; j < LORA_RUN_ROWS - 1; ++j) next[j] = item + 1 + j < w1 ? row_slot[item + 1 + j] : -1;
+  if (s < 0 || s >= nslots || (item > w0 && prev == s)) return it;
+  int n = 1;
+#pragma unroll
+  for (int j = 0; j < LORA_RUN_ROWS - 1; ++j)
+    if (n == j + 1 && next[j] == s) n = j + 2;
+  it.slot = s;
+  it.nrows = n;
+  return it;
+}
+
 #define LORA_MODE_SGMV 0       // table = seg, items = bm-row tiles of segments
 #define LORA_MODE_BGMV 1       // table = row_slot, items = rows
 #define LORA_MODE_SGMV_ROWS 2  // table = seg, items = rows (seg_row_item)
+#define LORA_MODE_RUNS 3       // table = row_slot (the layout of seg), items = rows heading runs (run_item)
 
 // Uniform per block: the branch on mode and on item < ntable is the same for all threads.
 __device__ __forceinline__ LoraItem find_item(int mode, const int* table, int ntable, int rows,
                                               int item, int bm, int nslots) {
   if (mode == LORA_MODE_SGMV) return sgmv_item(table, ntable, rows, item, bm);
   if (mode == LORA_MODE_SGMV_ROWS) return seg_row_item(table, ntable, rows, item);
+  if (mode == LORA_MODE_RUNS) return run_item(table, rows, item, nslots);
   return bgmv_item(table, rows, item, nslots);
 }
 
 // The slot an item has when it is a direct SGMV item (item < S), or the likely one of a row item
 // (row t in segment t: a Distinct batch): its tables can be read before (in parallel with) the
-// segment bounds. -1 otherwise.
+// segment bounds. -1 otherwise (items found through row_slot).
 __device__ __forceinline__ int direct_slot(int mode, int ntable, int item) {
-  return (mode != LORA_MODE_BGMV && item < ntable) ? item : -1;
+  return ((mode == LORA_MODE_SGMV || mode == LORA_MODE_SGMV_ROWS) && item < ntable) ? item : -1;
 }
 
 // What one shrink block works on: item `item` (rows of one adapter) and that adapter's rank

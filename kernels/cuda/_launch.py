@@ -44,7 +44,13 @@ DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DE
 # of each adapter: with one-row items up to 256 rows, B256 Identical 12.9 -> 16.0 us, Uniform
 # 13.5 -> 17.5; B128 within 1 us either way).
 ONE_ROW_ITEMS_ROWS = 64
-MODE_SGMV, MODE_BGMV, MODE_SGMV_ROWS = 0, 1, 2  # LORA_MODE_* in lora_common.cuh
+MODE_SGMV, MODE_BGMV, MODE_SGMV_ROWS, MODE_RUNS = 0, 1, 2, 3  # LORA_MODE_* in lora_common.cuh
+# Decode SGMV calls past ONE_ROW_ITEMS_ROWS rows that come with a row_slot (the engine's): the kernels
+# of RUN_ITEMS ("shrink", "expand") take its runs as items (run_item in lora_common.cuh: each segment
+# in 4-row tiles, found with one round of row_slot loads). Otherwise the expand takes one row per item
+# (restaging its B tile for every row: at 128 rows of one adapter, 4x the L2 traffic of 4-row tiles)
+# and the shrink seg's 4-row tiles (those past a segment's first scan the segments).
+RUN_ITEMS = frozenset({"shrink", "expand"})
 # Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
 # flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
 # graph costs what its adapters' ranks cost: larger ranks take more passes per block.
@@ -333,17 +339,32 @@ def _row_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, 
     return c.table, plan.ntable, MODE_SGMV_ROWS, rows
 
 
+def _run_items(plan: Plan, c: Call, rows: int, kernel: str) -> tuple[torch.Tensor, int, int, int] | None:
+    """row_slot's runs as 4-row items, for `kernel` if RUN_ITEMS has it, in a decode SGMV call of
+    4-row tiles that has a row_slot; None otherwise."""
+    if (kernel in RUN_ITEMS and plan.decode and plan.bm == DEC_ROWS and plan.mode == MODE_SGMV
+            and c.row_slot is not None):
+        return c.row_slot, rows, MODE_RUNS, rows
+    return None
+
+
 def _shrink_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
-    """The shrink's (table, ntable, mode, items): the plan's, with its one-row items (bm = 1)."""
+    """The shrink's (table, ntable, mode, items): the plan's, with its one-row items (bm = 1) or
+    row_slot's runs."""
     if plan.decode and plan.bm == 1:
         return _row_items(plan, c, rows)
-    return c.table, plan.ntable, plan.mode, plan.items
+    return _run_items(plan, c, rows, "shrink") or (c.table, plan.ntable, plan.mode, plan.items)
 
 
 def _expand_items(plan: Plan, c: Call, rows: int) -> tuple[torch.Tensor, int, int, int]:
     """The expand's (table, ntable, mode, items): the shrink's, or on the decode path with a
-    row_slot, one row per item (BGMV items over the shrink's per-row partials, which do not
-    depend on the shrink's items)."""
-    if plan.decode and (plan.bm == 1 or c.row_slot is not None):
+    row_slot, its runs (RUN_ITEMS) or one row per item (BGMV items over the shrink's per-row
+    partials, which do not depend on the shrink's items)."""
+    if plan.decode and plan.bm == 1:
+        return _row_items(plan, c, rows)
+    runs = _run_items(plan, c, rows, "expand")
+    if runs is not None:
+        return runs
+    if plan.decode and c.row_slot is not None:
         return _row_items(plan, c, rows)
     return c.table, plan.ntable, plan.mode, plan.items

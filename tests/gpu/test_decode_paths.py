@@ -93,8 +93,10 @@ def test_decode_expand_by_rows_is_bitwise_the_segment_expand(seed, dtype):
 @pytest.mark.parametrize("seed", range(6))
 def test_decode_one_row_items_are_bitwise_the_four_row_tiles(seed, monkeypatch):
     """Decode SGMV calls of up to ONE_ROW_ITEMS_ROWS rows take one row per item in both kernels
-    (the row's segment found by the block, or read from row_slot): the result must be bit for bit
-    that of 4-row tiles, for grouped and one-row segments, empty ones and rows past seg[S]."""
+    (the row's segment found by the block, or read from row_slot); past it, with a row_slot, both
+    take row_slot's runs as 4-row tiles (each kernel in RUN_ITEMS), or else the expand one row per
+    item and the shrink seg's tiles. Every way, the result must be bit for bit that of seg's 4-row tiles, for grouped and
+    one-row segments, empty ones and rows past seg[S]."""
     from kernels.cuda import _launch
 
     gen = torch.Generator().manual_seed(6000 + seed)
@@ -114,13 +116,17 @@ def test_decode_one_row_items_are_bitwise_the_four_row_tiles(seed, monkeypatch):
                        table=table, misalign=seed % 2 == 1, rank_cap=128 if seed % 3 else None)
     y0 = batch.y.clone()
     outs = []
-    for threshold, with_rows in ((0, False), (1 << 20, False), (1 << 20, True)):
+    both, neither = {"shrink", "expand"}, set()
+    for threshold, with_rows, runs in ((0, False, both), (1 << 20, False, both), (1 << 20, True, both),
+                                       (0, True, both), (0, True, neither), (0, True, {"shrink"}),
+                                       (0, True, {"expand"})):
         monkeypatch.setattr(_launch, "ONE_ROW_ITEMS_ROWS", threshold)
+        monkeypatch.setattr(_launch, "RUN_ITEMS", frozenset(runs))
         batch.y.copy_(y0)
         kcuda.add_lora_slices(*batch.args(), row_slot=row_slot.cuda() if with_rows else None)
         torch.cuda.synchronize()
         outs.append(batch.y.clone())
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert all(torch.equal(outs[0], out) for out in outs[1:])
     assert_close_rows(outs[1], reference64(dataclasses.replace(batch, y=y0.clone()), False), y0)
 
 

@@ -120,10 +120,23 @@ def _rewrite(dst, src):
         getattr(dst, name).copy_(getattr(src, name))
 
 
-@pytest.mark.parametrize("bgmv", [False, True])
-def test_cuda_graph_replay_with_new_tables(bgmv):
+def _row_slot(seg: torch.Tensor, rows: int) -> torch.Tensor:
+    """row_slot of seg's layout: row t of segment i -> i, -1 past seg[S]."""
+    row_slot = torch.full((rows,), -1, dtype=torch.int32, device=seg.device)
+    for i in range(seg.numel() - 1):
+        row_slot[int(seg[i]):int(seg[i + 1])] = i
+    return row_slot
+
+
+@pytest.mark.parametrize("bgmv,rows", [(False, 24), (True, 24), (False, 100)],
+                         ids=["sgmv", "bgmv", "sgmv-runs"])
+def test_cuda_graph_replay_with_new_tables(bgmv, rows):
+    """A captured call replays correctly with new tables: adapters, offsets, ranks, segments, x
+    and y. 100 SGMV rows with a row_slot take row_slot's runs as items (the engine's batches of
+    more than ONE_ROW_ITEMS_ROWS rows), whose heads change with the segments."""
     gen = torch.Generator().manual_seed(21)
-    rows, nslots, widths = 24, 6, (512, 128, 128)
+    nslots, widths = 6, (512, 128, 128)
+    runs = not bgmv and rows > 64
 
     def layout(seed):
         g = torch.Generator().manual_seed(seed)
@@ -141,11 +154,13 @@ def test_cuda_graph_replay_with_new_tables(bgmv):
                           ranks=first.ranks.cpu())
     captured.pool = pool
     fn = kcuda.add_lora_slices_bgmv if bgmv else kcuda.add_lora_slices
-    fn(*captured.args())  # warm-up: compile, allocate scratch
+    row_slot = _row_slot(captured.table, rows) if runs else None
+    extra = {"row_slot": row_slot} if runs else {}
+    fn(*captured.args(), **extra)  # warm-up: compile, allocate scratch
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn(*captured.args())
+        fn(*captured.args(), **extra)
     for seed in (2, 3, 4):
         new = layout(seed)  # new adapters (values, offsets, ranks), new segments, new x and y
         new.layer = captured.layer  # the layer index is a launch argument, baked into the graph
@@ -155,6 +170,8 @@ def test_cuda_graph_replay_with_new_tables(bgmv):
         new.a_off += base
         new.b_off += base
         _rewrite(captured, new)
+        if runs:
+            row_slot.copy_(_row_slot(new.table, rows))
         captured.workspace.fill_(float("nan"))
         y0 = captured.y.clone()
         new.pool = pool
