@@ -158,6 +158,38 @@ def run_items_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     return out
 
 
+def shrink_first_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph of ``size`` rows as the engine captures it (each shrink on the
+    side stream beside its base GEMM, the expand joining both) and with each shrink on the main
+    stream before its GEMM (no fork, no join; the expand follows the GEMM), in turn; the engine's
+    capture is kept."""
+    from inference_server.lora import batch as lora_batch
+
+    graphs = engine._core.runner.graphs
+    original = lora_batch.LoraBatch.apply
+
+    def shrink_first(self, x, layer, group, base):
+        if group not in self.active:
+            return base(x)
+        width = sum(self.widths[group])  # the shrink reads x only; y's shape passes its checks
+        self._sgmv(x.new_empty(x.shape[0], width), x, layer, group, "shrink")
+        y = base(x)
+        self._sgmv(y, x, layer, group, "expand")
+        return y
+
+    out: dict[str, list[float]] = {"side stream": [], "shrink first": []}
+    try:
+        for _ in range(rounds):
+            for name, apply in (("side stream", original), ("shrink first", shrink_first)):
+                lora_batch.LoraBatch.apply = apply
+                graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+                out[name].append(replay_ms(engine, size, True, reps=50))
+    finally:
+        lora_batch.LoraBatch.apply = original
+        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+    return out
+
+
 def print_replays(title: str, replays: dict[str, list[float]]) -> None:
     print(f"   {title}: " + "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in replays.items()),
           flush=True)
@@ -309,6 +341,8 @@ def main() -> None:
                     help="also time the LoRA graphs with the side stream at normal vs high priority")
     ap.add_argument("--items-ab", action="store_true",
                     help="also time the LoRA graphs with and without row_slot's runs as the decode items")
+    ap.add_argument("--shrink-first-ab", action="store_true",
+                    help="also time the LoRA graphs with each shrink before its GEMM on the main stream")
     ap.add_argument("--workloads", default="base,distinct", help="of base, distinct, identical, uniform")
     args = ap.parse_args()
     ns = argparse.Namespace(model=args.model, rank=args.rank, max_lora_rank=args.max_lora_rank, max_batch=args.batch,
@@ -341,6 +375,10 @@ def main() -> None:
             print_replays("LoRA graph replay (ms), decode items", ab)
             report[name]["base_graph_ms"] = replay_ms(engine, args.batch, False, reps=50)
             print(f"   base graph replay (this workload's KV) {report[name]['base_graph_ms']:.2f} ms", flush=True)
+        if lora and args.shrink_first_ab:
+            ab = shrink_first_ab(engine, args.batch)
+            report[name]["shrink_first_ab_replay_ms"] = ab
+            print_replays("LoRA graph replay (ms), where the shrink runs", ab)
         if lora and args.priority_ab:
             ab = priority_ab(engine, args.batch)
             report[name]["priority_ab_replay_ms"] = ab
