@@ -138,6 +138,32 @@ def test_launch_plan_covers_every_work_item():
             assert plan.ksplit * math.ceil(rows / PREFILL_BM) * len(problem.widths) <= wave
 
 
+@pytest.mark.parametrize("rows", [1, 64, 65, 128, 256])
+def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
+    """Which items each decode kernel walks, by the call's rows: up to ONE_ROW_ITEMS_ROWS one row
+    each; past it, given a row_slot (the engine's calls), row_slot's runs in both kernels (one
+    grid row a batch row, runs cut in 4-row tiles on the device); without a row_slot, seg's 4-row
+    tiles; BGMV calls always one row each."""
+    from kernels.checks import Problem
+    from kernels.cuda import _launch
+
+    seg = torch.tensor([0, rows], dtype=torch.int32)
+    row_slot = torch.zeros(rows, dtype=torch.int32)
+    problem = Problem(rows, 4096, (4096, 1024, 1024), 8, 16)
+    plan = _launch.make_plan(problem, _launch.MODE_SGMV, 8, 0)
+    bgmv = _launch.make_plan(problem, _launch.MODE_BGMV, rows, 0)
+    for kernel in (_launch._shrink_items, _launch._expand_items):
+        table, ntable, mode, items = kernel(plan, _launch.Call(None, None, None, seg, row_slot), rows)
+        if rows <= _launch.ONE_ROW_ITEMS_ROWS:
+            assert (table is row_slot, mode, items) == (True, _launch.MODE_BGMV, rows)
+        else:
+            assert (table is row_slot, ntable, mode, items) == (True, rows, _launch.MODE_RUNS, rows)
+        without = kernel(plan, _launch.Call(None, None, None, seg), rows)
+        if rows > _launch.ONE_ROW_ITEMS_ROWS:
+            assert without[0] is seg and without[2] == _launch.MODE_SGMV and without[3] == plan.items
+        assert kernel(bgmv, _launch.Call(None, None, None, row_slot), rows)[2:] == (_launch.MODE_BGMV, rows)
+
+
 def test_cuda_wrappers_reject_cpu_tensors():
     from kernels import cuda as kcuda
 

@@ -36,9 +36,9 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
     caller can run the shrink (which reads x only) beside other work, e.g. on a side stream
     next to the base projection that produces y; nothing else may use the kernels between
     the two. row_slot: optional int32 [T], the same layout as seg (row t of segment i -> i, -1
-    past seg[S]); on the decode path the expand then takes one row per item from it (and so does
-    the shrink for calls of up to ONE_ROW_ITEMS_ROWS rows, which without it find each row's
-    segment themselves), with bitwise the same result. Raises ValueError on
+    past seg[S]); on the decode path both kernels then read their items from it: one row per item
+    for calls of up to ONE_ROW_ITEMS_ROWS rows (which without it find each row's segment
+    themselves), row_slot's runs in 4-row tiles past it; bitwise the same result. Raises ValueError on
     a dtype, device, shape or stride mismatch.
     """
     if stage not in STAGES:
