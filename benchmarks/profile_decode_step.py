@@ -41,9 +41,14 @@ def category(name: str) -> str:
 
 
 def fill(engine, ids: list[str | None], prompt_len: int, new_tokens: int) -> None:
+    """Requests for the adapters ``ids`` (None: the base model) until all decode. Each prompt starts
+    with its own token, so the prefix cache shares no KV block between them: every workload's
+    attention reads what a Distinct batch's does (shared prompts made base and Identical steps'
+    attention read cached blocks from L2, 5.65 against 9.65 ms at B128)."""
     core, manager = engine._core, engine._manager
     for i, aid in enumerate(ids):
-        request = GenerationRequest(f"p{i}-{time.monotonic_ns()}", tuple(range(10, 10 + prompt_len)), aid,
+        prompt = (10 + i, *range(11, 10 + prompt_len))
+        request = GenerationRequest(f"p{i}-{time.monotonic_ns()}", prompt, aid,
                                     SamplingParams(), StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
         core.add_request(request, manager.acquire(aid) if aid else None)
     while any(s.num_computed < len(s.token_ids) - 1 for s in core._seqs.values()):  # until all decode
