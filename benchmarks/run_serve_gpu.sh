@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: bench_serve.py with the given arguments, after installing the server's
-# Python packages the machine's image lacks from carried wheels (.whl: grpcio 1.84 and its health
-# and reflection services, protobuf 7, starlette, uvicorn, pydantic, gguf) and with the generated
-# gRPC code (loraplex/, from `make protos`) carried too. Log into $OUT (or ./.out).
+# Python packages the machine's image lacks from carried wheels (.whl: grpcio's health and
+# reflection services, starlette, uvicorn, pydantic, gguf, redis, boto3) and with the generated
+# gRPC code (loraplex/, from `make protos`; grpcio-tools 1.84.0 makes it, so the image's grpcio
+# 1.84.0 runs it) carried too. Log into $OUT (or ./.out).
 # Usage: bash benchmarks/run_serve_gpu.sh --model llama-7b --device cuda --dtype bfloat16 ...
 set -o pipefail
 OUT=${OUT:-.out}
