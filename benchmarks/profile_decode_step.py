@@ -111,18 +111,34 @@ def replay_ms(engine, size: int, lora: bool, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
-def stream_ab(engine, size: int, variants: dict, rounds: int = 3) -> dict[str, list[float]]:
-    """Replay ms of the LoRA graph of ``size`` rows captured with each LoRA side stream of
-    ``variants`` (name -> a function making it, or None: the shrinks on the main stream),
-    in turn for ``rounds`` rounds; the last variant's capture is kept."""
+def recaptured_ab(engine, size: int, variants: dict, restore, rounds: int = 3) -> dict[str, list[float]]:
+    """Replay ms of the LoRA graph of ``size`` rows captured after each variant's setup (name -> a
+    function setting the engine or the kernels up), in turn for ``rounds`` rounds; then ``restore()``
+    and the graph captured once more as the engine runs it."""
     graphs = engine._core.runner.graphs
     out: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, make in variants.items():
-            graphs.lora_stream = make()
-            graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-            out[name].append(replay_ms(engine, size, True, reps=50))
+    try:
+        for _ in range(rounds):
+            for name, setup in variants.items():
+                setup()
+                graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
+                out[name].append(replay_ms(engine, size, True, reps=50))
+    finally:
+        restore()
+        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
     return out
+
+
+def stream_ab(engine, size: int, variants: dict) -> dict[str, list[float]]:
+    """recaptured_ab over LoRA side streams (name -> a function making it, or None: the shrinks
+    on the main stream); the last variant's stream is kept."""
+    graphs = engine._core.runner.graphs
+    kept = list(variants.values())[-1]
+
+    def use(make):
+        return lambda: setattr(graphs, "lora_stream", make())
+
+    return recaptured_ab(engine, size, {name: use(make) for name, make in variants.items()}, use(kept))
 
 
 def side_stream_ab(engine, size: int) -> dict[str, list[float]]:
@@ -139,38 +155,27 @@ def priority_ab(engine, size: int) -> dict[str, list[float]]:
                                     "normal priority": lambda: torch.cuda.Stream(dev, priority=0)})
 
 
-def run_items_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
-    """Replay ms of the LoRA graph of ``size`` rows captured with row_slot's runs as the items of
-    neither, one or both decode kernels (kernels.cuda._launch.RUN_ITEMS; without them the expand
-    takes one row per item and the shrink seg's 4-row tiles), in turn, ``rounds`` rounds; the
-    default capture is kept. Calls of up to ONE_ROW_ITEMS_ROWS rows take one-row items either way."""
+def run_items_ab(engine, size: int) -> dict[str, list[float]]:
+    """LoRA graph replays with row_slot's runs as the items of neither, one or both decode kernels
+    (kernels.cuda._launch.RUN_ITEMS; without them the expand takes one row per item and the shrink
+    seg's 4-row tiles). Calls of up to ONE_ROW_ITEMS_ROWS rows take one-row items either way."""
     from kernels.cuda import _launch
 
-    graphs = engine._core.runner.graphs
     default = _launch.RUN_ITEMS
-    variants = {"neither": frozenset(), "shrink": frozenset({"shrink"}), "expand": frozenset({"expand"}),
-                "both": frozenset({"shrink", "expand"})}
-    out: dict[str, list[float]] = {f"runs in {name}": [] for name in variants}
-    try:
-        for _ in range(rounds):
-            for name, kernels in variants.items():
-                _launch.RUN_ITEMS = kernels
-                graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-                out[f"runs in {name}"].append(replay_ms(engine, size, True, reps=50))
-    finally:
-        _launch.RUN_ITEMS = default
-        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-    return out
+    kernels = {"neither": (), "shrink": ("shrink",), "expand": ("expand",), "both": ("shrink", "expand")}
+
+    def use(names):
+        return lambda: setattr(_launch, "RUN_ITEMS", frozenset(names))
+
+    return recaptured_ab(engine, size, {f"runs in {k}": use(v) for k, v in kernels.items()}, use(default))
 
 
-def shrink_first_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
-    """Replay ms of the LoRA graph of ``size`` rows as the engine captures it (each shrink on the
-    side stream beside its base GEMM, the expand joining both) and with each shrink on the main
-    stream before its GEMM (no fork, no join; the expand follows the GEMM), in turn; the engine's
-    capture is kept."""
+def shrink_first_ab(engine, size: int) -> dict[str, list[float]]:
+    """LoRA graph replays as the engine captures it (each shrink on the side stream beside its base
+    GEMM, the expand joining both) and with each shrink on the main stream before its GEMM (no fork,
+    no join; the expand follows the GEMM)."""
     from inference_server.lora import batch as lora_batch
 
-    graphs = engine._core.runner.graphs
     original = lora_batch.LoraBatch.apply
 
     def shrink_first(self, x, layer, group, base):
@@ -182,17 +187,11 @@ def shrink_first_ab(engine, size: int, rounds: int = 3) -> dict[str, list[float]
         self._sgmv(y, x, layer, group, "expand")
         return y
 
-    out: dict[str, list[float]] = {"side stream": [], "shrink first": []}
-    try:
-        for _ in range(rounds):
-            for name, apply in (("side stream", original), ("shrink first", shrink_first)):
-                lora_batch.LoraBatch.apply = apply
-                graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-                out[name].append(replay_ms(engine, size, True, reps=50))
-    finally:
-        lora_batch.LoraBatch.apply = original
-        graphs.graphs[(size, True)] = graphs._capture_one(size, True, None)
-    return out
+    def use(apply):
+        return lambda: setattr(lora_batch.LoraBatch, "apply", apply)
+
+    return recaptured_ab(engine, size, {"side stream": use(original), "shrink first": use(shrink_first)},
+                         use(original))
 
 
 def print_replays(title: str, replays: dict[str, list[float]]) -> None:
