@@ -185,7 +185,7 @@ def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subproces
     if args.engine == "synthetic":
         proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "synthetic_engine.py"), "--port", str(port),
                                  "--step-ms", str(args.step_ms)], cwd=REPO)
-        return proc, wait_serving(f"127.0.0.1:{port}")
+        return proc, wait_serving(f"127.0.0.1:{port}", proc)
     launcher = ["-m", "inference_server.main"]
     if args.server_switch_interval:  # experiment: the GIL hand-off interval of the server process
         launcher = ["-c", f"import sys; sys.setswitchinterval({args.server_switch_interval}); "
@@ -193,8 +193,9 @@ def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subproces
     cmd = [sys.executable, *launcher, "--model-format", "dummy", "--model", args.model,
            "--device", args.device, "--dtype", args.dtype, "--port", str(port), "--metrics-port", "0",
            "--adapter-dir", str(adapter_dir), "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
-           "--num-kv-blocks", str(args.kv_blocks), "--log-level", "WARNING"]
-    return subprocess.Popen(cmd, cwd=REPO), wait_serving(f"127.0.0.1:{port}")
+           "--num-kv-blocks", str(args.kv_blocks), "--http-port", "0", "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    return proc, wait_serving(f"127.0.0.1:{port}", proc)
 
 
 # ---------------------------------------------------------------- adapters, report

@@ -18,40 +18,26 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from inference_server.engine.info import EngineInfo, EngineStats  # noqa: E402
 from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage  # noqa: E402
 
 
-@dataclass(frozen=True, slots=True)
-class SyntheticInfo:
-    model_name: str = "synthetic"
-    dtype: str = "none"
-    device: str = "cpu"
-    max_context_len: int = 1 << 20
-    max_batch_size: int = 1 << 16
-    max_new_tokens_limit: int = 1 << 20
-    vocab_size: int = 32000
-    eos_token_ids: tuple[int, ...] = ()
-    max_lora_rank: int = 128
-
-
-@dataclass(frozen=True, slots=True)
-class SyntheticStats:
-    num_running: int
-    num_waiting: int = 0
-    free_kv_blocks: int = 0
-    total_kv_blocks: int = 0
-    resident_adapters: int = 0
+SYNTHETIC_INFO = EngineInfo(model_name="synthetic", dtype="none", device="cpu", max_context_len=1 << 20,
+                            max_batch_size=1 << 16, max_new_tokens_limit=1 << 20, vocab_size=32000,
+                            eos_token_ids=(), max_lora_rank=128)
 
 
 class SyntheticTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [min(ord(c), 31999) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return self.encode("".join(m["content"] for m in messages))
@@ -61,11 +47,13 @@ class SyntheticEngine:
     """One token per running request every ``step_s`` seconds; any adapter id is accepted."""
 
     def __init__(self, step_s: float = 0.001) -> None:
-        self.info = SyntheticInfo()
+        if not step_s > 0:
+            raise ValueError(f"step_s must be > 0, got {step_s}")
+        self.info = SYNTHETIC_INFO
         self.tokenizer = SyntheticTokenizer()
         self.adapters = None  # no adapter management: the bench never calls it
         self._step_s = step_s
-        self._running: dict[str, list] = {}  # request id -> [request, tokens done, queue, t0]
+        self._running: dict[str, list] = {}  # request id -> [request, tokens done, stream, t0]
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = threading.Event()
@@ -81,20 +69,24 @@ class SyntheticEngine:
         if self._thread is not None:
             self._thread.join(5)
 
-    def stats(self) -> SyntheticStats:
-        return SyntheticStats(num_running=len(self._running))
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self._running), num_waiting=0, free_kv_blocks=0, total_kv_blocks=0,
+                           resident_adapters=0, preemptions=0)
+
+    def pool_stats(self) -> None:
+        return None  # no adapter pool
 
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._running.pop(request_id, None)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
         with self._lock:
-            self._running[request.request_id] = [request, 0, queue, time.perf_counter()]
+            self._running[request.request_id] = [request, 0, stream, time.perf_counter()]
         try:
             while True:
-                event = await queue.get()
+                event = await stream.get()
                 yield event
                 if event.finish_reason is not None:
                     return
@@ -107,15 +99,15 @@ class SyntheticEngine:
             stamp = f"{time.perf_counter():.9f}"
             with self._lock:
                 for rid, entry in list(self._running.items()):
-                    request, done, queue, t0 = entry
+                    request, done, stream, t0 = entry
                     entry[1] = done = done + 1
                     token = 100 + done % 1000
                     if done < request.stopping.max_new_tokens:
-                        events.append((queue, TokenEvent(rid, (token,), stamp)))
+                        events.append((stream, TokenEvent(rid, (token,), stamp)))
                         continue
                     del self._running[rid]
                     elapsed = time.perf_counter() - t0
-                    events.append((queue, TokenEvent(
+                    events.append((stream, TokenEvent(
                         rid, (token,), stamp, finish_reason=FinishReason.LENGTH,
                         usage=Usage(len(request.prompt_token_ids), done), timings=Timings(0.0, elapsed, elapsed))))
             if events and self._loop is not None:
@@ -123,8 +115,15 @@ class SyntheticEngine:
 
 
 def _dispatch(events: list) -> None:
-    for queue, event in events:
-        queue.put_nowait(event)
+    for stream, event in events:
+        stream.put_nowait(event)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def main() -> int:
@@ -134,10 +133,10 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--step-ms", type=float, default=1.0)
+    parser.add_argument("--step-ms", type=_positive, default=1.0)
     args = parser.parse_args()
-    settings = ServerSettings.from_sources(["--port", str(args.port), "--metrics-port", "0", "--log-level",
-                                            "WARNING", "--max-concurrent-streams", "100000"], {})
+    settings = ServerSettings.from_sources(["--port", str(args.port), "--metrics-port", "0", "--http-port", "0",
+                                            "--log-level", "WARNING", "--max-concurrent-streams", "100000"], {})
     configure_logging(settings)
     return asyncio.run(serve(settings, build=lambda: SyntheticEngine(args.step_ms / 1000)))
 

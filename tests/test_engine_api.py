@@ -9,6 +9,8 @@ import inspect
 import pytest
 from server_helpers import FakeAdapters, FakeEngine
 
+from benchmarks.synthetic_engine import SyntheticEngine
+
 from inference_server.engine.api import EdgeAdapters, ServingEngine
 from inference_server.engine.async_engine import AsyncEngine
 from inference_server.lora.managed_adapters import ManagedAdapters
@@ -35,7 +37,7 @@ def _mismatches(protocol: type, implementation: type) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("implementation", [AsyncEngine, FakeEngine])
+@pytest.mark.parametrize("implementation", [AsyncEngine, FakeEngine, SyntheticEngine])
 def test_engines_implement_the_serving_protocol(implementation: type) -> None:
     assert _mismatches(ServingEngine, implementation) == []
     assert {"info", "tokenizer", "adapters"} <= set(ServingEngine.__annotations__)

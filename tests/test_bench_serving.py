@@ -1,0 +1,32 @@
+"""bench_serving.py (the serving edge's benchmark): a round of gRPC streams against a real server
+process over the synthetic engine."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_serving
+
+
+def test_a_round_over_grpc_streams_every_token(tmp_path: Path) -> None:
+    args = argparse.Namespace(engine="synthetic", step_ms=1.0, streams=[4], new_tokens=16, client_procs=2)
+    server, address = bench_serving.start_server(args, tmp_path)
+    try:
+        results = bench_serving.run_rounds_over_grpc(args, address, ["a0", "a1"])
+    finally:
+        server.terminate()
+        server.wait(60)
+    first, four = results[1], results[4]
+    assert first["tokens"] == 16 and four["tokens"] == 4 * 16
+    assert not math.isnan(four["delivery_p50_ms"]) and four["delivery_p50_ms"] >= 0.0
+    assert four["tok_s"] > 0 and four["itl_p50_ms"] > 0.0
+
+
+def test_a_server_that_dies_at_start_fails_the_run_at_once(tmp_path: Path) -> None:
+    args = argparse.Namespace(engine="synthetic", step_ms=-1.0)  # the server refuses a negative step
+    with pytest.raises(RuntimeError, match="exited"):
+        bench_serving.start_server(args, tmp_path)
