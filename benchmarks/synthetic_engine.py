@@ -1,11 +1,12 @@
 """A model-free engine with the AsyncEngine interface, to measure the serving edge alone.
 
 Like the real engine, a step thread produces one token for every running request each
-step and hands the step's events to the event loop with one ``call_soon_threadsafe``; it
+step and hands the step's events to the event loop with one ``call_soon_threadsafe``, into
+the same per-request ``TokenStream`` (a reader behind gets the waiting events merged); it
 just does no model work, so it can feed the edge far more tokens per second than any model.
-Each event's text is the ``time.perf_counter()`` at which the step made it (CLOCK_MONOTONIC,
-the same clock in every process of the machine), so a client can measure the delivery
-latency of every token.
+Each token's text is the ``time.perf_counter()`` at which the step made it, and a space
+(CLOCK_MONOTONIC, the same clock in every process of the machine), so a client can measure
+the delivery latency of every token, also of tokens merged into one message.
 
     python benchmarks/synthetic_engine.py --port 50051 --step-ms 1     # a loraplex server over it
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from inference_server.engine.info import EngineInfo, EngineStats  # noqa: E402
 from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage  # noqa: E402
+from inference_server.engine.token_stream import TokenStream  # noqa: E402
 
 
 SYNTHETIC_INFO = EngineInfo(model_name="synthetic", dtype="none", device="cpu", max_context_len=1 << 20,
@@ -81,7 +83,7 @@ class SyntheticEngine:
             self._running.pop(request_id, None)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        stream: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        stream = TokenStream()
         with self._lock:
             self._running[request.request_id] = [request, 0, stream, time.perf_counter()]
         try:
@@ -96,7 +98,7 @@ class SyntheticEngine:
     def _run(self) -> None:
         while not self._closing.wait(self._step_s):
             events = []
-            stamp = f"{time.perf_counter():.9f}"
+            stamp = f"{time.perf_counter():.9f} "
             with self._lock:
                 for rid, entry in list(self._running.items()):
                     request, done, stream, t0 = entry
@@ -116,7 +118,7 @@ class SyntheticEngine:
 
 def _dispatch(events: list) -> None:
     for stream, event in events:
-        stream.put_nowait(event)
+        stream.put(event)
 
 
 def _positive(text: str) -> float:

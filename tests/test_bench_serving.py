@@ -1,5 +1,5 @@
 """bench_serving.py (the serving edge's benchmark): a round of gRPC streams against a real server
-process over the synthetic engine."""
+process over the synthetic engine, and the per-token delivery figures of merged messages."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_serving
+
+
+def test_delivery_counts_every_token_of_a_merged_message() -> None:
+    # (send), then (arrival, tokens, text): the synthetic engine stamps each token's step time
+    streams = [[(0.0, 0, ""), (1.010, 1, "1.000 "), (1.025, 3, "1.005 1.010 1.020 ")]]
+    delivery = sorted(bench_serving.delivery_ms(streams))
+    assert delivery == pytest.approx([5.0, 10.0, 15.0, 20.0])
+    assert bench_serving.delivery_ms([[(0.0, 0, ""), (1.0, 1, "real text")]]) == []
 
 
 def test_a_round_over_grpc_streams_every_token(tmp_path: Path) -> None:

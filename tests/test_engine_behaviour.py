@@ -118,8 +118,9 @@ def test_logprobs_are_returned_when_asked(tiny_llama_dir: Path, adapter_dir: Pat
     request = GenerationRequest("lp", tuple(engine.tokenizer.encode(TEXTS[0])), None,
                                 SamplingParams(logprobs=True, top_logprobs=3), StoppingCriteria(max_new_tokens=5, ignore_eos=True))
     events = run_all(engine, [request])["lp"]
-    for event in events:
-        (chosen,) = event.logprobs
-        (top,) = event.top_logprobs
+    chosen_all = [lp for e in events for lp in e.logprobs]
+    tops_all = [t for e in events for t in e.top_logprobs]
+    assert len(chosen_all) == len(tops_all) == len(tokens_of(events)) == 5
+    for chosen, top in zip(chosen_all, tops_all):
         assert len(top) == 3 and chosen <= 0.0
         assert max(top.values()) == pytest.approx(chosen)  # greedy picks the most likely token

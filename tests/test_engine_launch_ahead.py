@@ -99,12 +99,14 @@ def _summary(events) -> dict:
 
 
 def _logprobs(events) -> list:
-    """Each event's log-probabilities as a flat list: (chosen, then (id, value) of the top ones).
-    Steps may batch differently with launch-ahead, so the values agree to rounding, not bits."""
+    """Each token's log-probabilities as a flat list: (chosen, then (id, value) of the top ones).
+    Steps may batch differently with launch-ahead, so the values agree to rounding, not bits;
+    token by token, since a reader that fell behind gets several tokens in one event."""
     out = []
     for e in events:
-        out.append(None if e.logprobs is None else list(e.logprobs))
-        out.append(None if e.top_logprobs is None else [sorted(t.items()) for t in e.top_logprobs])
+        for i in range(len(e.token_ids)):
+            out.append(None if e.logprobs is None else [e.logprobs[i]])
+            out.append(None if e.top_logprobs is None else [sorted(e.top_logprobs[i].items())])
     return out
 
 

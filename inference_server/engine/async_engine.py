@@ -23,6 +23,7 @@ from inference_server.engine.config import EngineConfig
 from inference_server.engine.info import EngineInfo, EngineStats
 from inference_server.engine.llm_engine import LLMEngine
 from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
+from inference_server.engine.token_stream import TokenStream
 from inference_server.lora.managed_adapters import ManagedAdapters
 from inference_server.lora.pool.adapter_pool import AdapterPool
 from inference_server.lora.pool.pool_stats import PoolStats
@@ -40,7 +41,7 @@ class AsyncEngine:
         self.info = info
         self.tokenizer = core.tokenizer
         self._config = config
-        self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._streams: dict[str, TokenStream] = {}
         self._admission = Admission(config.max_waiting + config.max_num_seqs)  # streams, by tenant
         self._ops: list[Callable[[], None]] = []
         self._cv = threading.Condition()
@@ -84,18 +85,19 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Stream the request's token events; raises before the first event on bad input,
-        an unknown adapter, or a full queue."""
+        """Stream the request's token events (a reader behind the steps gets the events
+        waiting merged into one); raises before the first event on bad input, an unknown
+        adapter, or a full queue."""
         self._admit(request)
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._streams[request.request_id] = queue
+        stream = TokenStream()
+        self._streams[request.request_id] = stream
         self._admission.opened(request.tenant)
         finished = False
         try:
             adapter = await self._acquire(request)
             self._submit(lambda: self._add(request, adapter))
             while True:
-                event = await queue.get()
+                event = await stream.get()  # all that is waiting, merged: a reader behind catches up
                 finished = event.finish_reason is not None
                 yield event
                 if finished:
@@ -199,6 +201,6 @@ class AsyncEngine:
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
-            queue = self._streams.get(event.request_id)
-            if queue is not None:
-                queue.put_nowait(event)
+            stream = self._streams.get(event.request_id)
+            if stream is not None:
+                stream.put(event)

@@ -114,7 +114,8 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """One streamed step of a request: new tokens and their text (never a split UTF-8 char).
+    """New tokens of a request and their text (never a split UTF-8 char): one step's, or
+    several steps' merged when the reader fell behind (``engine.token_stream``).
 
     The last event of a stream has ``finish_reason`` set, with usage and timings.
     """
