@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inference_server.engine.request import FinishReason, Timings, TokenEvent, Usage
-from inference_server.engine.token_stream import TokenStream, merge_events
+from inference_server.engine.token_stream import MAX_MERGED_TOKENS, TokenStream, merge_events
 from lora_helpers import collect, greedy_request, load_engine, make_test_adapters, text_of, tokens_of
 
 
@@ -83,6 +83,18 @@ def test_nothing_is_merged_past_the_finishing_event() -> None:
     first, second = _drain(stream, 2)
     assert first.token_ids == (0, 1) and first.finish_reason is FinishReason.LENGTH
     assert second == _token(2)
+
+
+def test_a_merged_event_holds_at_most_max_merged_tokens() -> None:
+    stream = TokenStream()
+    total = 2 * MAX_MERGED_TOKENS + 5
+    for i in range(total - 1):
+        stream.put(_token(i))
+    stream.put(_last(total - 1))
+    events = _drain(stream, 3)
+    assert [len(e.token_ids) for e in events] == [MAX_MERGED_TOKENS, MAX_MERGED_TOKENS, 5]
+    assert [t for e in events for t in e.token_ids] == list(range(total))
+    assert events[-1].finish_reason is FinishReason.LENGTH and events[0].finish_reason is None
 
 
 @pytest.fixture(scope="module")

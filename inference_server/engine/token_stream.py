@@ -9,7 +9,9 @@ finish, in fewer messages, and a backlog is caught up in one send (vLLM's output
 the same). A reader that keeps up sees one event per step, as before.
 
 An ERROR event is never merged with the tokens before it: the edges report it as a failure
-without its text, so the tokens ahead of it go out first, on their own.
+without its text, so the tokens ahead of it go out first, on their own. A merged event holds
+at most MAX_MERGED_TOKENS tokens, so a message stays far below a gRPC client's default 4 MB
+receive limit (with 20 top log-probabilities a token takes ~240 bytes on the wire).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections import deque
 from collections.abc import Sequence
 
 from inference_server.engine.request import FinishReason, TokenEvent
+
+MAX_MERGED_TOKENS = 1024
 
 
 class TokenStream:
@@ -44,15 +48,18 @@ class TokenStream:
 
     def _take(self) -> list[TokenEvent]:
         taken = [self._pending.popleft()]
-        while self._pending and _joins(taken[-1], self._pending[0]):
+        tokens = len(taken[0].token_ids)
+        while self._pending and _joins(taken[-1], self._pending[0], tokens):
             taken.append(self._pending.popleft())
+            tokens += len(taken[-1].token_ids)
         return taken
 
 
-def _joins(last: TokenEvent, following: TokenEvent) -> bool:
-    """Whether ``following`` may be merged after ``last`` (nothing follows a finish; an error
-    stays on its own)."""
-    return last.finish_reason is None and following.finish_reason is not FinishReason.ERROR
+def _joins(last: TokenEvent, following: TokenEvent, tokens: int) -> bool:
+    """Whether ``following`` may be merged after ``last``, ``tokens`` tokens taken so far
+    (nothing follows a finish; an error stays on its own; the size is bounded)."""
+    return (last.finish_reason is None and following.finish_reason is not FinishReason.ERROR
+            and tokens + len(following.token_ids) <= MAX_MERGED_TOKENS)
 
 
 def merge_events(events: Sequence[TokenEvent]) -> TokenEvent:
