@@ -48,4 +48,4 @@ demo: protos
 	$(PY) demo/run_demo.py $(if $(DEMO_FAST),--fast)
 
 clean:
-	rm -rf loraplex .out build *.egg-info
+	rm -rf loraplex/v1 .out build *.egg-info

@@ -1,8 +1,8 @@
 """Build hook: generate the gRPC code from protos/ at build and install time.
 
 Everything else is in pyproject.toml. ``build_py`` runs protos/generate.py into the
-source tree (the ``loraplex`` package, git-ignored) and adds the generated packages to
-the distribution, so a wheel, ``pip install .`` and ``pip install -e .`` all ship them.
+source tree (``loraplex/v1``, git-ignored) and adds the generated packages to the
+distribution, so a wheel, ``pip install .`` and ``pip install -e .`` all ship them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent
 
 
 class BuildPyWithProtos(build_py):
-    """build_py that first compiles protos/*.proto into the ``loraplex`` package."""
+    """build_py that first compiles protos/*.proto into the ``loraplex.v1`` package."""
 
     def run(self) -> None:
         generator = runpy.run_path(str(ROOT / "protos" / "generate.py"))
@@ -29,10 +29,9 @@ class BuildPyWithProtos(build_py):
                 if name not in (self.distribution.packages or []):
                     self.distribution.packages = [*(self.distribution.packages or []), name]
         self.packages = self.distribution.packages
-        self.package_data.setdefault("loraplex", [])
-        for name in self.packages:
-            if name.startswith("loraplex"):
-                self.package_data[name] = ["*.pyi"]
+        for pkg_dir in written:  # the generated packages ship their .pyi stubs too
+            name = ".".join(pkg_dir.relative_to(ROOT).parts)
+            self.package_data[name] = [*self.package_data.get(name, []), "*.pyi"]
         super().run()
 
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import grpc
 
-from adapter_store.errors import InvalidRequestError
-from adapter_store.protocol import ROLE_METADATA_KEY, SECRET_METADATA_KEY, TENANT_METADATA_KEY
-from adapter_store.secret import check_secret
-from adapter_store.tenants.principal import Principal, Role
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.protocol import ROLE_METADATA_KEY, SECRET_METADATA_KEY, TENANT_METADATA_KEY
+from loraplex.adapter_store.secret import check_secret
+from loraplex.adapter_store.tenants.principal import Principal, Role
 
 log = logging.getLogger(__name__)
 _OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")

@@ -18,8 +18,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from adapter_store.backends.base import BlobBackend, Index
-from adapter_store.errors import BackendUnavailable
+from loraplex.adapter_store.backends.base import BlobBackend, Index
+from loraplex.adapter_store.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from adapter_store.errors import UnavailableError
+from loraplex.adapter_store.errors import UnavailableError
 
 # A commit is not started with less time left than this: the head write itself needs a moment,
 # and the caller must not hear "deadline exceeded" for a write that then lands.

@@ -1,6 +1,6 @@
 """The inference server's AdapterSource backed by the store sidecar over gRPC.
 
-``StoreClient(target)`` implements adapter_store.format.files.AdapterSource: resolve,
+``StoreClient(target)`` implements loraplex.adapter_store.format.files.AdapterSource: resolve,
 get, list, put and delete go to the store; ``watch`` follows its changes. Every file is
 checked against the sha256 the store sent (end to end) and parsed before it is returned.
 Idempotent calls (Get, Stat, List) are retried on UNAVAILABLE with a short backoff.
@@ -24,9 +24,9 @@ from typing import TypeVar
 
 import grpc
 
-from adapter_store.backends.base import BlobCache
-from adapter_store.convert import event_from_pb, record_from_pb
-from adapter_store.errors import (
+from loraplex.adapter_store.backends.base import BlobCache
+from loraplex.adapter_store.convert import event_from_pb, record_from_pb
+from loraplex.adapter_store.errors import (
     AdapterCorruptError,
     AdapterNotFoundError,
     AdapterValidationError,
@@ -37,13 +37,13 @@ from adapter_store.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from adapter_store.format.base_shapes import BaseShapes
-from adapter_store.format.files import AdapterFiles, AdapterInfo
-from adapter_store.format.peft_format import parse_adapter_files
-from adapter_store.protocol import FIELD_METADATA_KEY, MAX_MESSAGE_BYTES
-from adapter_store.records import ChangeEvent, StoredRecord
-from adapter_store.secret import with_secret
-from adapter_store.tenants.principal import Principal
+from loraplex.adapter_store.format.base_shapes import BaseShapes
+from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.adapter_store.protocol import FIELD_METADATA_KEY, MAX_MESSAGE_BYTES
+from loraplex.adapter_store.records import ChangeEvent, StoredRecord
+from loraplex.adapter_store.secret import with_secret
+from loraplex.adapter_store.tenants.principal import Principal
 from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 T = TypeVar("T")

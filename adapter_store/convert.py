@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from adapter_store.format.files import AdapterInfo
-from adapter_store.format.pattern_decisions import PatternValue
-from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, FileEntry, StoredRecord
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.format.pattern_decisions import PatternValue
+from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, FileEntry, StoredRecord
 from loraplex.v1 import store_pb2 as pb
 
 _KINDS = {

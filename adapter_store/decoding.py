@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.errors import InvalidRequestError
 
 
 @dataclass(frozen=True, slots=True)

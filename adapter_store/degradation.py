@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from adapter_store.metrics import StoreMetrics
+from loraplex.adapter_store.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from adapter_store.format.files import AdapterFiles, AdapterInfo
-from adapter_store.format.peft_format import parse_adapter_files
-from adapter_store.store import Store
+from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.adapter_store.store import Store
 
 LIST_PAGE = 1000
 
 
 class InProcessStoreSource:
-    """adapter_store.format.files.AdapterSource backed by a Store in this process."""
+    """loraplex.adapter_store.format.files.AdapterSource backed by a Store in this process."""
 
     def __init__(self, store: Store) -> None:
         self.store = store

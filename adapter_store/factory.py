@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adapter_store.backends.local_blobs import LocalBlobBackend
-from adapter_store.backends.memory_cache import MemoryBlobCache
-from adapter_store.backends.memory_feed import MemoryChangeFeed
-from adapter_store.backends.memory_index import MemoryIndex
-from adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
-from adapter_store.metrics import StoreMetrics
-from adapter_store.settings import StoreSettings
-from adapter_store.store import Store
+from loraplex.adapter_store.backends.local_blobs import LocalBlobBackend
+from loraplex.adapter_store.backends.memory_cache import MemoryBlobCache
+from loraplex.adapter_store.backends.memory_feed import MemoryChangeFeed
+from loraplex.adapter_store.backends.memory_index import MemoryIndex
+from loraplex.adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
+from loraplex.adapter_store.metrics import StoreMetrics
+from loraplex.adapter_store.settings import StoreSettings
+from loraplex.adapter_store.store import Store
 
 
 def load_base_config(path: str | None) -> HFBaseShapes | None:
@@ -38,16 +38,16 @@ def build_store(
     """The store the settings describe. ``base`` overrides ``settings.base_config``."""
     base = base if base is not None else load_base_config(settings.base_config)
     if settings.blob_backend == "s3":
-        from adapter_store.backends.s3_blobs import S3BlobBackend  # noqa: PLC0415  (boto3 is an extra)
+        from loraplex.adapter_store.backends.s3_blobs import S3BlobBackend  # noqa: PLC0415  (boto3 is an extra)
 
         blobs = S3BlobBackend(settings.s3)
     else:
         blobs = LocalBlobBackend(settings.local_dir)
     if settings.index_backend == "redis":
-        from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415  (redis is an extra)
-        from adapter_store.backends.redis_conn import Breaker, connect  # noqa: PLC0415
-        from adapter_store.backends.redis_feed import RedisChangeFeed  # noqa: PLC0415
-        from adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
+        from loraplex.adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415  (redis is an extra)
+        from loraplex.adapter_store.backends.redis_conn import Breaker, connect  # noqa: PLC0415
+        from loraplex.adapter_store.backends.redis_feed import RedisChangeFeed  # noqa: PLC0415
+        from loraplex.adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
 
         client = connect(settings.redis)
         ns = settings.redis.namespace

@@ -7,11 +7,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-from adapter_store.backends.base import Index
-from adapter_store.degradation import Degradation
-from adapter_store.errors import BackendUnavailable, UnavailableError
-from adapter_store.listing import HeadScanner
-from adapter_store.records import StoredRecord
+from loraplex.adapter_store.backends.base import Index
+from loraplex.adapter_store.degradation import Degradation
+from loraplex.adapter_store.errors import BackendUnavailable, UnavailableError
+from loraplex.adapter_store.listing import HeadScanner
+from loraplex.adapter_store.records import StoredRecord
 
 log = logging.getLogger(__name__)
 

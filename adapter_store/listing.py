@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from adapter_store.backends.base import BlobBackend
-from adapter_store.errors import AdapterCorruptError
-from adapter_store.records import StoredRecord
+from loraplex.adapter_store.backends.base import BlobBackend
+from loraplex.adapter_store.errors import AdapterCorruptError
+from loraplex.adapter_store.records import StoredRecord
 
 log = logging.getLogger(__name__)
 SCAN_PAGE = 1000

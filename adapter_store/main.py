@@ -17,14 +17,14 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from adapter_store.factory import build_store
-from adapter_store.metrics import StoreMetrics
-from adapter_store.secret import read_secret
-from adapter_store.server import StoreServer
-from adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
-from adapter_store.store import Store
+from loraplex.adapter_store.factory import build_store
+from loraplex.adapter_store.metrics import StoreMetrics
+from loraplex.adapter_store.secret import read_secret
+from loraplex.adapter_store.server import StoreServer
+from loraplex.adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
+from loraplex.adapter_store.store import Store
 
-log = logging.getLogger("adapter_store")
+log = logging.getLogger("loraplex.adapter_store")
 ENV_PREFIX = "LORAPLEX_STORE_"
 
 

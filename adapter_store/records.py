@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from adapter_store.errors import AdapterCorruptError, AdapterValidationError
-from adapter_store.format.files import ADAPTER_FILES, AdapterInfo, make_info
-from adapter_store.format.pattern_decisions import PatternValue
-from adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec
+from loraplex.adapter_store.errors import AdapterCorruptError, AdapterValidationError
+from loraplex.adapter_store.format.files import ADAPTER_FILES, AdapterInfo, make_info
+from loraplex.adapter_store.format.pattern_decisions import PatternValue
+from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec
 
 MAX_FILE_NAME_LEN = 255
 KIND_PUT, KIND_DELETE, KIND_RESYNC = "put", "delete", "resync"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import grpc
 
-from adapter_store.protocol import ROLE_METADATA_KEY, SECRET_METADATA_KEY, TENANT_METADATA_KEY
-from adapter_store.tenants.principal import Principal
+from loraplex.adapter_store.protocol import ROLE_METADATA_KEY, SECRET_METADATA_KEY, TENANT_METADATA_KEY
+from loraplex.adapter_store.tenants.principal import Principal
 
 MIN_SECRET_LEN = 16
 

@@ -10,10 +10,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from adapter_store.auth import SecretInterceptor, is_loopback
-from adapter_store.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
-from adapter_store.service import AdapterStoreService, handler
-from adapter_store.store import Store
+from loraplex.adapter_store.auth import SecretInterceptor, is_loopback
+from loraplex.adapter_store.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
+from loraplex.adapter_store.service import AdapterStoreService, handler
+from loraplex.adapter_store.store import Store
 
 log = logging.getLogger(__name__)
 

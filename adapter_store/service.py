@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from adapter_store.auth import caller_of
-from adapter_store.call_deadline import CallDeadline
-from adapter_store.convert import event_to_pb, record_to_pb
-from adapter_store.decoding import Undecodable, lenient
-from adapter_store.errors import (
+from loraplex.adapter_store.auth import caller_of
+from loraplex.adapter_store.call_deadline import CallDeadline
+from loraplex.adapter_store.convert import event_to_pb, record_to_pb
+from loraplex.adapter_store.decoding import Undecodable, lenient
+from loraplex.adapter_store.errors import (
     AdapterCorruptError,
     AdapterNotFoundError,
     InvalidRequestError,
@@ -33,13 +33,13 @@ from adapter_store.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from adapter_store.format.naming import validate_adapter_id
-from adapter_store.protocol import FIELD_METADATA_KEY, SERVICE_NAME
-from adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
-from adapter_store.store import Store
-from adapter_store.tenants import policy
-from adapter_store.tenants.principal import Principal
-from adapter_store.upload import receive_upload
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.protocol import FIELD_METADATA_KEY, SERVICE_NAME
+from loraplex.adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
+from loraplex.adapter_store.store import Store
+from loraplex.adapter_store.tenants import policy
+from loraplex.adapter_store.tenants.principal import Principal
+from loraplex.adapter_store.upload import receive_upload
 from loraplex.v1 import store_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
-from adapter_store.blob_marker import BlobMarker
-from adapter_store.call_deadline import CallDeadline
-from adapter_store.degradation import Degradation
-from adapter_store.errors import (
+from loraplex.adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
+from loraplex.adapter_store.blob_marker import BlobMarker
+from loraplex.adapter_store.call_deadline import CallDeadline
+from loraplex.adapter_store.degradation import Degradation
+from loraplex.adapter_store.errors import (
     AdapterCorruptError,
     AdapterNotFoundError,
     BackendUnavailable,
@@ -27,14 +27,15 @@ from adapter_store.errors import (
     LeaseLost,
     UnavailableError,
 )
-from adapter_store.format.base_shapes import BaseShapes
-from adapter_store.format.naming import validate_adapter_id
-from adapter_store.format.peft_format import parse_adapter_upload
-from adapter_store.index_keeper import IndexKeeper
-from adapter_store.listing import HeadScanner
-from adapter_store.metrics import StoreMetrics
-from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord, check_upload_files
-from adapter_store.write_turn import Turn, WriterLocks, superseded
+from loraplex.adapter_store.format.base_shapes import BaseShapes
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.format.peft_format import parse_adapter_upload
+from loraplex.adapter_store.index_keeper import IndexKeeper
+from loraplex.adapter_store.listing import HeadScanner
+from loraplex.adapter_store.metrics import StoreMetrics
+from loraplex.adapter_store.records import (KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord,
+                                            check_upload_files)
+from loraplex.adapter_store.write_turn import Turn, WriterLocks, superseded
 
 log = logging.getLogger(__name__)
 FILL_WAIT_S = 0.5  # an index fill is a speed-up: it does not queue behind a writer for long

@@ -13,10 +13,10 @@ import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from adapter_store.decoding import Undecodable
-from adapter_store.errors import AdapterValidationError, InvalidRequestError
-from adapter_store.format.naming import validate_adapter_id
-from adapter_store.records import check_file_name
+from loraplex.adapter_store.decoding import Undecodable
+from loraplex.adapter_store.errors import AdapterValidationError, InvalidRequestError
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.records import check_file_name
 from loraplex.v1 import store_pb2 as pb
 
 MAX_FILES = 8

@@ -12,8 +12,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-from adapter_store.errors import AdapterNotFoundError, LoraplexError
-from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent
+from loraplex.adapter_store.errors import AdapterNotFoundError, LoraplexError
+from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent
 
 log = logging.getLogger(__name__)
 

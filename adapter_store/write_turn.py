@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from adapter_store.backends.base import NO_LEASE, Index, WriterLease
-from adapter_store.call_deadline import CallDeadline
-from adapter_store.degradation import Degradation
-from adapter_store.errors import BackendUnavailable, UnavailableError
-from adapter_store.id_locks import IdLocks
+from loraplex.adapter_store.backends.base import NO_LEASE, Index, WriterLease
+from loraplex.adapter_store.call_deadline import CallDeadline
+from loraplex.adapter_store.degradation import Degradation
+from loraplex.adapter_store.errors import BackendUnavailable, UnavailableError
+from loraplex.adapter_store.id_locks import IdLocks
 
 
 class WriterLocks:

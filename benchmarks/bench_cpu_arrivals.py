@@ -20,18 +20,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
 from random_adapters import RandomAdapterSource  # noqa: E402
 from results import record_results  # noqa: E402
 
-from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from inference_server.engine.config import EngineConfig  # noqa: E402
-from inference_server.engine.factory import assemble  # noqa: E402
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
-from inference_server.model.checkpoint import ModelSource  # noqa: E402
-from inference_server.model.loading import load_checkpoint  # noqa: E402
-from inference_server.model.weights import build_model  # noqa: E402
+from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
+from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
+from loraplex.inference_server.engine.factory import assemble  # noqa: E402
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
+from loraplex.inference_server.model.checkpoint import ModelSource  # noqa: E402
+from loraplex.inference_server.model.loading import load_checkpoint  # noqa: E402
+from loraplex.inference_server.model.weights import build_model  # noqa: E402
 
 BATCH, ARRIVALS = 8, 8
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from lora_helpers import greedy_request, load_engine, make_peft_adapter, run_all  # noqa: E402
 from results import record_results  # noqa: E402
 
-from inference_server.model.checkpoint import default_model_path  # noqa: E402
+from loraplex.inference_server.model.checkpoint import default_model_path  # noqa: E402
 
 PROMPTS = ["Tell me a story about a dragon.", "How do planes fly?", "Give me a recipe for pancakes.",
            "What is a black hole?", "Write a poem about autumn.", "Why is the sky blue?",

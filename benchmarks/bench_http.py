@@ -23,12 +23,12 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # last: its kernels/ must not shadow HF kernels
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import record_results  # noqa: E402
 
-from clients import AsyncLoraplexClient, LoraplexClient  # noqa: E402
+from loraplex.clients import AsyncLoraplexClient, LoraplexClient  # noqa: E402
 
 
 def _free_port() -> int:
@@ -39,7 +39,8 @@ def _free_port() -> int:
 
 def start_server(model: str, fmt: str, max_seqs: int, workdir: Path) -> tuple[subprocess.Popen, int, int]:
     grpc_port, http_port = _free_port(), _free_port()
-    args = [sys.executable, "-m", "inference_server.main", "--model", model, "--model-format", fmt, "--device", "cpu",
+    args = [sys.executable, "-P", "-m", "loraplex.inference_server.main", "--model", model, "--model-format", fmt,
+            "--device", "cpu",
             "--port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", "0",
             "--max-num-seqs", str(max_seqs), "--num-kv-blocks", "4096", "--max-waiting", "1024",
             "--adapter-dir", str(workdir / "adapters"), "--log-level", "WARNING"]

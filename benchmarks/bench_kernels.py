@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import cuda as kcuda  # noqa: E402
-from kernels.operands import LoraOperands  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
+from loraplex.kernels import cuda as kcuda  # noqa: E402
+from loraplex.kernels.operands import LoraOperands  # noqa: E402
 
 HBM_BPS = 4.23e12  # measured copy bandwidth (PERF.md)
 TC_FLOPS = 790e12  # measured bf16 dense matmul
@@ -99,7 +99,7 @@ def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
         return lambda: kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
     if name == "sgmv_dec":  # SGMV forced onto the decode path (split-K + CUDA-core expand)
         def sgmv_dec():
-            from kernels.cuda import _launch  # noqa: PLC0415
+            from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
             old = _launch.SMALL_BATCH_ROWS
             _launch.SMALL_BATCH_ROWS = 1 << 30
@@ -197,8 +197,8 @@ def breakdown(gen) -> None:
     """Per-kernel device time: an empty CuPy kernel, then shrink alone / expand alone."""
     import cupy  # noqa: PLC0415
 
-    from kernels.checks import check_args  # noqa: PLC0415
-    from kernels.cuda._launch import Call, launch, plan_call  # noqa: PLC0415
+    from loraplex.kernels.checks import check_args  # noqa: PLC0415
+    from loraplex.kernels.cuda._launch import Call, launch, plan_call  # noqa: PLC0415
 
     rt = kcuda.default_cache().get(torch.device("cuda", torch.cuda.current_device()))
     nop = cupy.RawKernel('extern "C" __global__ void nop(int* p) { if (p) *p = 0; }', "nop")
@@ -286,7 +286,7 @@ def main() -> None:
                     help="decode SGMV calls of up to this many rows take one-row items (default: the launcher's)")
     args = ap.parse_args()
     if args.one_row_items is not None:
-        from kernels.cuda import _launch  # noqa: PLC0415
+        from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
         _launch.ONE_ROW_ITEMS_ROWS = args.one_row_items
         print(f"# ONE_ROW_ITEMS_ROWS = {args.one_row_items}", flush=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # appended: PYTHONPATH may name another checkout
-from kernels.cuda import paged_decode as pd  # noqa: E402  (first: bench_kernels would put this checkout first)
+from loraplex.kernels.cuda import paged_decode as pd  # noqa: E402  (first: bench_kernels would put this checkout first)
 from bench_kernels import time_graph  # noqa: E402, I001
 
 HBM_BPS = 4.23e12  # PERF.md

@@ -28,25 +28,25 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 from pool_ttft import RoutedSource, ms, redis_source, ttft_rows  # noqa: E402
 from random_adapters import RandomAdapterSource  # noqa: E402
 from results import record_results  # noqa: E402
 
-from inference_server.engine import cpu_threads  # noqa: E402
-from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from inference_server.engine.config import EngineConfig  # noqa: E402
-from inference_server.engine.factory import assemble  # noqa: E402
-from inference_server.engine.request import GenerationRequest, StoppingCriteria  # noqa: E402
-from inference_server.lora.pool.device_packing import plan_device_pack, stage  # noqa: E402
-from inference_server.main import configure_interpreter  # noqa: E402
-from inference_server.lora.pool.adapter_pool import AdapterPool  # noqa: E402
-from inference_server.lora.pool.packing import pack_adapter, plan_layout  # noqa: E402
-from adapter_store.format.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
-from inference_server.lora.pool.tensor_views import tensor_views  # noqa: E402
-from inference_server.model.config import ModelConfig  # noqa: E402
-from inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
-from inference_server.model.llama import LlamaForCausalLM  # noqa: E402
+from loraplex.inference_server.engine import cpu_threads  # noqa: E402
+from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
+from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
+from loraplex.inference_server.engine.factory import assemble  # noqa: E402
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria  # noqa: E402
+from loraplex.inference_server.lora.pool.device_packing import plan_device_pack, stage  # noqa: E402
+from loraplex.inference_server.main import configure_interpreter  # noqa: E402
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool  # noqa: E402
+from loraplex.inference_server.lora.pool.packing import pack_adapter, plan_layout  # noqa: E402
+from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
+from loraplex.inference_server.lora.pool.tensor_views import tensor_views  # noqa: E402
+from loraplex.inference_server.model.config import ModelConfig  # noqa: E402
+from loraplex.inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
+from loraplex.inference_server.model.llama import LlamaForCausalLM  # noqa: E402
 
 REDIS_ADAPTERS = 5  # adapters stored only in Redis, with --redis-url
 
@@ -215,7 +215,7 @@ def main() -> None:
                         help="GPU: also time the first token of adapters stored only in this Redis (redis://...)")
     parser.add_argument("--results", default=None)
     parser.add_argument("--switch-interval-ms", type=float, default=None,
-                        help="Python's GIL switch interval (default: the server's, inference_server.main)")
+                        help="Python's GIL switch interval (default: the server's, loraplex.inference_server.main)")
     args = parser.parse_args()
     if args.switch_interval_ms is None:
         configure_interpreter()

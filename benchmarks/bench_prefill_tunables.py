@@ -14,11 +14,11 @@ import sys
 import torch
 
 sys.path.insert(0, "benchmarks")
-sys.path.insert(0, ".")  # the kernels of the tree it is run from
+sys.path.append(".")  # the kernels of the tree it is run from
 import bench_kernels as bk  # noqa: E402
-from kernels import cuda as kcuda  # noqa: E402
-from kernels.checks import check_args  # noqa: E402
-from kernels.cuda import _launch  # noqa: E402
+from loraplex.kernels import cuda as kcuda  # noqa: E402
+from loraplex.kernels.checks import check_args  # noqa: E402
+from loraplex.kernels.cuda import _launch  # noqa: E402
 
 # (h_out, rank, segments, rank cap: the workspace's R, which picks the kernel variant; the server's
 # default cap is 128, so its rank-16 prefills run the r128 variants)

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from adapter_store.backends import redis_cache  # noqa: E402
-from adapter_store.backends.redis_conn import connect  # noqa: E402
-from adapter_store.records import FileEntry, StoredRecord  # noqa: E402
-from adapter_store.settings import RedisSettings  # noqa: E402
-from adapter_store.format.files import AdapterInfo  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
+from loraplex.adapter_store.backends import redis_cache  # noqa: E402
+from loraplex.adapter_store.backends.redis_conn import connect  # noqa: E402
+from loraplex.adapter_store.records import FileEntry, StoredRecord  # noqa: E402
+from loraplex.adapter_store.settings import RedisSettings  # noqa: E402
+from loraplex.adapter_store.format.files import AdapterInfo  # noqa: E402
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
 
 from benchmarks.bench_serve_args import parse_args  # noqa: E402
 from benchmarks.serve_adapters import adapter_names, link_subset, write_adapters  # noqa: E402
@@ -86,7 +86,7 @@ class Bench:
     """Runs every planned server and run; keeps the results in order."""
 
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        from inference_server.model.dummy import preset_config
+        from loraplex.inference_server.model.dummy import preset_config
 
         self.args, self.workdir = args, workdir
         self.vocab_size = preset_config(args.model).vocab_size

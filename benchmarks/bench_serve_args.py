@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     """Cross-option checks, as argparse errors a user can act on; adds ``args.edges``."""
-    from inference_server.model.dummy import preset_config
+    from loraplex.inference_server.model.dummy import preset_config
 
     try:
         context = preset_config(args.model).max_position_embeddings

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
 
 from benchmarks.serve_adapters import adapter_names, write_adapters  # noqa: E402
 from benchmarks.serve_process import free_port, wait_serving  # noqa: E402
@@ -84,7 +84,7 @@ def adapter_for(i: int, adapters: list[str]) -> str | None:
 # ---------------------------------------------------------------- in-process engine
 
 def engine_config(args: argparse.Namespace):
-    from inference_server.engine.config import EngineConfig
+    from loraplex.inference_server.engine.config import EngineConfig
 
     return EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=128, max_num_batched_tokens=4096,
                         num_kv_blocks=args.kv_blocks, block_size=16, max_waiting=1024)
@@ -96,15 +96,15 @@ def build_engine(args: argparse.Namespace, adapter_dir: Path):
         from benchmarks.synthetic_engine import SyntheticEngine
 
         return SyntheticEngine(args.step_ms / 1000)
-    from inference_server.engine.async_engine import AsyncEngine
-    from inference_server.model.checkpoint import ModelSource
+    from loraplex.inference_server.engine.async_engine import AsyncEngine
+    from loraplex.inference_server.model.checkpoint import ModelSource
 
     source = ModelSource(format="dummy", dummy=args.model, seed=0)
     return AsyncEngine.build(engine_config(args), source, str(adapter_dir), False)
 
 
 async def run_in_process(args: argparse.Namespace, adapter_dir: Path, adapters: list[str]) -> dict[int, dict]:
-    from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+    from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
 
     engine = await asyncio.to_thread(build_engine, args, adapter_dir)
     await engine.start()
@@ -187,10 +187,10 @@ def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subproces
         proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "synthetic_engine.py"), "--port", str(port),
                                  "--step-ms", str(args.step_ms)], cwd=REPO)
         return proc, wait_serving(f"127.0.0.1:{port}", proc)
-    launcher = ["-m", "inference_server.main"]
+    launcher = ["-P", "-m", "loraplex.inference_server.main"]
     if args.server_switch_interval:  # experiment: the GIL hand-off interval of the server process
-        launcher = ["-c", f"import sys; sys.setswitchinterval({args.server_switch_interval}); "
-                          "from inference_server.main import main; sys.exit(main())"]
+        launcher = ["-P", "-c", f"import sys; sys.setswitchinterval({args.server_switch_interval}); "
+                          "from loraplex.inference_server.main import main; sys.exit(main())"]
     cmd = [sys.executable, *launcher, "--model-format", "dummy", "--model", args.model,
            "--device", args.device, "--dtype", args.dtype, "--port", str(port), "--metrics-port", "0",
            "--adapter-dir", str(adapter_dir), "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",

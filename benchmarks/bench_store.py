@@ -35,13 +35,13 @@ import numpy as np
 from safetensors.numpy import save
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: E402
-from adapter_store.backends.redis_conn import connect  # noqa: E402
-from adapter_store.client import StoreClient  # noqa: E402
-from adapter_store.settings import RedisSettings  # noqa: E402
+from loraplex.adapter_store.backends.redis_cache import RedisBlobCache  # noqa: E402
+from loraplex.adapter_store.backends.redis_conn import connect  # noqa: E402
+from loraplex.adapter_store.client import StoreClient  # noqa: E402
+from loraplex.adapter_store.settings import RedisSettings  # noqa: E402
 from results import record_results  # noqa: E402
 
 # Llama-2-7B projection shapes (in, out); rank 16 on all 7 in 32 layers is ~80 MB in bf16.
@@ -99,7 +99,8 @@ def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 def start_store(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "adapter_store.main", "--listen", "127.0.0.1:0", "--log-level", "WARNING", *args]
+    cmd = [sys.executable, "-P", "-m", "loraplex.adapter_store.main", "--listen", "127.0.0.1:0", "--log-level", "WARNING",
+           *args]
     proc = start(cmd, {**AWS, "PYTHONPATH": str(REPO)}, log)
     line = proc.stdout.readline()
     if "listening on port" not in line:

@@ -43,19 +43,19 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
 import textgen_parts  # noqa: E402
 from random_adapters import PROJ, RandomAdapterSource  # noqa: E402
 from results import record_results  # noqa: E402
 
-from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from inference_server.engine.config import EngineConfig  # noqa: E402
-from inference_server.engine.factory import assemble  # noqa: E402
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
-from inference_server.model.checkpoint import ModelSource  # noqa: E402
-from inference_server.model.loading import load_checkpoint  # noqa: E402
-from inference_server.model.weights import build_model  # noqa: E402
+from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
+from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
+from loraplex.inference_server.engine.factory import assemble  # noqa: E402
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
+from loraplex.inference_server.model.checkpoint import ModelSource  # noqa: E402
+from loraplex.inference_server.model.loading import load_checkpoint  # noqa: E402
+from loraplex.inference_server.model.weights import build_model  # noqa: E402
 
 HBM_BYTES_PER_S = 4.23e12
 WORKLOADS = ("distinct", "uniform", "skewed", "identical", "base")
@@ -227,7 +227,7 @@ def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from inference_server.model.dummy import PRESETS
+    from loraplex.inference_server.model.dummy import PRESETS
 
     p = PRESETS[model_name]
     hf_cfg = LlamaConfig(vocab_size=p["vocab_size"], hidden_size=p["hidden_size"],

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # last: its kernels/ must not shadow HF kernels
 
-from kernels.checks import Problem  # noqa: E402
-from kernels.cuda import _launch  # noqa: E402
-from kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_bytes  # noqa: E402
+from loraplex.kernels.checks import Problem  # noqa: E402
+from loraplex.kernels.cuda import _launch  # noqa: E402
+from loraplex.kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_bytes  # noqa: E402
 
 CSRC = ROOT / "kernels" / "csrc"
 SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")

@@ -16,11 +16,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-from adapter_store.embedded import InProcessStoreSource
-from adapter_store.factory import build_store
-from adapter_store.format.files import AdapterFiles, AdapterInfo
-from adapter_store.settings import RedisSettings, StoreSettings
-from inference_server.engine.request import GenerationRequest, StoppingCriteria
+from loraplex.adapter_store.embedded import InProcessStoreSource
+from loraplex.adapter_store.factory import build_store
+from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
+from loraplex.adapter_store.settings import RedisSettings, StoreSettings
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
 
 REDIS_PREFIX = "redis-"
 PROMPT = tuple(range(5, 133))  # 128 tokens

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
 import bench_textgen  # noqa: E402
 
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
 
 CATEGORIES = (("attention", ("paged_decode",)), ("lora", ("lora_",)),
               ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas")))
@@ -77,7 +77,7 @@ def timed_stages(engine, steps: int) -> dict[str, float]:
              (runner, "execute", wrap(runner, "execute", "runner.execute")),
              (runner, "launch", wrap(runner, "launch", "runner.launch (no GPU wait)")),
              (core, "step", wrap(core, "step", "engine step"))]
-    import inference_server.engine.model_runner as mr
+    import loraplex.inference_server.engine.model_runner as mr
 
     plan, sample = mr.plan_step, mr.sample
     mr.plan_step = lambda *a: _time(stages, "plan", plan, *a)
@@ -157,9 +157,9 @@ def priority_ab(engine, size: int) -> dict[str, list[float]]:
 
 def run_items_ab(engine, size: int) -> dict[str, list[float]]:
     """LoRA graph replays with row_slot's runs as the items of neither, one or both decode kernels
-    (kernels.cuda._launch.RUN_ITEMS; without them the expand takes one row per item and the shrink
+    (loraplex.kernels.cuda._launch.RUN_ITEMS; without them the expand takes one row per item and the shrink
     seg's 4-row tiles). Calls of up to ONE_ROW_ITEMS_ROWS rows take one-row items either way."""
-    from kernels.cuda import _launch
+    from loraplex.kernels.cuda import _launch
 
     default = _launch.RUN_ITEMS
     kernels = {"neither": (), "shrink": ("shrink",), "expand": ("expand",), "both": ("shrink", "expand")}
@@ -174,7 +174,7 @@ def shrink_first_ab(engine, size: int) -> dict[str, list[float]]:
     """LoRA graph replays as the engine captures it (each shrink on the side stream beside its base
     GEMM, the expand joining both) and with each shrink on the main stream before its GEMM (no fork,
     no join; the expand follows the GEMM)."""
-    from inference_server.lora import batch as lora_batch
+    from loraplex.inference_server.lora import batch as lora_batch
 
     original = lora_batch.LoraBatch.apply
 
@@ -241,7 +241,7 @@ def ablation(engine, size: int, rounds: int = 3) -> dict[str, list[float]]:
     joins the side stream once, before the logits, instead of before each expand: what the
     joins cost apart from the forks. The outputs of the ablated graphs are wrong by design; the
     full graph is captured again at the end."""
-    from inference_server.lora import batch as lora_batch
+    from loraplex.inference_server.lora import batch as lora_batch
 
     graphs = engine._core.runner.graphs
     original, original_apply = lora_batch.LoraBatch._sgmv, lora_batch.LoraBatch.apply

@@ -12,9 +12,9 @@ import json
 import torch
 from safetensors.torch import save
 
-from adapter_store.format.files import AdapterFiles, make_info
-from adapter_store.format.peft_format import parse_adapter_files
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.format.files import AdapterFiles, make_info
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.inference_server.model.config import ModelConfig
 
 PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
         "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}

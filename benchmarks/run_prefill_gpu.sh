@@ -3,8 +3,8 @@
 # and expand alone), optionally after the same cases on another version's kernels, then the
 # prefill rows of bench_kernels. Logs into $OUT (or ./.out).
 # Usage: [BASE=dir] bash benchmarks/run_prefill_gpu.sh [BLOCKS ...]
-#   BASE: a folder with that version's kernels/ and benchmarks/ (e.g. `git archive main kernels
-#   benchmarks | tar -x -C .gpu-assets/base`, carried with the tree); BLOCKS as in
+#   BASE: a folder with that version's loraplex/, kernels/ and benchmarks/ (e.g. `git archive main
+#   loraplex kernels benchmarks | tar -x -C .gpu-assets/base`, carried with the tree); BLOCKS as in
 #   benchmarks/bench_prefill_tunables.py (default: 1 2).
 set -o pipefail
 OUT=${OUT:-.out}

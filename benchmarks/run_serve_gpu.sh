@@ -14,6 +14,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# the project is not installed there: the server processes (python -P) import loraplex from here
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 [ -f loraplex/v1/inference_pb2.py ] || { echo "loraplex/ (the generated gRPC code) was not carried" >&2; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 benchmarks/bench_serve.py --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_serve.log"

@@ -48,7 +48,7 @@ def write_adapters(model: str, adapter_dir: Path, names: list[str], ranks: list[
     import torch
     from safetensors.torch import save_file
 
-    from inference_server.model.dummy import preset_config
+    from loraplex.inference_server.model.dummy import preset_config
 
     cfg = preset_config(model)
     torch_dtype = getattr(torch, dtype)

@@ -29,7 +29,7 @@ def wait_serving(address: str, proc: subprocess.Popen | None = None, log: Path |
                  timeout: float = 600.0) -> str:
     """Poll gRPC health at ``address`` until SERVING; RuntimeError with the log's tail if ``proc``
     exits first, TimeoutError after ``timeout`` seconds. Returns ``address``."""
-    from clients import LoraplexClient
+    from loraplex.clients import LoraplexClient
 
     deadline = time.monotonic() + timeout
     with LoraplexClient(address, timeout=5) as client:
@@ -63,7 +63,7 @@ def wait_http(port: int, timeout: float = 60.0) -> None:
 
 def base_model_id(address: str) -> str:
     """The base model's id on both edges: ServerInfo's model name (as /v1/models lists it first)."""
-    from clients import LoraplexClient
+    from loraplex.clients import LoraplexClient
 
     with LoraplexClient(address, timeout=10) as client:
         return client.server_info().model_name
@@ -104,10 +104,10 @@ class Server:
 
 
 def start_server(flags: list[str], log: Path, http: bool = True, timeout: float = 600.0) -> Server:
-    """``python -m inference_server.main <flags>`` on free gRPC (and HTTP) ports, metrics off,
+    """``python -m loraplex.inference_server.main <flags>`` on free gRPC (and HTTP) ports, metrics off,
     output to ``log``; returns once it serves. ``flags`` name the model, device, adapters."""
     port, http_port = free_port(), free_port() if http else 0
-    cmd = [sys.executable, "-m", "inference_server.main", *flags, "--port", str(port),
+    cmd = [sys.executable, "-P", "-m", "loraplex.inference_server.main", *flags, "--port", str(port),
            "--http-port", str(http_port), "--metrics-port", "0"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)

@@ -22,11 +22,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
 
-from inference_server.engine.info import EngineInfo, EngineStats  # noqa: E402
-from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage  # noqa: E402
-from inference_server.engine.token_stream import TokenStream  # noqa: E402
+from loraplex.inference_server.engine.info import EngineInfo, EngineStats  # noqa: E402
+from loraplex.inference_server.engine.request import (  # noqa: E402
+    FinishReason, GenerationRequest, Timings, TokenEvent, Usage)
+from loraplex.inference_server.engine.token_stream import TokenStream  # noqa: E402
 
 
 SYNTHETIC_INFO = EngineInfo(model_name="synthetic", dtype="none", device="cpu", max_context_len=1 << 20,
@@ -129,9 +130,9 @@ def _positive(text: str) -> float:
 
 
 def main() -> int:
-    """Serve the synthetic engine with the real loraplex server (inference_server.main.serve)."""
-    from inference_server.main import configure_logging, serve  # noqa: PLC0415
-    from inference_server.settings import ServerSettings  # noqa: PLC0415
+    """Serve the synthetic engine with the real loraplex server (loraplex.inference_server.main.serve)."""
+    from loraplex.inference_server.main import configure_logging, serve  # noqa: PLC0415
+    from loraplex.inference_server.settings import ServerSettings  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)

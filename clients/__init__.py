@@ -1,7 +1,7 @@
 """Python client of the loraplex gRPC API: ``LoraplexClient`` (blocking), ``AsyncLoraplexClient``
 (asyncio), and the ``loraplex`` CLI (clients/cli.py).
 
-    from clients import LoraplexClient
+    from loraplex.clients import LoraplexClient
     with LoraplexClient("127.0.0.1:50051") as client:
         for event in client.generate(messages=[{"role": "user", "content": "Hi"}], adapter="pirate"):
             print(event.text, end="", flush=True)
@@ -15,8 +15,8 @@ except ImportError as exc:  # pragma: no cover - depends on the checkout
         "(or `pip install -e .`, which generates it)"
     ) from exc
 
-from clients.async_client import AsyncLoraplexClient
-from clients.errors import (
+from loraplex.clients.async_client import AsyncLoraplexClient
+from loraplex.clients.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     LoraplexClientError,
@@ -26,9 +26,9 @@ from clients.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from clients.security import TlsConfig
-from clients.sync_client import LoraplexClient
-from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo, Timings, Usage
+from loraplex.clients.security import TlsConfig
+from loraplex.clients.sync_client import LoraplexClient
+from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo, Timings, Usage
 
 __all__ = [
     "AdapterInfo", "AsyncLoraplexClient", "DeadlineExceededError", "GenerationEvent", "GenerationResult",

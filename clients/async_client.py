@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.errors import from_rpc_error
-from clients.requests import (
+from loraplex.clients.errors import from_rpc_error
+from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
     Progress,
@@ -20,9 +20,9 @@ from clients.requests import (
     channel_options,
     generate_request,
 )
-from clients.security import TlsConfig, auth_metadata, make_channel
-from clients.sync_client import HEALTH_STATUS
-from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
+from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
+from loraplex.clients.sync_client import HEALTH_STATUS
+from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
 

@@ -42,7 +42,7 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every subcommand except ``serve`` (which takes the server's flags)."""
-    from clients.requests import DEFAULT_ADDRESS  # noqa: PLC0415
+    from loraplex.clients.requests import DEFAULT_ADDRESS  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="loraplex", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -129,7 +129,7 @@ def _generate(client: Any, args: argparse.Namespace) -> int:
 def _upload(client: Any, args: argparse.Namespace) -> int:
     from tqdm import tqdm  # noqa: PLC0415
 
-    from clients.requests import check_folder  # noqa: PLC0415
+    from loraplex.clients.requests import check_folder  # noqa: PLC0415
 
     check_folder(args.folder)  # a folder that is not an adapter's: say so before a bar is drawn
     with tqdm(desc=f"uploading {args.adapter_id}", unit="B", unit_scale=True, unit_divisor=1024,
@@ -189,7 +189,7 @@ def _dispatch(client: Any, args: argparse.Namespace) -> int:
 
 
 def _tls(args: argparse.Namespace) -> Any:
-    from clients.security import TlsConfig  # noqa: PLC0415
+    from loraplex.clients.security import TlsConfig  # noqa: PLC0415
 
     if not (args.tls or args.tls_root_cert or args.tls_client_cert or args.tls_client_key):
         return None
@@ -209,10 +209,10 @@ def _hash_token() -> int:
 
 
 def serve(server_args: list[str]) -> None:
-    """``loraplex serve``: this process becomes the server (``python -m inference_server.main``,
+    """``loraplex serve``: this process becomes the server (``python -m loraplex.inference_server.main``,
     the same as ``loraplex-server``). The client package never imports the server or torch;
     the server keeps this process's id, so signals (SIGTERM drains) reach it directly."""
-    os.execv(sys.executable, [sys.executable, "-m", "inference_server.main", *server_args])
+    os.execv(sys.executable, [sys.executable, "-P", "-m", "loraplex.inference_server.main", *server_args])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,8 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         parser.error("`serve` must come first: loraplex serve [server flags]")
-    from clients.errors import LoraplexClientError  # noqa: PLC0415
-    from clients.sync_client import LoraplexClient  # noqa: PLC0415
+    from loraplex.clients.errors import LoraplexClientError  # noqa: PLC0415
+    from loraplex.clients.sync_client import LoraplexClient  # noqa: PLC0415
 
     if args.command == "hash-token":
         return _hash_token()

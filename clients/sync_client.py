@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients.errors import from_rpc_error
-from clients.requests import (
+from loraplex.clients.errors import from_rpc_error
+from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
     Progress,
@@ -19,8 +19,8 @@ from clients.requests import (
     channel_options,
     generate_request,
 )
-from clients.security import TlsConfig, auth_metadata, make_channel
-from clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
+from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
+from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
 
@@ -32,7 +32,7 @@ class LoraplexClient:
 
     ``timeout`` (seconds) bounds every unary call; ``generate`` and ``upload_adapter`` take
     their own. Read-only calls are retried on UNAVAILABLE with backoff (``retry_attempts``).
-    Errors are raised as ``clients.errors.LoraplexClientError`` subclasses.
+    Errors are raised as ``loraplex.clients.errors.LoraplexClientError`` subclasses.
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0, retry_attempts: int = 5,
@@ -68,7 +68,7 @@ class LoraplexClient:
 
         Keyword arguments: adapter, token_ids, messages, max_new_tokens, temperature, top_k, top_p,
         seed, repetition_penalty, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,
-        request_id (see clients.requests.generate_request). ``timeout`` bounds the whole stream.
+        request_id (see loraplex.clients.requests.generate_request). ``timeout`` bounds the whole stream.
         """
         return self._stream(generate_request(prompt, **kwargs), timeout)
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script from anywhere in the checkout
+sys.path.append(str(REPO))  # run as a script from anywhere in the checkout
 
 from demo import train_adapters  # noqa: E402
 from demo.side_by_side import BASE, ask  # noqa: E402
@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def loraplex(*args: str) -> list[str]:
     """The command line of the ``loraplex`` CLI (run with this interpreter, installed or not)."""
-    return [sys.executable, "-m", "clients.cli", *args]
+    return [sys.executable, "-P", "-m", "loraplex.clients.cli", *args]
 
 
 def run_cli(*args: str) -> None:
@@ -68,7 +68,7 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 async def compare(address: str, adapters: list[str], max_new_tokens: int) -> dict[str, int]:
     """Ask every question to the base model and each adapter; count answers that differ from the base."""
-    from clients import AsyncLoraplexClient  # noqa: PLC0415
+    from loraplex.clients import AsyncLoraplexClient  # noqa: PLC0415
 
     models = {BASE: None, **{name: name for name in adapters}}
     differ = dict.fromkeys(adapters, 0)

@@ -12,7 +12,7 @@ import sys
 import textwrap
 from typing import TextIO
 
-from clients import AsyncLoraplexClient
+from loraplex.clients import AsyncLoraplexClient
 
 BASE = "base model"
 

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inference_server.settings import ServerSettings
+from loraplex.inference_server.settings import ServerSettings
 
-log = logging.getLogger("inference_server")
+log = logging.getLogger("loraplex.inference_server")
 
 # The engine's step loop, the adapter loader and the gRPC event loop share one GIL. With
 # Python's default 5 ms switch interval, a loader busy in Python (validating, planning an
@@ -57,7 +57,7 @@ def engine_config(settings: ServerSettings) -> Any:
     """The EngineConfig for these settings (device and dtype ``auto`` resolved here)."""
     import torch  # noqa: PLC0415  (heavy: only when the server really starts)
 
-    from inference_server.engine.config import EngineConfig  # noqa: PLC0415
+    from loraplex.inference_server.engine.config import EngineConfig  # noqa: PLC0415
 
     device = settings.device
     if device == "auto":
@@ -92,7 +92,7 @@ def max_num_seqs(settings: ServerSettings, device: str) -> int:
 def model_source(settings: ServerSettings, device: str = "cpu") -> Any:
     """The ModelSource for ``--model`` / ``--model-format`` (no model: the embedded SmolLM2);
     dummy weights are drawn on ``device``."""
-    from inference_server.model.checkpoint import ModelSource  # noqa: PLC0415
+    from loraplex.inference_server.model.checkpoint import ModelSource  # noqa: PLC0415
 
     if settings.model_format == "dummy":
         return ModelSource(format="dummy", dummy=settings.model, seed=settings.seed, dummy_device=device)
@@ -101,7 +101,7 @@ def model_source(settings: ServerSettings, device: str = "cpu") -> Any:
 
 def build_engine(settings: ServerSettings) -> Any:
     """Load the model and build the engine (blocking; shows a progress bar while weights load)."""
-    from inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
+    from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
 
     config = engine_config(settings)
     # dummy weights drawn on the GPU (seconds for 7B); sharded engines draw on the CPU, then split
@@ -116,9 +116,9 @@ def adapter_source(settings: ServerSettings) -> Any:
     made once the model is loaded so uploads are validated against the base model."""
     if settings.adapter_store is None:
         return settings.adapter_path
-    from adapter_store.client import StoreClient  # noqa: PLC0415
+    from loraplex.adapter_store.client import StoreClient  # noqa: PLC0415
 
-    from adapter_store.secret import read_secret  # noqa: PLC0415
+    from loraplex.adapter_store.secret import read_secret  # noqa: PLC0415
 
     address, max_rank = settings.adapter_store, settings.max_lora_rank
     secret = read_secret(settings.adapter_store_secret_file) if settings.adapter_store_secret_file else None
@@ -145,8 +145,8 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
 async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; return the process exit code."""
-    from inference_server.auth.security import Security  # noqa: PLC0415
-    from inference_server.server.app import GrpcServer, ServerOptions  # noqa: PLC0415
+    from loraplex.inference_server.auth.security import Security  # noqa: PLC0415
+    from loraplex.inference_server.server.app import GrpcServer, ServerOptions  # noqa: PLC0415
 
     try:
         security = Security.from_settings(settings)
@@ -192,7 +192,7 @@ async def _start_http(settings: ServerSettings, server: Any) -> Any:
     """The OpenAI-compatible HTTP edge over the gRPC server's state (None with --http-port 0)."""
     if not settings.http_port:
         return None
-    from inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
+    from loraplex.inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
 
     http = HttpServer(HttpOptions.from_settings(settings), server.state, server.metrics, server.security,
                       server.tenant_metrics)

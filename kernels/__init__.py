@@ -1,18 +1,18 @@
 """LoRA kernels, one device-agnostic entry point.
 
 16-bit CUDA tensors (bfloat16, float16) go to the SGMV/BGMV CUDA kernels (compiled at run
-time through CuPy/NVRTC, see ``kernels.cuda``); float32/float64 CPU tensors to the CPU
-backend (``kernels.cpu``, bitwise the reference with less overhead). Everything else goes
-to the PyTorch reference (``kernels.reference``), which defines the semantics: 16-bit CPU
+time through CuPy/NVRTC, see ``loraplex.kernels.cuda``); float32/float64 CPU tensors to the CPU
+backend (``loraplex.kernels.cpu``, bitwise the reference with less overhead). Everything else goes
+to the PyTorch reference (``loraplex.kernels.reference``), which defines the semantics: 16-bit CPU
 tensors, and float32 / float64 CUDA tensors, the exactness mode used to check the GPU engine
 against the CPU one (the reference syncs with the host, so that mode is not CUDA-graph
 capturable). Callers never choose the backend. Every backend takes the same operands
-(``kernels.operands.LoraOperands``) beside y, x and the row layout.
+(``loraplex.kernels.operands.LoraOperands``) beside y, x and the row layout.
 
-``linear`` (``kernels.dense``) is the base projections' y = x W^T + b, in the form MKL runs
+``linear`` (``loraplex.kernels.dense``) is the base projections' y = x W^T + b, in the form MKL runs
 fastest for a decode batch's few rows on the CPU.
 
-``kernels.paged_decode`` is the same kind of entry point for decode attention over the paged
+``loraplex.kernels.paged_decode`` is the same kind of entry point for decode attention over the paged
 KV cache: a workspace where the CUDA kernel applies, None where the caller's portable path runs.
 """
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels import checks, cpu, reference
-from kernels.dense import linear
-from kernels.operands import LoraOperands
+from loraplex.kernels import checks, cpu, reference
+from loraplex.kernels.dense import linear
+from loraplex.kernels.operands import LoraOperands
 
 __all__ = ["LoraOperands", "add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "reference", "step_cache"]
 
@@ -35,7 +35,7 @@ def _use_cuda(x: torch.Tensor) -> bool:
 
 
 def _cuda_ops():
-    from kernels import cuda  # noqa: PLC0415  (imports CuPy; only on CUDA tensors)
+    from loraplex.kernels import cuda  # noqa: PLC0415  (imports CuPy; only on CUDA tensors)
 
     return cuda
 
@@ -46,7 +46,7 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
 
     ``cache``: what ``step_cache(pool)`` returned for this pool (kept by the caller across
     steps), or None. ``stage``: "both"; or, where ``can_stage(x)``, "shrink" then "expand"
-    (two calls, same arguments; see ``kernels.cuda.add_lora_slices``). ``row_slot``: the
+    (two calls, same arguments; see ``loraplex.kernels.cuda.add_lora_slices``). ``row_slot``: the
     same layout as ``seg`` row by row, which the CUDA decode expand may use instead (same
     result); the other backends do not need it."""
     if _use_cuda(x):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.operands import LoraOperands
+from loraplex.kernels.operands import LoraOperands
 
 MAX_SLICES = 4
 MAX_RANK = 128

@@ -1,6 +1,6 @@
 """Decoder-layer element-wise ops: the PyTorch reference, and fused CUDA kernels.
 
-On 16-bit CUDA tensors each op is one kernel (``kernels.cuda.fused``, csrc/fused_ops.cu)
+On 16-bit CUDA tensors each op is one kernel (``loraplex.kernels.cuda.fused``, csrc/fused_ops.cu)
 instead of the several launches of its PyTorch expression, rounding where the expression
 does. Everything else (CPU, and float32 on CUDA: the exactness mode) runs the PyTorch
 expressions below, which define the semantics (the Hugging Face Llama order of operations).
@@ -19,7 +19,7 @@ def _fused(t: torch.Tensor) -> bool:
 
 
 def _cuda():
-    from kernels.cuda import fused  # noqa: PLC0415  (imports CuPy: CUDA only)
+    from loraplex.kernels.cuda import fused  # noqa: PLC0415  (imports CuPy: CUDA only)
 
     return fused
 

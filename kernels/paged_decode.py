@@ -1,10 +1,10 @@
 """Paged decode attention, one device-agnostic entry point.
 
-The CUDA kernel (``kernels.cuda.paged_decode``: one query row per sequence over its block
+The CUDA kernel (``loraplex.kernels.cuda.paged_decode``: one query row per sequence over its block
 table, split over the context and combined) serves 16-bit and float32 CUDA tensors of the
 attention shapes it handles. Elsewhere there is no workspace, and the caller takes its
 portable path (PyTorch's attention over gathered KV): ``decode_workspace`` says which, once,
-when the engine is built; the engine never imports ``kernels.cuda`` itself.
+when the engine is built; the engine never imports ``loraplex.kernels.cuda`` itself.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from kernels.cuda.paged_decode import DecodeWorkspace
+    from loraplex.kernels.cuda.paged_decode import DecodeWorkspace
 
 
 def _cuda():
-    from kernels.cuda import paged_decode  # noqa: PLC0415  (imports CuPy; only on CUDA devices)
+    from loraplex.kernels.cuda import paged_decode  # noqa: PLC0415  (imports CuPy; only on CUDA devices)
 
     return paged_decode
 
@@ -45,6 +45,6 @@ def decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, 
                      rows: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                      num_splits: int, workspace: DecodeWorkspace) -> None:
     """out[rows[b]] = softmax(scale * q[rows[b]] K_b^T) V_b per sequence b, in place (see
-    ``kernels.cuda.paged_decode.paged_decode_attention`` for the shapes)."""
+    ``loraplex.kernels.cuda.paged_decode.paged_decode_attention`` for the shapes)."""
     _cuda().paged_decode_attention(out, q, k_cache, v_cache, rows, block_tables, context_lens, scale, num_splits,
                                    workspace)

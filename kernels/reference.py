@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.operands import LoraOperands
+from loraplex.kernels.operands import LoraOperands
 
 __all__ = [
     "lora_shrink",
@@ -162,7 +162,7 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
 
     The multi-slice form serves a fused projection (q/k/v with GQA widths, gate/up) in one
     call. y: [T, sum(out_widths)], x: [T, h_in]; seg: int32 [S+1]; ``ops`` as
-    ``kernels.operands.LoraOperands`` says (its workspace holds the shrink result, rounded to
+    ``loraplex.kernels.operands.LoraOperands`` says (its workspace holds the shrink result, rounded to
     x's dtype exactly as the CUDA kernels do).
     """
     rows = x.shape[0]

@@ -9,10 +9,10 @@ import struct
 
 import torch
 
-from adapter_store.format.peft_format import PROJECTIONS, parse_adapter_files
-from inference_server.lora.pool.packing import pack_adapter
-from inference_server.lora.pool.tensor_views import tensor_views
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.format.peft_format import PROJECTIONS, parse_adapter_files
+from loraplex.inference_server.lora.pool.packing import pack_adapter
+from loraplex.inference_server.lora.pool.tensor_views import tensor_views
+from loraplex.inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
                   num_heads=4, num_kv_heads=2, head_dim=8)

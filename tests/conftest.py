@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.model.checkpoint import default_model_path
+from checkout_path import keep_checkout_root_last
+
+keep_checkout_root_last()
+
+from loraplex.inference_server.model.checkpoint import default_model_path  # noqa: E402
 
 TINY_LLAMA = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,

@@ -4,6 +4,7 @@ build context, so tests can hold the images to the commands CI runs."""
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
 import shutil
@@ -150,9 +151,12 @@ def build_context(dest: Path) -> list[str]:
     copied = []
     for rel in filter(None, tracked):
         src = REPO / rel
-        if ignored(rel, patterns) or not src.is_file():
+        if ignored(rel, patterns) or not (src.is_file() or src.is_symlink()):
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest / rel)
+        if src.is_symlink():  # loraplex/kernels -> ../kernels: Docker sends links as links
+            os.symlink(os.readlink(src), dest / rel)
+        else:
+            shutil.copy2(src, dest / rel)
         copied.append(rel)
     return copied

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = ("protos", "inference_server", "adapter_store", "kernels", "clients")
+# The folders the distribution installs under one namespace: kernels/x.py is loraplex.kernels.x.
+NAMESPACE = "loraplex"
+NAMESPACED = ("inference_server", "adapter_store", "kernels", "clients")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +28,18 @@ def module_name(root: Path, path: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts and parts[0] in NAMESPACED:
+        parts.insert(0, NAMESPACE)
     return ".".join(parts)
+
+
+def package_of(name: str) -> str:
+    """The project package a module belongs to (``loraplex.kernels.cuda`` -> ``kernels``), or
+    the top-level name of anything else (``torch.nn`` -> ``torch``, ``loraplex.v1`` -> ``loraplex``)."""
+    parts = name.split(".")
+    if parts[0] == NAMESPACE and len(parts) > 1 and parts[1] in NAMESPACED:
+        return parts[1]
+    return parts[0]
 
 
 def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -78,19 +92,19 @@ def within(name: str, prefix: str) -> bool:
 # from (the adapter format, the shared errors, tenancy, wire constants). Everything else in
 # adapter_store is the sidecar (service, store, backends, settings, main...).
 STORE_CLIENT_SIDE = (
-    "adapter_store.errors", "adapter_store.protocol", "adapter_store.decoding", "adapter_store.secret",
-    "adapter_store.client", "adapter_store.watcher", "adapter_store.records", "adapter_store.convert",
-    "adapter_store.backends.base", "adapter_store.format", "adapter_store.tenants",
+    *(f"loraplex.adapter_store.{name}" for name in (
+        "errors", "protocol", "decoding", "secret", "client", "watcher", "records", "convert", "backends.base",
+        "format", "tenants")),
 )
 
 # The LoRA runtime's tiers, lowest first: a module may import its own tier and lower ones only.
 LORA_TIERS = (
-    ("inference_server.lora.local_directory",),
-    ("inference_server.lora.resident",),
-    ("inference_server.lora.batch",),
-    ("inference_server.lora.layers",),
-    ("inference_server.lora.pool",),
-    ("inference_server.lora.managed_adapters",),
+    ("loraplex.inference_server.lora.local_directory",),
+    ("loraplex.inference_server.lora.resident",),
+    ("loraplex.inference_server.lora.batch",),
+    ("loraplex.inference_server.lora.layers",),
+    ("loraplex.inference_server.lora.pool",),
+    ("loraplex.inference_server.lora.managed_adapters",),
 )
 
 
@@ -104,19 +118,22 @@ def lora_tier(name: str) -> int | None:
 def violation(edge: Edge) -> str | None:
     """Why ``edge`` is forbidden, or None."""
     src, dst = edge.source, edge.target
-    top_src, top_dst = src.split(".")[0], dst.split(".")[0]
+    top_src, top_dst = package_of(src), package_of(dst)
+    if dst.split(".")[0] in NAMESPACED:
+        return f"{dst.split('.')[0]} is installed as {NAMESPACE}.{dst.split('.')[0]}: import it by that name"
     if top_src == "kernels" and top_dst in ("inference_server", "adapter_store", "clients"):
         return "kernels import nothing of the project"
     if top_src == "adapter_store" and top_dst in ("inference_server", "kernels", "clients"):
         return "adapter_store is below inference_server and imports none of it"
     if top_src == "clients" and top_dst in ("inference_server", "kernels", "adapter_store", "torch"):
         return "clients need only the generated protos (no server code, no torch)"
-    if top_src == "inference_server" and within(dst, "kernels.cuda"):
+    if top_src == "inference_server" and within(dst, "loraplex.kernels.cuda"):
         return "inference_server reaches the kernels through their device-agnostic entry points"
-    if top_src == "inference_server" and top_dst == "adapter_store" and dst != "adapter_store":
+    if top_src == "inference_server" and top_dst == "adapter_store" and dst != "loraplex.adapter_store":
         if not any(within(dst, m) for m in STORE_CLIENT_SIDE):
             return "inference_server uses only the store's client side"
-    if any(within(src, m) for m in STORE_CLIENT_SIDE) and top_dst == "adapter_store" and dst != "adapter_store":
+    if any(within(src, m) for m in STORE_CLIENT_SIDE) and top_dst == "adapter_store" \
+            and dst != "loraplex.adapter_store":
         if not any(within(dst, m) for m in STORE_CLIENT_SIDE):
             return "the store's client side does not import the sidecar"
     low, high = lora_tier(dst), lora_tier(src)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.factory import assemble
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria, TokenEvent
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.model.checkpoint import ModelSource
-from inference_server.model.loading import load_checkpoint
-from inference_server.model.weights import build_model
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import assemble
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria, TokenEvent
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.model.weights import build_model
 
 # Four adapters that exercise the PEFT features the engine must honour.
 ADAPTER_CONFIGS = {

@@ -12,15 +12,15 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from adapter_store.client import StoreClient
-from adapter_store.errors import InvalidRequestError, ResourceExhaustedError
-from adapter_store.format.files import AdapterInfo
-from adapter_store.tenants.principal import Principal
-from inference_server.engine.info import EngineInfo, EngineStats
-from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.model.config import ModelConfig
-from inference_server.server.app import GrpcServer, ServerOptions
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.tenants.principal import Principal
+from loraplex.inference_server.engine.info import EngineInfo, EngineStats
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.server.app import GrpcServer, ServerOptions
 
 # The fake engine's "model": 2 layers, hidden 16 (adapters are validated against it).
 FAKE_BASE = ModelConfig(model_type="llama", vocab_size=300, hidden_size=16, intermediate_size=32, num_layers=2,
@@ -187,8 +187,8 @@ class ServerThread:
     def start_http(self, **routes: Any) -> str:
         """Open the OpenAI-compatible HTTP edge on this server's state (RouteConfig ``routes``);
         returns its base URL (``http://127.0.0.1:PORT/v1``)."""
-        from inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
-        from inference_server.http.routes import RouteConfig  # noqa: PLC0415
+        from loraplex.inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
+        from loraplex.inference_server.http.routes import RouteConfig  # noqa: PLC0415
 
         s = self.server
         self.http = HttpServer(HttpOptions(routes=RouteConfig(**routes)), s.state, s.metrics, s.security,
@@ -213,9 +213,9 @@ class StoreThread:
     daemon thread (the fake engine calls its client synchronously from the server's loop)."""
 
     def __init__(self, folder: Path, base: ModelConfig = FAKE_BASE) -> None:
-        from adapter_store.factory import build_store  # noqa: PLC0415
-        from adapter_store.server import StoreServer  # noqa: PLC0415
-        from adapter_store.settings import StoreSettings  # noqa: PLC0415
+        from loraplex.adapter_store.factory import build_store  # noqa: PLC0415
+        from loraplex.adapter_store.server import StoreServer  # noqa: PLC0415
+        from loraplex.adapter_store.settings import StoreSettings  # noqa: PLC0415
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -14,10 +14,10 @@ import torch
 
 from lora_helpers import collect, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
 
-from inference_server.engine.config import EngineConfig
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.lora.pool.adapter_pool import AcquireCancelled, AdapterPool
-from inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.lora.pool.adapter_pool import AcquireCancelled, AdapterPool
+from loraplex.inference_server.lora.pool.packing import plan_layout
 
 NAMES = ("a0", "a1", "a2", "a3")
 

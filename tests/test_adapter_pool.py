@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from lora_helpers import make_peft_adapter
 
-from adapter_store.errors import AdapterNotFoundError, ResourceExhaustedError
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.lora.pool.adapter_pool import AdapterPool
-from inference_server.lora.pool.packing import plan_layout
-from inference_server.lora.pool.range_allocator import RangeAllocator
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import AdapterNotFoundError, ResourceExhaustedError
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.lora.pool.range_allocator import RangeAllocator
+from loraplex.inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)
@@ -293,8 +293,8 @@ def test_pool_byte_accounting_is_exact(adapter_root_cached, ops) -> None:
 
 
 def test_host_arena_never_overwrites_a_leased_entry() -> None:
-    from inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
-    from inference_server.lora.resident import AdapterLayout
+    from loraplex.inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
+    from loraplex.inference_server.lora.resident import AdapterLayout
 
     layout = AdapterLayout((0,) * 7, (0.0,) * 7, (0,) * 7, (0,) * 7, 64)
     cache = HostAdapterCache(2 * 64 * 4)
@@ -317,7 +317,7 @@ def test_a_cold_load_checks_the_adapter_once_when_the_source_checked_it_against_
 ) -> None:
     """The source validates an adapter against its base model; the manager checks it again
     only when that base is not its own (a cold load parsed every adapter twice)."""
-    import inference_server.lora.pool.adapter_pool as manager_module
+    import loraplex.inference_server.lora.pool.adapter_pool as manager_module
 
     calls: list[ModelConfig] = []
     parse = manager_module.parse_adapter_files

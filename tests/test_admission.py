@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference_server.engine.admission import Admission
+from loraplex.inference_server.engine.admission import Admission
 
 
 def _fill(admission: Admission, tenant, n: int) -> int:

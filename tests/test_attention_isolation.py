@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_server.model.attention import AttentionMetadata, SequenceSpan, paged_attention
+from loraplex.inference_server.model.attention import AttentionMetadata, SequenceSpan, paged_attention
 
 HQ, HKV, D, BLOCK = 4, 2, 8, 4
 

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from adapter_store.errors import AdapterNotFoundError, PermissionDeniedError, ResourceExhaustedError
-from adapter_store.tenants import policy
-from adapter_store.tenants.principal import Principal, Role
-from inference_server.auth.quotas import QuotaTracker, TenantLimits
-from inference_server.auth.tokens import AuthError, TokenFile, hash_token, parse_tokens_file
+from loraplex.adapter_store.errors import AdapterNotFoundError, PermissionDeniedError, ResourceExhaustedError
+from loraplex.adapter_store.tenants import policy
+from loraplex.adapter_store.tenants.principal import Principal, Role
+from loraplex.inference_server.auth.quotas import QuotaTracker, TenantLimits
+from loraplex.inference_server.auth.tokens import AuthError, TokenFile, hash_token, parse_tokens_file
 
 TOKEN_A = "tok-a-0123456789abcdef"
 TOKEN_ADMIN = "tok-admin-0123456789abcdef"
@@ -177,10 +177,10 @@ def test_adapter_quotas_count_bytes_and_adapters_and_reupload_replaces() -> None
 
 
 def test_startup_says_when_authentication_is_off(tmp_path, caplog) -> None:
-    from inference_server.auth.security import Security  # noqa: PLC0415
-    from inference_server.settings import ServerSettings  # noqa: PLC0415
+    from loraplex.inference_server.auth.security import Security  # noqa: PLC0415
+    from loraplex.inference_server.settings import ServerSettings  # noqa: PLC0415
 
-    caplog.set_level(logging.INFO, logger="inference_server.auth.security")
+    caplog.set_level(logging.INFO, logger="loraplex.inference_server.auth.security")
     Security.from_settings(ServerSettings.from_sources([], {})).log_startup()
     assert any(r.levelno == logging.WARNING and "AUTHENTICATION IS OFF (--auth none)" in r.getMessage()
                for r in caplog.records)

@@ -16,12 +16,12 @@ import bench_pool  # noqa: E402
 import pool_ttft  # noqa: E402
 from random_adapters import RandomAdapterSource  # noqa: E402
 
-from inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from inference_server.engine.config import EngineConfig  # noqa: E402
-from inference_server.engine.factory import assemble  # noqa: E402
-from inference_server.model.config import ModelConfig  # noqa: E402
-from inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
-from inference_server.model.llama import LlamaForCausalLM  # noqa: E402
+from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
+from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
+from loraplex.inference_server.engine.factory import assemble  # noqa: E402
+from loraplex.inference_server.model.config import ModelConfig  # noqa: E402
+from loraplex.inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
+from loraplex.inference_server.model.llama import LlamaForCausalLM  # noqa: E402
 
 
 @pytest.fixture

@@ -32,8 +32,8 @@ def test_distinct_weight_files_are_hard_links_and_ranks_alternate(tmp_path: Path
 
 
 def test_adapters_are_valid_for_the_server(tmp_path: Path) -> None:
-    from inference_server.lora.local_directory import LocalAdapterDirectory
-    from inference_server.model.dummy import preset_config
+    from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+    from loraplex.inference_server.model.dummy import preset_config
 
     write_adapters("tiny", tmp_path / "adapters", ["a", "b"], [16], distinct_files=1)
     source = LocalAdapterDirectory(link_subset(tmp_path / "adapters", ["a", "b"], tmp_path / "dir"))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from clients import AsyncLoraplexClient
-from clients.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
-from clients.requests import generate_request
-from inference_server.server.app import ServerOptions
+from loraplex.clients import AsyncLoraplexClient
+from loraplex.clients.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from loraplex.clients.requests import generate_request
+from loraplex.inference_server.server.app import ServerOptions
 from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, write_fake_adapter
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.cli import main
+from loraplex.clients.cli import main
 from server_helpers import ByteTokenizer, fake_server_address, fake_tokens, write_fake_adapter
 
 
@@ -110,7 +110,7 @@ def test_bad_arguments_name_the_option_before_any_call(capsys, address: str) -> 
 def test_an_upload_that_fails_on_the_client_side_says_why(address: str, tmp_path: Path) -> None:
     """A progress callback that raises, or a file that vanishes mid-upload, surfaces as itself,
     not as gRPC's "Exception iterating requests!" (UNKNOWN)."""
-    from clients.sync_client import LoraplexClient
+    from loraplex.clients.sync_client import LoraplexClient
 
     folder = write_fake_adapter(tmp_path / "a")
 
@@ -126,6 +126,6 @@ def test_an_upload_that_fails_on_the_client_side_says_why(address: str, tmp_path
         with pytest.raises(FileNotFoundError):
             client.upload_adapter("t/a", folder, progress=vanish)
     with pytest.raises(ValueError, match=r"messages\[0\] must be a dict with string 'role' and 'content'"):
-        from clients.requests import generate_request
+        from loraplex.clients.requests import generate_request
 
         generate_request(messages=[{"content": "x"}])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clients.cli import main
-from clients.requests import generate_request
+from loraplex.clients.cli import main
+from loraplex.clients.requests import generate_request
 from server_helpers import fake_server_address, write_fake_adapter
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.engine import cpu_threads
+from loraplex.inference_server.engine import cpu_threads
 from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all
 
 
@@ -21,7 +21,7 @@ def test_release_lets_the_calling_threads_openmp_workers_exit() -> None:
         pytest.skip("PyTorch here does not run on libgomp")
     code = textwrap.dedent("""
         import os, time, torch
-        from inference_server.engine import cpu_threads
+        from loraplex.inference_server.engine import cpu_threads
         torch.set_num_threads(2)
         count = lambda: len(os.listdir("/proc/self/task"))
         before = count()

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from inference_server.model.tokenizer import Tokenizer
+from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from loraplex.inference_server.model.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello, world! 你好，世界。",
@@ -97,8 +97,8 @@ def test_the_stop_that_completes_first_wins_however_the_text_is_chunked() -> Non
 def test_stop_strings_are_bounded_in_length() -> None:
     """Matching runs on the engine thread for every token: a stop string is at most
     MAX_STOP_CHARS long (16 stops of 400000 characters cost ~18 ms a token for everyone)."""
-    from inference_server.engine.request import MAX_STOP_CHARS, StoppingCriteria
-    from adapter_store.errors import InvalidRequestError
+    from loraplex.inference_server.engine.request import MAX_STOP_CHARS, StoppingCriteria
+    from loraplex.adapter_store.errors import InvalidRequestError
 
     StoppingCriteria(stop_strings=("x" * MAX_STOP_CHARS,))
     with pytest.raises(InvalidRequestError, match=f"at most {MAX_STOP_CHARS} characters"):

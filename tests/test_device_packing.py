@@ -10,10 +10,10 @@ import torch
 
 from adapter_bytes import ALL, CASES, CFG, adapter_files, reference
 
-from adapter_store.format.peft_format import parse_adapter_files
-from inference_server.lora.pool.device_packing import plan_device_pack, stage, unpack
-from inference_server.lora.pool.packing import plan_layout
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.inference_server.lora.pool.device_packing import plan_device_pack, stage, unpack
+from loraplex.inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.model.config import ModelConfig
 
 
 def device_packed(files: dict[str, bytes], cfg: ModelConfig, dtype: torch.dtype, garbage: float) -> torch.Tensor:
@@ -60,8 +60,8 @@ def test_gather_works_in_large_chunks_for_a_7b_shaped_adapter() -> None:
 @pytest.mark.parametrize("pool", [torch.bfloat16, torch.float32])
 def test_manager_loads_and_host_hits_give_the_reference_layout(tmp_path, pool: torch.dtype) -> None:
     """Source load, then a host-tier hit after eviction, each into a pool range holding garbage."""
-    from inference_server.lora.pool.adapter_pool import AdapterPool
-    from inference_server.lora.local_directory import LocalAdapterDirectory
+    from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+    from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
 
     source = LocalAdapterDirectory(tmp_path, CFG)
     cases = {"mixed": (CASES["mixed-ranks"], torch.float16), "layers": (CASES["layers-subset"], torch.float32),
@@ -85,7 +85,7 @@ def test_manager_loads_and_host_hits_give_the_reference_layout(tmp_path, pool: t
 def test_a_tensor_outside_the_spec_is_refused_before_anything_is_staged() -> None:
     import dataclasses
 
-    from adapter_store.errors import AdapterValidationError
+    from loraplex.adapter_store.errors import AdapterValidationError
 
     files = adapter_files(CFG, CASES["r4"], torch.float32, seed=0, shuffle=False)
     spec = parse_adapter_files(files, CFG)

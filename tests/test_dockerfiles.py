@@ -21,7 +21,7 @@ from dockerfile_helpers import (
 )
 from helm_chart_helpers import CHART, ensure_chart_tools, hadolint_path
 
-from inference_server.settings import ServerSettings
+from loraplex.inference_server.settings import ServerSettings
 
 SERVER = REPO / "docker" / "server.Dockerfile"
 STORE = REPO / "docker" / "store.Dockerfile"
@@ -112,20 +112,22 @@ def test_the_wheel_the_images_install_builds_from_the_docker_context_and_runs(tm
     (wheel,) = dist.glob("loraplex-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "loraplex/v1/inference_pb2.py" in names and "loraplex/v1/inference_pb2.pyi" in names
-    assert any(n.startswith("kernels/csrc/") and n.endswith(".cu") for n in names)
+    assert any(n.startswith("loraplex/kernels/csrc/") and n.endswith(".cu") for n in names)
     entry_points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert all(script in entry_points for script in ("loraplex-server", "loraplex-store", "loraplex ="))
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
                               str(wheel)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
     env = {**os.environ, "PYTHONPATH": str(site)}
-    probe = ("import inference_server, adapter_store, clients, loraplex.v1.inference_pb2 as pb; "
-             "print(inference_server.__file__); print(adapter_store.__file__); print(pb.__file__)")
+    probe = ("import loraplex.inference_server, loraplex.adapter_store, loraplex.clients, "
+             "loraplex.v1.inference_pb2 as pb; "
+             "print(loraplex.inference_server.__file__); print(loraplex.adapter_store.__file__); print(pb.__file__)")
     where = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=120)
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
-    for module, words in (("inference_server.main", "LORAPLEX_PORT"), ("adapter_store.main", "LORAPLEX_STORE_")):
+    for module, words in (("loraplex.inference_server.main", "LORAPLEX_PORT"),
+                          ("loraplex.adapter_store.main", "LORAPLEX_STORE_")):
         run = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0 and words in run.stdout, run.stderr

@@ -11,9 +11,9 @@ from server_helpers import FakeAdapters, FakeEngine
 
 from benchmarks.synthetic_engine import SyntheticEngine
 
-from inference_server.engine.api import EdgeAdapters, ServingEngine
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.lora.managed_adapters import ManagedAdapters
+from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.lora.managed_adapters import ManagedAdapters
 
 
 def _members(protocol: type) -> dict[str, object]:

@@ -12,8 +12,8 @@ import torch
 
 from lora_helpers import collect, greedy_request, load_engine, make_peft_adapter, tokens_of
 
-from adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
-from inference_server.engine.request import FinishReason, SamplingParams, StoppingCriteria
+from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
+from loraplex.inference_server.engine.request import FinishReason, SamplingParams, StoppingCriteria
 
 
 @pytest.fixture(scope="module")

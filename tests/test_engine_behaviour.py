@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_server.engine.request import FinishReason, GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, SamplingParams, StoppingCriteria
 from lora_helpers import ADAPTER_CONFIGS, collect, greedy_request, load_engine, make_test_adapters, run_all, text_of, tokens_of
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]

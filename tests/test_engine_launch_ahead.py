@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference_server.engine.launched import LaunchedStep
-from inference_server.engine.model_runner import ModelRunner
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
-from inference_server.engine.sequence import PLACEHOLDER
+from loraplex.inference_server.engine.launched import LaunchedStep
+from loraplex.inference_server.engine.model_runner import ModelRunner
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.engine.sequence import PLACEHOLDER
 from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all, tokens_of
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]

@@ -13,11 +13,11 @@ import torch
 from lora_helpers import collect, greedy_request, make_peft_adapter
 from store.store_services import StoreProcess
 
-from adapter_store.client import StoreClient
-from adapter_store.errors import AdapterNotFoundError
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.model.checkpoint import ModelSource
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.errors import AdapterNotFoundError
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.model.checkpoint import ModelSource
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +94,8 @@ def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_d
 def test_server_with_store_sidecar_serves_uploads_through_the_store(tiny_llama_dir: Path, tmp_path: Path) -> None:
     """loraplex-server --adapter-store: the public upload/list/get/delete RPCs go through the
     sidecar, and a generation with an uploaded adapter uses it."""
-    from clients import LoraplexClient
-    from clients.errors import NotFoundError
+    from loraplex.clients import LoraplexClient
+    from loraplex.clients.errors import NotFoundError
     from test_server_process import start_server, stop
     from transformers import AutoModelForCausalLM
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from adapter_store.errors import (
+from loraplex.adapter_store.errors import (
     AdapterCorruptError,
     AdapterNotFoundError,
     AdapterValidationError,
@@ -13,7 +13,7 @@ from adapter_store.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from inference_server.server.interceptor import status_for
+from loraplex.inference_server.server.interceptor import status_for
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.detokenizer import IncrementalDetokenizer
-from inference_server.engine.fair_queue import FairQueue
-from inference_server.engine.request import GenerationRequest, StoppingCriteria
-from inference_server.engine.scheduler import Scheduler, SchedulerConfig
-from inference_server.engine.sequence import Sequence
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
+from loraplex.inference_server.engine.fair_queue import FairQueue
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
+from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
+from loraplex.inference_server.engine.sequence import Sequence
 
 
 class _NoText:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, default_sizes
+from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, default_sizes
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 32, 100, 128, 256, 300])

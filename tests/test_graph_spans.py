@@ -2,8 +2,8 @@
 decode kernel: a graph replay re-reads each row's causal prefix, so a chunk's rows may read up
 to GRAPH_PREFILL_READS cached tokens in all; an eager step keeps longer chunks on SDPA."""
 
-from inference_server.engine.step_plan import (GRAPH_PREFILL_READS, SHORT_PREFILL_READS, SpanPlan, causal_reads,
-                                               graph_span, kernel_span)
+from loraplex.inference_server.engine.step_plan import (GRAPH_PREFILL_READS, SHORT_PREFILL_READS, SpanPlan,
+                                                        causal_reads, graph_span, kernel_span)
 
 
 def span(q_len: int, ctx_len: int) -> SpanPlan:

@@ -11,8 +11,8 @@ from helm_chart_helpers import (
     CHART, CI_VALUE_SETS, FULLNAME, KUBE_VERSIONS, Rendered, ci_values, env_of, import_tool, render,
 )
 
-from adapter_store.main import parse_args as store_parse_args
-from inference_server.settings import ServerSettings
+from loraplex.adapter_store.main import parse_args as store_parse_args
+from loraplex.inference_server.settings import ServerSettings
 
 ALL_SETS = ("default", *CI_VALUE_SETS)
 MONITORING = ("monitoring.coreos.com/v1",)
@@ -209,7 +209,7 @@ def test_termination_grace_covers_prestop_and_drain(mode: object, kube_version: 
 
 
 def test_hpa_scales_on_a_server_metric_with_cpu_fallback() -> None:
-    from inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
+    from loraplex.inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
 
     exported = {m.name for m in ServerMetrics().registry.collect()}
     r = render(ci_values("external"))

@@ -27,10 +27,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helm_chart_helpers import FULLNAME, ci_values, env_of, render
 from server_helpers import free_port
 
-from clients import LoraplexClient
+from loraplex.clients import LoraplexClient
 
 pytestmark = pytest.mark.slow  # loads SmolLM2 and starts two servers
-REPO = Path(__file__).resolve().parents[1]
 POD_PATHS = ("/var/lib/loraplex", "/cache", "/tmp")
 
 
@@ -44,7 +43,7 @@ def local_env(container_env: dict[str, str], root: Path) -> dict[str, str]:
                 value = str(root / prefix.strip("/")) + value[len(prefix):]
                 break
         env[key] = value
-    return env | {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}
+    return env | {"PATH": os.environ["PATH"]}  # loraplex from the install, not the checkout
 
 
 def probe(port: int) -> int:
@@ -78,12 +77,13 @@ def pod(tmp_path: Path) -> Iterator[dict]:
     secret_file.parent.mkdir(parents=True)
     secret_file.write_bytes(base64.b64decode(secret))
     procs = {}
-    for name, module in (("adapter-store", "adapter_store.main"), ("server", "inference_server.main")):
+    for name, module in (("adapter-store", "loraplex.adapter_store.main"),
+                         ("server", "loraplex.inference_server.main")):
         env = local_env(env_of(rendered.container(name), cms), tmp_path)
         if name == "adapter-store":
             env["LORAPLEX_STORE_LISTEN"] = env["LORAPLEX_STORE_LISTEN"].replace("0.0.0.0", "127.0.0.1")
         log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115  (closed with the process)
-        procs[name] = subprocess.Popen([sys.executable, "-m", module], cwd=tmp_path, env=env, stdout=log,
+        procs[name] = subprocess.Popen([sys.executable, "-P", "-m", module], cwd=tmp_path, env=env, stdout=log,
                                        stderr=subprocess.STDOUT)
     try:
         yield {"rendered": rendered, "procs": procs, "ports": ports, "logs": tmp_path}

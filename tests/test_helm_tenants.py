@@ -8,7 +8,7 @@ import base64
 import pytest
 from helm_chart_helpers import FULLNAME, env_of, render, render_error
 
-from inference_server.settings import ServerSettings
+from loraplex.inference_server.settings import ServerSettings
 
 SECURE = {
     "auth": {"mode": "tokens", "tokensSecret": "lp-tokens"},

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helm_chart_helpers import CHART, CI_VALUE_SETS, render, render_error
 
-from inference_server.settings import DTYPES, MODEL_FORMATS
+from loraplex.inference_server.settings import DTYPES, MODEL_FORMATS
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 

@@ -22,10 +22,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, write_fake_adapter
 
-from clients import LoraplexClient
-from inference_server.auth.security import Security
-from inference_server.auth.tokens import TokenFile
-from inference_server.server.app import ServerOptions
+from loraplex.clients import LoraplexClient
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.auth.tokens import TokenFile
+from loraplex.inference_server.server.app import ServerOptions
 from test_server_tenants import TOKENS, write_tokens
 
 BASE = "fake-llama"
@@ -370,7 +370,7 @@ def test_bearer_tokens_map_to_the_grpc_tenants(tenant_http) -> None:
 def test_tls_uses_the_grpc_ports_certificate(tmp_path: Path) -> None:
     import ssl  # noqa: PLC0415
 
-    from inference_server.auth.security import TlsFiles  # noqa: PLC0415
+    from loraplex.inference_server.auth.security import TlsFiles  # noqa: PLC0415
     from tls_helpers import make_tls_files  # noqa: PLC0415
 
     files = make_tls_files(tmp_path)

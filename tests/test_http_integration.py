@@ -16,11 +16,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from clients import AsyncLoraplexClient, LoraplexClient
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.model.checkpoint import ModelSource
-from inference_server.server.app import ServerOptions
+from loraplex.clients import AsyncLoraplexClient, LoraplexClient
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.server.app import ServerOptions
 from server_helpers import ServerThread
 from test_server_integration import ADAPTERS, PROMPTS, _wait_idle, peft_sources  # noqa: F401  (fixture)
 

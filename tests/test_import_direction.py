@@ -1,7 +1,8 @@
 """The packages depend on each other in one direction (clients -> protos; adapter_store ->
 protos; inference_server -> the store's client side, kernels, protos; kernels -> nothing of
-the project), the LoRA runtime's tiers only downwards, and no modules import each other in a
-circle. Read from the sources (tests/import_graph.py), nothing imported."""
+the project), the LoRA runtime's tiers only downwards, no modules import each other in a
+circle, and every import of the project names it under the one namespace (loraplex.kernels, not
+kernels). Read from the sources (tests/import_graph.py), nothing imported."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def test_no_import_cycles() -> None:
 
 
 def test_every_lora_module_has_a_tier() -> None:
-    lora = [m for m in graph.project_modules(ROOT) if graph.within(m, "inference_server.lora")]
-    untiered = sorted(m for m in lora if m != "inference_server.lora" and graph.lora_tier(m) is None)
+    lora = [m for m in graph.project_modules(ROOT) if graph.within(m, "loraplex.inference_server.lora")]
+    untiered = sorted(m for m in lora if m != "loraplex.inference_server.lora" and graph.lora_tier(m) is None)
     assert not untiered, f"LoRA runtime modules without a tier in import_graph.LORA_TIERS: {untiered}"
 
 
@@ -42,16 +43,19 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize(("rel", "text", "why"), [
-    ("adapter_store/x.py", "from inference_server.model.config import ModelConfig\n", "below inference_server"),
-    ("kernels/x.py", "def f():\n    import inference_server.engine\n", "kernels import nothing"),
+    ("adapter_store/x.py", "from loraplex.inference_server.model.config import ModelConfig\n",
+     "below inference_server"),
+    ("kernels/x.py", "def f():\n    import loraplex.inference_server.engine\n", "kernels import nothing"),
     ("clients/x.py", "import torch\n", "clients need only"),
-    ("clients/x.py", "from adapter_store.errors import LoraplexError\n", "clients need only"),
-    ("inference_server/x.py", "from adapter_store.service import handler\n", "client side"),
-    ("adapter_store/client.py", "from adapter_store.server import serve\n", "does not import the sidecar"),
-    ("inference_server/lora/batch.py", "from inference_server.lora.pool.adapter_pool import AdapterPool\n",
+    ("clients/x.py", "from loraplex.adapter_store.errors import LoraplexError\n", "clients need only"),
+    ("inference_server/x.py", "from loraplex.adapter_store.service import handler\n", "client side"),
+    ("adapter_store/client.py", "from loraplex.adapter_store.server import serve\n", "does not import the sidecar"),
+    ("inference_server/lora/batch.py", "from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool\n",
      "imports the higher tier"),
-    ("inference_server/model/x.py", "def f():\n    from kernels.cuda.paged_decode import supported\n",
+    ("inference_server/model/x.py", "def f():\n    from loraplex.kernels.cuda.paged_decode import supported\n",
      "device-agnostic entry points"),
+    ("inference_server/x.py", "import kernels\n", "installed as loraplex.kernels"),
+    ("clients/x.py", "from clients.errors import NotFoundError\n", "installed as loraplex.clients"),
 ])
 def test_the_checker_flags_each_kind_of_forbidden_edge(tmp_path, rel, text, why) -> None:
     root = _tree(tmp_path, {rel: text})
@@ -61,16 +65,19 @@ def test_the_checker_flags_each_kind_of_forbidden_edge(tmp_path, rel, text, why)
 
 def test_the_checker_allows_the_intended_directions(tmp_path) -> None:
     root = _tree(tmp_path, {
-        "inference_server/x.py": "from adapter_store.client import StoreClient\nimport kernels\nfrom kernels import paged_decode\n"
-                                 "from inference_server.lora.pool import device_packing\n",
-        "inference_server/lora/pool/copier.py": "from inference_server.lora.resident import AdapterLayout\n",
-        "adapter_store/store.py": "from adapter_store.format.peft_format import parse_adapter_upload\n",
+        "inference_server/x.py": "from loraplex.adapter_store.client import StoreClient\nfrom loraplex import kernels\n"
+                                 "from loraplex.kernels import paged_decode\n"
+                                 "from loraplex.inference_server.lora.pool import device_packing\n",
+        "inference_server/lora/pool/copier.py": "from loraplex.inference_server.lora.resident import AdapterLayout\n",
+        "adapter_store/store.py": "from loraplex.adapter_store.format.peft_format import parse_adapter_upload\n",
         "clients/x.py": "from loraplex.v1 import inference_pb2\n",
     })
     assert [e for e in graph.project_edges(root) if graph.violation(e)] == []
 
 
 def test_the_checker_finds_a_circle(tmp_path) -> None:
-    root = _tree(tmp_path, {"kernels/a.py": "from kernels import b\n", "kernels/b.py": "def f():\n    from kernels.a import g\n",
-                            "kernels/__init__.py": "", "kernels/c.py": "from kernels import a\n"})
-    assert graph.cycles(graph.project_edges(root), set(graph.project_modules(root))) == [("kernels.a", "kernels.b")]
+    root = _tree(tmp_path, {"kernels/a.py": "from loraplex.kernels import b\n",
+                            "kernels/b.py": "def f():\n    from loraplex.kernels.a import g\n",
+                            "kernels/__init__.py": "", "kernels/c.py": "from loraplex.kernels import a\n"})
+    found = graph.cycles(graph.project_edges(root), set(graph.project_modules(root)))
+    assert found == [("loraplex.kernels.a", "loraplex.kernels.b")]

@@ -1,4 +1,4 @@
-"""kernels.linear: x @ W^T + b, the few-rows CPU form within float32 rounding of F.linear."""
+"""loraplex.kernels.linear: x @ W^T + b, the few-rows CPU form within float32 rounding of F.linear."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import dense
+from loraplex import kernels
+from loraplex.kernels import dense
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 64, 65, 200])

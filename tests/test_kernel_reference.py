@@ -1,4 +1,4 @@
-"""kernels.reference against a naive float64 per-row computation (CPU), plus the CUDA
+"""loraplex.kernels.reference against a naive float64 per-row computation (CPU), plus the CUDA
 wrappers' host-side logic that needs no GPU (launch-grid invariants, CPU rejection)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from kernels.operands import LoraOperands
+from loraplex.kernels.operands import LoraOperands
 
-from kernels import reference
+from loraplex.kernels import reference
 
 
 def _pool_and_offsets(gen, h_in, widths, ranks, layers):
@@ -114,8 +114,9 @@ def test_bf16_reference_rounds_shrink_result_once():
 
 
 def test_launch_plan_covers_every_work_item():
-    from kernels.checks import Problem
-    from kernels.cuda._launch import DEC_ROWS, MAX_CLUSTER, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, PREFILL_BM, make_plan
+    from loraplex.kernels.checks import Problem
+    from loraplex.kernels.cuda._launch import (DEC_ROWS, MAX_CLUSTER, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, PREFILL_BM,
+                                               make_plan)
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -144,8 +145,8 @@ def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
     each; past it, given a row_slot (the engine's calls), row_slot's runs in both kernels (one
     grid row a batch row, runs cut in 4-row tiles on the device); without a row_slot, seg's 4-row
     tiles; BGMV calls always one row each."""
-    from kernels.checks import Problem
-    from kernels.cuda import _launch
+    from loraplex.kernels.checks import Problem
+    from loraplex.kernels.cuda import _launch
 
     seg = torch.tensor([0, rows], dtype=torch.int32)
     row_slot = torch.zeros(rows, dtype=torch.int32)
@@ -165,7 +166,7 @@ def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
 
 
 def test_cuda_wrappers_reject_cpu_tensors():
-    from kernels import cuda as kcuda
+    from loraplex.kernels import cuda as kcuda
 
     x, y, pool, a_off, b_off, ranks, scales, seg, widths = _case(1)
     ws = torch.zeros(len(widths), x.shape[0], 128, dtype=torch.bfloat16)
@@ -178,8 +179,8 @@ def test_expand_follows_its_shrink_early_for_prefill_and_one_pass_decode_calls()
     """The expand goes as the shrink's programmatic dependent for calls of both stages on a device
     that has it: prefill calls, and decode calls under a rank cap of 16; never for a stage call, a
     decode call of a larger cap (its shrink re-reads A through L1) or a device without it."""
-    from kernels.checks import Problem
-    from kernels.cuda._launch import expand_follows_early, make_plan
+    from loraplex.kernels.checks import Problem
+    from loraplex.kernels.cuda._launch import expand_follows_early, make_plan
 
     def follows(rows, rank_cap, only=None, device_pdl=True):
         problem = Problem(rows, 4096, (4096,), 4, rank_cap)
@@ -201,8 +202,8 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
 
     import torch
 
-    from kernels.checks import Problem
-    from kernels.cuda._launch import MAX_CLUSTER, PREFILL_BM, PREFILL_MAX_BLOCKS_PER_SM, plan_call
+    from loraplex.kernels.checks import Problem
+    from loraplex.kernels.cuda._launch import MAX_CLUSTER, PREFILL_BM, PREFILL_MAX_BLOCKS_PER_SM, plan_call
 
     rt = SimpleNamespace(sms=132, resident_blocks=lambda *a: 16 * 132)
     for rows in (300, 1024, 4096, 9000):
@@ -212,7 +213,7 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
         assert plan.ksplit * items <= PREFILL_MAX_BLOCKS_PER_SM * 132 and plan.ksplit <= MAX_CLUSTER
         assert (plan.ksplit + 1) * items > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == MAX_CLUSTER
     assert plan_call(rt, Problem(300, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16).ksplit == MAX_CLUSTER
-    from kernels.cuda._launch import MODE_SGMV, Plan
+    from loraplex.kernels.cuda._launch import MODE_SGMV, Plan
 
     with pytest.raises(ValueError, match="invalid launch plan"):  # more splits than one cluster holds
         Plan(MODE_SGMV, 4, False, PREFILL_BM, 40, MAX_CLUSTER + 1, 64)
@@ -222,8 +223,8 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
 def test_walking_expand_covers_a_call_in_one_wave_of_whole_column_groups():
     """The walking expand's tiles a block: as many column groups an item as one wave holds (whole
     groups: no ragged second wave), every column covered, at most MAX_WALK tiles."""
-    from kernels.cuda._launch import MAX_WALK, PREFILL_BM, walk_count
-    from kernels.cuda._tiles import WALK_BN
+    from loraplex.kernels.cuda._launch import MAX_WALK, PREFILL_BM, walk_count
+    from loraplex.kernels.cuda._tiles import WALK_BN
 
     # (widths, rows, resident blocks) -> tiles a block
     cases = {((4096,), 4096, 528): 4,  # 32 items x 16 groups of 4 tiles = 512 blocks

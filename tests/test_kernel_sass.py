@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cuda._nvrtc import ARCH_SPECIFIC_SOURCES
+from loraplex.kernels.cuda._nvrtc import ARCH_SPECIFIC_SOURCES
 from test_kernel_sources import KERNELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from kernels.cuda._scratch import GrowOnly
+from loraplex.kernels.cuda._scratch import GrowOnly
 
 
 def test_outgrown_buffers_stay_alive_and_new_ones_are_zero():

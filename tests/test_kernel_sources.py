@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cuda._nvrtc import ARCH_SPECIFIC_SOURCES
+from loraplex.kernels.cuda._nvrtc import ARCH_SPECIFIC_SOURCES
 
 CSRC = Path(__file__).resolve().parent.parent / "kernels" / "csrc"
 SOURCES = sorted(CSRC.glob("*.cu"))

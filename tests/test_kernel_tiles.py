@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cuda._tiles import PREFILL_SHRINK_TILES, ShrinkTiles, dynamic_smem_bytes, walk_smem_bytes
+from loraplex.kernels.cuda._tiles import PREFILL_SHRINK_TILES, ShrinkTiles, dynamic_smem_bytes, walk_smem_bytes
 
 CSRC = Path(__file__).resolve().parent.parent / "kernels" / "csrc"
 

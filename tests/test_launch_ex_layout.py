@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from kernels.cuda import _launch_ex
+from loraplex.kernels.cuda import _launch_ex
 
 
 def _cuda_include() -> str | None:
@@ -68,7 +68,7 @@ def test_kernel_params_refuse_untyped_arguments() -> None:
 def test_every_argument_of_a_long_list_reads_back_as_its_c_type() -> None:
     """The launch paths pass ~30 arguments of mixed types, a by-value map among them: each pointer
     leads to its own value (one packed buffer, no slot overlapping the next)."""
-    from kernels.cuda._tensor_map import TensorMap
+    from loraplex.kernels.cuda._tensor_map import TensorMap
 
     m = TensorMap()
     ctypes.memmove(m.address, bytes(range(128)), 128)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from clients import LoraplexClient
-from clients.errors import InvalidArgumentError
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.model.checkpoint import ModelSource
-from inference_server.model.tokenizer import Tokenizer
-from inference_server.server.app import ServerOptions
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import InvalidArgumentError
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.tokenizer import Tokenizer
+from loraplex.inference_server.server.app import ServerOptions
 from server_helpers import ServerThread
 
 

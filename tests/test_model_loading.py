@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from inference_server.model import checkpoint, dummy, gguf_file
-from inference_server.model.checkpoint import ModelSource, expected_shapes
-from inference_server.model.config import ModelConfig
-from inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.model import checkpoint, dummy, gguf_file
+from loraplex.inference_server.model.checkpoint import ModelSource, expected_shapes
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.loading import load_checkpoint
 
 BYTE_TOKENS = sorted(__import__("tokenizers").pre_tokenizers.ByteLevel.alphabet()) + [
     "Ġt", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]

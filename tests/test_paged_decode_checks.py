@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cuda.paged_decode import (
+from loraplex.kernels.cuda.paged_decode import (
     UNROLLS, DecodeWorkspace, default_unroll, num_splits_for, paged_decode_attention, supported,
 )
 

@@ -14,13 +14,13 @@ import torch
 from busy_clock import BusyClock
 from safetensors.torch import save
 
-from adapter_store.errors import AdapterValidationError, UnavailableError
-from adapter_store.format import patterns
-from adapter_store.format.pattern_decisions import PatternValue
-from adapter_store.format.peft_format import parse_adapter_files
-from adapter_store.records import StoredRecord
-from inference_server.lora.local_directory import PATTERNS_FILE, LocalAdapterDirectory
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import AdapterValidationError, UnavailableError
+from loraplex.adapter_store.format import patterns
+from loraplex.adapter_store.format.pattern_decisions import PatternValue
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.adapter_store.records import StoredRecord
+from loraplex.inference_server.lora.local_directory import PATTERNS_FILE, LocalAdapterDirectory
+from loraplex.inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)

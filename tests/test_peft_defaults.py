@@ -19,10 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format.peft_fields import DEFAULT_TARGET_MODULES, IGNORED, PEFT_DEFAULTS, UNSUPPORTED
-from adapter_store.format.peft_format import parse_adapter_files
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.peft_fields import DEFAULT_TARGET_MODULES, IGNORED, PEFT_DEFAULTS, UNSUPPORTED
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.inference_server.model.config import ModelConfig
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")

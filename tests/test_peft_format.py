@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save
 
-from adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
-from adapter_store.format.naming import validate_adapter_id
-from adapter_store.format.patterns import MATCH_BUDGET_S, PatternMatcher
-from adapter_store.format.peft_format import parse_adapter_files, parse_adapter_upload
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.format.patterns import MATCH_BUDGET_S, PatternMatcher
+from loraplex.adapter_store.format.peft_format import parse_adapter_files, parse_adapter_upload
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)

@@ -11,7 +11,7 @@ import torch
 
 from lora_helpers import greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
 
-from inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.lora.pool.packing import plan_layout
 
 NUM_ADAPTERS = 50
 TARGETS = [["q_proj", "v_proj"], ["o_proj", "down_proj"], ["gate_proj", "up_proj"], ["q_proj", "k_proj", "v_proj"]]
@@ -67,11 +67,11 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
     every stream equals the stream of a server whose pool holds them all."""
     import asyncio
 
-    from clients import AsyncLoraplexClient, LoraplexClient
-    from inference_server.engine.async_engine import AsyncEngine
-    from inference_server.engine.config import EngineConfig
-    from inference_server.model.checkpoint import ModelSource
-    from inference_server.server.app import ServerOptions
+    from loraplex.clients import AsyncLoraplexClient, LoraplexClient
+    from loraplex.inference_server.engine.async_engine import AsyncEngine
+    from loraplex.inference_server.engine.config import EngineConfig
+    from loraplex.inference_server.model.checkpoint import ModelSource
+    from loraplex.inference_server.server.app import ServerOptions
     import re
     import urllib.request
 

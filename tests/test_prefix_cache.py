@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.detokenizer import IncrementalDetokenizer
-from inference_server.engine.prefix_cache import block_digests
-from inference_server.engine.request import GenerationRequest, StoppingCriteria
-from inference_server.engine.scheduler import Scheduler, SchedulerConfig
-from inference_server.engine.sequence import Sequence
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
+from loraplex.inference_server.engine.prefix_cache import block_digests
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
+from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
+from loraplex.inference_server.engine.sequence import Sequence
 from lora_helpers import ADAPTER_CONFIGS, collect, greedy_request, load_engine, make_test_adapters, tokens_of
 
 BS = 4
@@ -157,8 +157,8 @@ def test_the_prefix_cache_counts_are_prometheus_counters() -> None:
     from prometheus_client import generate_latest  # noqa: PLC0415
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-    from inference_server.engine.info import EngineStats  # noqa: PLC0415
-    from inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
+    from loraplex.inference_server.engine.info import EngineStats  # noqa: PLC0415
+    from loraplex.inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
 
     metrics = ServerMetrics()
     stats = EngineStats(num_running=0, num_waiting=0, free_kv_blocks=4, total_kv_blocks=4, resident_adapters=0,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from inference_server.engine.request import SamplingParams
-from inference_server.engine.sampler import SampleRow, apply_penalties, choose, sample, seen_mask
+from loraplex.inference_server.engine.request import SamplingParams
+from loraplex.inference_server.engine.sampler import SampleRow, apply_penalties, choose, sample, seen_mask
 
 
 def _rows(seeds: list[int | None]) -> list[SampleRow]:
@@ -124,7 +124,7 @@ def test_extreme_but_valid_parameters_still_choose_a_real_token() -> None:
 def test_repetition_penalties_outside_what_float32_carries_are_refused() -> None:
     import pytest
 
-    from adapter_store.errors import InvalidRequestError
+    from loraplex.adapter_store.errors import InvalidRequestError
 
     for bad in (1e-300, 1e-7, 1e7, 0.0, -1.0, float("nan")):
         with pytest.raises(InvalidRequestError, match=r"must be in \[1e-06, 1e\+06\]"):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.detokenizer import IncrementalDetokenizer
-from inference_server.engine.request import GenerationRequest, StoppingCriteria
-from inference_server.engine.scheduler import Scheduler, SchedulerConfig
-from inference_server.engine.sequence import Sequence
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
+from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
+from loraplex.inference_server.engine.sequence import Sequence
 
 
 class _NoText:
@@ -80,7 +80,7 @@ def test_out_of_blocks_preempts_the_newest_and_requeues_it_first() -> None:
 
 @pytest.mark.parametrize("budget,seqs", [(8, 16)])
 def test_config_allows_budget_below_batch_only_through_engine_validation(budget: int, seqs: int) -> None:
-    from inference_server.engine.config import EngineConfig
+    from loraplex.inference_server.engine.config import EngineConfig
 
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         EngineConfig(max_num_batched_tokens=budget, max_num_seqs=seqs)

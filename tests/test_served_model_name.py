@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from clients import LoraplexClient
-from clients.errors import LoraplexClientError
-from inference_server.model.checkpoint import ModelSource
-from inference_server.model.gguf_file import open_checkpoint
-from inference_server.settings import ServerSettings
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import LoraplexClientError
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.gguf_file import open_checkpoint
+from loraplex.inference_server.settings import ServerSettings
 from server_helpers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def _server_info_name(tmp_path: Path, *extra: str) -> str:
     env = {**os.environ, "LORAPLEX_ADAPTER_DIR": str(tmp_path / "adapters"), "LORAPLEX_METRICS_PORT": "0",
            "LORAPLEX_HTTP_PORT": "0"}
     with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inference_server.main", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "loraplex.inference_server.main", "--port", str(port),
                                  "--num-kv-blocks", "64", *extra], cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:

@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients import LoraplexClient
-from clients.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from inference_server.server.app import ServerOptions
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from loraplex.inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
 from server_helpers import FAKE_BASE, FakeEngine, ServerThread, write_fake_adapter

@@ -13,15 +13,15 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from clients import LoraplexClient
-from clients.errors import (
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from inference_server.server.app import ServerOptions
+from loraplex.inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
 from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, free_port

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from server_helpers import ServerThread
 
-from clients import AsyncLoraplexClient
-from inference_server.auth.security import Security
-from inference_server.auth.tokens import TokenFile, hash_token
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.model.checkpoint import ModelSource
-from inference_server.server.app import ServerOptions
+from loraplex.clients import AsyncLoraplexClient
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.auth.tokens import TokenFile, hash_token
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.server.app import ServerOptions
 
 pytestmark = pytest.mark.slow
 TOKENS = {"a": "token-tenant-a-0123456789", "b": "token-tenant-b-0123456789"}

@@ -18,13 +18,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lora_helpers import ADAPTER_CONFIGS, make_peft_adapter
 from server_helpers import ServerThread, free_port, write_fake_adapter
 
-from clients import AsyncLoraplexClient, LoraplexClient
-from clients.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
-from inference_server.model.checkpoint import ModelSource
-from inference_server.server.app import ServerOptions
+from loraplex.clients import AsyncLoraplexClient, LoraplexClient
+from loraplex.clients.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.server.app import ServerOptions
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from clients import LoraplexClient
-from clients.errors import LoraplexClientError, UnavailableError
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import LoraplexClientError, UnavailableError
 from server_helpers import free_port
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def start_server(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subproce
     env = {**os.environ, "LORAPLEX_ADAPTER_DIR": str(tmp_path / "adapters"), "LORAPLEX_METRICS_PORT": "0",
            "LORAPLEX_HTTP_PORT": "0"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inference_server.main", "--model", str(model_dir), "--port", str(port),
+        [sys.executable, "-P", "-m", "loraplex.inference_server.main", "--model", str(model_dir), "--port", str(port),
          "--num-kv-blocks", "256", *extra],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
@@ -90,7 +90,7 @@ def test_health_then_sigterm_drains_open_streams(tiny_llama_dir: Path, tmp_path:
 
 
 def test_bad_settings_exit_2_with_a_clear_message(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "inference_server.main", "--port", "70000"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-P", "-m", "loraplex.inference_server.main", "--port", "70000"], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "port" in result.stderr and "65535" in result.stderr and "LORAPLEX_PORT" in result.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference_server.main import engine_config, model_source
-from inference_server.settings import ServerSettings
+from loraplex.inference_server.main import engine_config, model_source
+from loraplex.inference_server.settings import ServerSettings
 
 
 def test_defaults_are_the_embedded_setup() -> None:
@@ -67,7 +67,7 @@ def test_engine_config_and_model_source_follow_settings() -> None:
 
 
 def test_batch_size_is_256_on_a_gpu_and_32_on_the_cpu_unless_set() -> None:
-    from inference_server.main import max_num_seqs
+    from loraplex.inference_server.main import max_num_seqs
 
     auto = ServerSettings.from_sources([], {})
     assert auto.max_num_seqs is None

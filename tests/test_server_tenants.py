@@ -21,13 +21,14 @@ import pytest
 from prometheus_client import generate_latest
 from server_helpers import FAKE_BASE, FakeEngine, ServerThread, StoreThread, write_fake_adapter
 
-from adapter_store.client import StoreClient
-from clients import LoraplexClient, NotFoundError, PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError
-from clients.requests import generate_request
-from inference_server.auth.quotas import TenantLimits
-from inference_server.auth.security import Security
-from inference_server.auth.tokens import TokenFile, hash_token
-from inference_server.server.app import ServerOptions
+from loraplex.adapter_store.client import StoreClient
+from loraplex.clients import (LoraplexClient, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
+                              UnauthenticatedError)
+from loraplex.clients.requests import generate_request
+from loraplex.inference_server.auth.quotas import TenantLimits
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.auth.tokens import TokenFile, hash_token
+from loraplex.inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow  # starts servers
@@ -330,7 +331,7 @@ def test_the_store_holds_uploads_and_deletes_to_the_callers_rules_too(store_tena
     """A second line of defence: the server names the caller when it writes to the store
     sidecar, so even if the server's own check let a cross-tenant write through (simulated
     here by disabling it), the store refuses it and nothing changes."""
-    from inference_server.server.tenancy import Tenancy
+    from loraplex.inference_server.server.tenancy import Tenancy
 
     srv = store_tenants
     folder, other = write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
@@ -355,7 +356,7 @@ def test_the_store_holds_reads_and_lists_to_the_callers_rules_too(store_tenants,
     """The same second line for reads: GetAdapter and ListAdapters name the caller to the store
     sidecar, so with the server's own read checks disabled (simulated here), tenant b still
     sees neither a's private adapter nor its record, and still sees a's public one."""
-    from inference_server.server.tenancy import Tenancy
+    from loraplex.inference_server.server.tenancy import Tenancy
 
     srv = store_tenants
     folder = write_fake_adapter(tmp_path / "peft")

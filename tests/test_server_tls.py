@@ -8,12 +8,12 @@ import pytest
 from server_helpers import FakeEngine, ServerThread, free_port
 from tls_helpers import make_tls_files
 
-from clients import LoraplexClient, LoraplexClientError, TlsConfig, UnavailableError
-from clients.cli import main as cli_main
-from inference_server.auth.security import Security, TlsFiles
-from inference_server.auth.tokens import TokenFile, hash_token
-from inference_server.server.app import ServerOptions
-from inference_server.settings import ServerSettings
+from loraplex.clients import LoraplexClient, LoraplexClientError, TlsConfig, UnavailableError
+from loraplex.clients.cli import main as cli_main
+from loraplex.inference_server.auth.security import Security, TlsFiles
+from loraplex.inference_server.auth.tokens import TokenFile, hash_token
+from loraplex.inference_server.server.app import ServerOptions
+from loraplex.inference_server.settings import ServerSettings
 
 pytestmark = pytest.mark.slow  # starts servers
 TOKEN = "token-tenant-a-0123456789"

@@ -6,10 +6,10 @@ import logging
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from adapter_store.errors import InvalidRequestError
-from inference_server.auth.security import Security
-from inference_server.server.tenancy import Tenancy
-from inference_server.server.tenant_metrics import TenantMetrics
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.server.tenancy import Tenancy
+from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 
 
 class _Context:

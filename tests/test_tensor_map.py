@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.cuda import _launch_ex, _tensor_map
+from loraplex.kernels.cuda import _launch_ex, _tensor_map
 from test_launch_ex_layout import _cuda_include, c_probe
 
 C_ENUMS = r"""

@@ -16,19 +16,19 @@ import torch
 
 from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
 
-from adapter_store.format.peft_format import parse_adapter_files
-from inference_server.engine.async_engine import AsyncEngine
-from inference_server.engine.build import build_engine
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.request import FinishReason
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.lora.pool.packing import plan_layout
-from inference_server.model.checkpoint import ModelSource
-from inference_server.model.config import ModelConfig
-from inference_server.parallel.launch import build_parallel_engine
-from inference_server.parallel.lora import pack_shards
-from inference_server.parallel.shard import local_config
-from kernels.reference import _a_matrix, _b_matrix
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.build import build_engine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.request import FinishReason
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.parallel.launch import build_parallel_engine
+from loraplex.inference_server.parallel.lora import pack_shards
+from loraplex.inference_server.parallel.shard import local_config
+from loraplex.kernels.reference import _a_matrix, _b_matrix
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 NEW_TOKENS = 12
@@ -129,7 +129,7 @@ def test_adapter_shards_follow_s_lora(tiny_llama_dir: Path, adapter_dir: Path) -
 
     directory = LocalAdapterDirectory(adapter_dir, None)
     files = directory.resolve("all-r16-rslora").files
-    from inference_server.model.hf_folder import read_config
+    from loraplex.inference_server.model.hf_folder import read_config
 
     cfg = read_config(str(tiny_llama_dir))
     spec = parse_adapter_files(files, cfg)
@@ -156,8 +156,8 @@ def _parent(proj: str) -> str:
 
 
 def test_cli_flag_reaches_the_engine_config() -> None:
-    from inference_server.main import engine_config
-    from inference_server.settings import ServerSettings
+    from loraplex.inference_server.main import engine_config
+    from loraplex.inference_server.settings import ServerSettings
 
     settings = ServerSettings.from_sources(["--tensor-parallel", "2", "--device", "cpu"], env={})
     assert engine_config(settings).tensor_parallel_size == 2

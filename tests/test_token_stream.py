@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference_server.engine.request import FinishReason, Timings, TokenEvent, Usage
-from inference_server.engine.token_stream import MAX_MERGED_TOKENS, TokenStream, merge_events
+from loraplex.inference_server.engine.request import FinishReason, Timings, TokenEvent, Usage
+from loraplex.inference_server.engine.token_stream import MAX_MERGED_TOKENS, TokenStream, merge_events
 from lora_helpers import collect, greedy_request, load_engine, make_test_adapters, text_of, tokens_of
 
 

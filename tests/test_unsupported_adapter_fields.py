@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from clients import LoraplexClient
-from clients.errors import InvalidArgumentError
-from inference_server.server.app import ServerOptions
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import InvalidArgumentError
+from loraplex.inference_server.server.app import ServerOptions
 from server_helpers import FakeEngine, ServerThread, write_fake_adapter
 
 

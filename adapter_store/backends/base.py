@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from adapter_store.records import ChangeEvent, StoredRecord
+from loraplex.adapter_store.records import ChangeEvent, StoredRecord
 
 ANY_HEAD = object()  # write_head / delete_head without a condition
 

@@ -12,8 +12,8 @@ import os
 import uuid
 from pathlib import Path
 
-from adapter_store.backends.base import ANY_HEAD
-from adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
+from loraplex.adapter_store.backends.base import ANY_HEAD
+from loraplex.adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
 
 HEAD_SUFFIX = "@head.json"
 BLOB_SUFFIX = ".blob"

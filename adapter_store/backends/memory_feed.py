@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from adapter_store.records import KIND_RESYNC, ChangeEvent
+from loraplex.adapter_store.records import KIND_RESYNC, ChangeEvent
 
 log = logging.getLogger(__name__)
 

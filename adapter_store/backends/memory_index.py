@@ -7,8 +7,8 @@ import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 
-from adapter_store.backends.base import NO_LEASE, WriterLease
-from adapter_store.records import StoredRecord
+from loraplex.adapter_store.backends.base import NO_LEASE, WriterLease
+from loraplex.adapter_store.records import StoredRecord
 
 
 class MemoryIndex:

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
-from adapter_store.backends.redis_conn import Breaker, describe, translated
+from loraplex.adapter_store.backends.redis_conn import Breaker, describe, translated
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
 

@@ -11,8 +11,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from adapter_store.errors import BackendUnavailable
-from adapter_store.settings import RedisSettings
+from loraplex.adapter_store.errors import BackendUnavailable
+from loraplex.adapter_store.settings import RedisSettings
 
 # Redis cannot serve now: connection-level failures, and a server out of memory (maxmemory under
 # the noeviction policy) or a read-only replica. A script or type error is a bug and must

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import redis
 
-from adapter_store.backends.memory_feed import Subscribers
-from adapter_store.backends.redis_conn import REDIS_DOWN, describe
-from adapter_store.records import KIND_RESYNC, ChangeEvent
+from loraplex.adapter_store.backends.memory_feed import Subscribers
+from loraplex.adapter_store.backends.redis_conn import REDIS_DOWN, describe
+from loraplex.adapter_store.records import KIND_RESYNC, ChangeEvent
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 
 import redis
 
-from adapter_store.backends.redis_conn import Breaker, describe, translated
-from adapter_store.backends.redis_lease import RedisLease, acquire_lease
-from adapter_store.errors import UnavailableError
-from adapter_store.records import StoredRecord
+from loraplex.adapter_store.backends.redis_conn import Breaker, describe, translated
+from loraplex.adapter_store.backends.redis_lease import RedisLease, acquire_lease
+from loraplex.adapter_store.errors import UnavailableError
+from loraplex.adapter_store.records import StoredRecord
 
 # Write a record read from the blob backend unless the stored one is newer than ARGV[3]
 # (the record's own time, or the start of a scan).

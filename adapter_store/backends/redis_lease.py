@@ -15,8 +15,8 @@ import time
 
 import redis
 
-from adapter_store.backends.redis_conn import REDIS_DOWN
-from adapter_store.errors import LeaseLost
+from loraplex.adapter_store.backends.redis_conn import REDIS_DOWN
+from loraplex.adapter_store.errors import LeaseLost
 
 log = logging.getLogger(__name__)
 

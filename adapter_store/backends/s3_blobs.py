@@ -17,9 +17,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from adapter_store.backends.base import ANY_HEAD
-from adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
-from adapter_store.settings import S3Settings
+from loraplex.adapter_store.backends.base import ANY_HEAD
+from loraplex.adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
+from loraplex.adapter_store.settings import S3Settings
 
 T = TypeVar("T")
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from adapter_store.format.pattern_decisions import PatternValue
-from adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
+from loraplex.adapter_store.format.pattern_decisions import PatternValue
+from loraplex.adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 

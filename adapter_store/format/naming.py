@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.errors import InvalidRequestError
 
 MAX_ADAPTER_ID_LEN = 129  # tenant/name: two parts of at most 64 and the '/'
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")

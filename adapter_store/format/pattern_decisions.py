@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format.patterns import PatternMatcher
-from adapter_store.format.peft_config import CONFIG_FILE
-from adapter_store.format.peft_fields import DEFAULT_TARGET_MODULES
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.patterns import PatternMatcher
+from loraplex.adapter_store.format.peft_config import CONFIG_FILE
+from loraplex.adapter_store.format.peft_fields import DEFAULT_TARGET_MODULES
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -21,7 +21,7 @@ import time
 
 import regex
 
-from adapter_store.errors import AdapterValidationError, UnavailableError
+from loraplex.adapter_store.errors import AdapterValidationError, UnavailableError
 
 MATCH_BUDGET_S = 0.5  # CPU seconds, for all the patterns of one adapter against all its module names
 MAX_WAIT_S = 30.0  # wall seconds the judgment waits for that CPU time on a busy machine

@@ -8,9 +8,9 @@ import copy
 import json
 import math
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format.patterns import PatternMatcher
-from adapter_store.format.peft_fields import BASE_CHANGING_INITS, PEFT_DEFAULTS, UNSUPPORTED, is_set
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.patterns import PatternMatcher
+from loraplex.adapter_store.format.peft_fields import BASE_CHANGING_INITS, PEFT_DEFAULTS, UNSUPPORTED, is_set
 
 CONFIG_FILE = "adapter_config.json"
 

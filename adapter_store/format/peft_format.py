@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format.base_shapes import BaseShapes
-from adapter_store.format.pattern_decisions import PatternJudge, PatternValue, StoredDecisions
-from adapter_store.format.patterns import PatternMatcher
-from adapter_store.format.peft_config import CONFIG_FILE, read_config
-from adapter_store.format.safetensors_header import TensorInfo, non_finite_tensors, read_header
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.base_shapes import BaseShapes
+from loraplex.adapter_store.format.pattern_decisions import PatternJudge, PatternValue, StoredDecisions
+from loraplex.adapter_store.format.patterns import PatternMatcher
+from loraplex.adapter_store.format.peft_config import CONFIG_FILE, read_config
+from loraplex.adapter_store.format.safetensors_header import TensorInfo, non_finite_tensors, read_header
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

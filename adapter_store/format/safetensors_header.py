@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.errors import AdapterValidationError
 
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 MAX_HEADER_BYTES = 100 * 1024 * 1024

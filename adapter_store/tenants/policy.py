@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from adapter_store.errors import AdapterNotFoundError, PermissionDeniedError
-from adapter_store.tenants.principal import Principal
+from loraplex.adapter_store.errors import AdapterNotFoundError, PermissionDeniedError
+from loraplex.adapter_store.tenants.principal import Principal
 
 
 def adapter_owner(adapter_id: str) -> str | None:

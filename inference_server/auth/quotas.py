@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from adapter_store.errors import ResourceExhaustedError
+from loraplex.adapter_store.errors import ResourceExhaustedError
 
 WINDOW_S = 60.0
 

@@ -6,8 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference_server.auth.quotas import QuotaTracker, TenantLimits
-from inference_server.auth.tokens import TokenFile
+from loraplex.inference_server.auth.quotas import QuotaTracker, TenantLimits
+from loraplex.inference_server.auth.tokens import TokenFile
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from adapter_store.tenants.principal import Principal, Role
+from loraplex.adapter_store.tenants.principal import Principal, Role
 
 log = logging.getLogger(__name__)
 MAX_TOKEN_LEN = 512

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from adapter_store.format.files import AdapterInfo
-from adapter_store.tenants.principal import Principal
-from inference_server.engine.info import EngineInfo, EngineStats
-from inference_server.engine.request import GenerationRequest, TokenEvent
-from inference_server.lora.pool.pool_stats import PoolStats
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.tenants.principal import Principal
+from loraplex.inference_server.engine.info import EngineInfo, EngineStats
+from loraplex.inference_server.engine.request import GenerationRequest, TokenEvent
+from loraplex.inference_server.lora.pool.pool_stats import PoolStats
 
 
 class PromptTokenizer(Protocol):

@@ -16,17 +16,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from adapter_store.errors import InvalidRequestError, ResourceExhaustedError, UnavailableError
-from inference_server.engine import cpu_threads
-from inference_server.engine.admission import Admission
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.info import EngineInfo, EngineStats
-from inference_server.engine.llm_engine import LLMEngine
-from inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
-from inference_server.engine.token_stream import TokenStream
-from inference_server.lora.managed_adapters import ManagedAdapters
-from inference_server.lora.pool.adapter_pool import AdapterPool
-from inference_server.lora.pool.pool_stats import PoolStats
+from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError, UnavailableError
+from loraplex.inference_server.engine import cpu_threads
+from loraplex.inference_server.engine.admission import Admission
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.info import EngineInfo, EngineStats
+from loraplex.inference_server.engine.llm_engine import LLMEngine
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
+from loraplex.inference_server.engine.token_stream import TokenStream
+from loraplex.inference_server.lora.managed_adapters import ManagedAdapters
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.lora.pool.pool_stats import PoolStats
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class AsyncEngine:
     @classmethod
     def build(cls, config: EngineConfig, model, adapters, progress: bool = True) -> "AsyncEngine":
         """Load the model (blocking: call it in a thread) and wire the engine together."""
-        from inference_server.engine.build import build_engine  # noqa: PLC0415
+        from loraplex.inference_server.engine.build import build_engine  # noqa: PLC0415
 
         return build_engine(cls, config, model, adapters, progress)
 

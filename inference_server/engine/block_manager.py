@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference_server.engine.prefix_cache import PrefixIndex
+from loraplex.inference_server.engine.prefix_cache import PrefixIndex
 
 
 class BlockManager:

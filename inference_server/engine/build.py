@@ -4,9 +4,9 @@ the factory's pieces)."""
 
 from __future__ import annotations
 
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.factory import build_local_engine
-from inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import build_local_engine
+from loraplex.inference_server.model.checkpoint import ModelSource
 
 
 def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progress: bool = True):
@@ -14,7 +14,7 @@ def build_engine(cls, config: EngineConfig, model: ModelSource, adapters, progre
     ``config.tensor_parallel_size`` > 1 starts the sharded engine (inference_server/parallel)."""
     if config.tensor_parallel_size > 1:
         # only here: it brings in torch.distributed and the worker processes' code
-        from inference_server.parallel.launch import build_parallel_engine  # noqa: PLC0415
+        from loraplex.inference_server.parallel.launch import build_parallel_engine  # noqa: PLC0415
 
         return build_parallel_engine(cls, config, model, adapters, progress)
     return build_local_engine(cls, config, model, adapters, progress)

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference_server.engine.step_plan import StepPlan, graph_span
-from inference_server.lora.batch import LoraBatchBuilder
-from inference_server.lora.layers import LoraContext
-from inference_server.model.attention import AttentionMetadata, DecodeRows
-from inference_server.model.llama import ForwardBatch
+from loraplex.inference_server.engine.step_plan import StepPlan, graph_span
+from loraplex.inference_server.lora.batch import LoraBatchBuilder
+from loraplex.inference_server.lora.layers import LoraContext
+from loraplex.inference_server.model.attention import AttentionMetadata, DecodeRows
+from loraplex.inference_server.model.llama import ForwardBatch
 
 log = logging.getLogger(__name__)
 

@@ -8,21 +8,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from adapter_store.format.files import AdapterSource
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.cuda_graphs import default_sizes
-from inference_server.engine.info import EngineInfo
-from inference_server.engine.llm_engine import LLMEngine
-from inference_server.engine.model_runner import ModelRunner, RunnerOptions
-from inference_server.engine.scheduler import SchedulerConfig
-from inference_server.lora.local_directory import LocalAdapterDirectory
-from inference_server.lora.managed_adapters import ManagedAdapters
-from inference_server.lora.pool.adapter_pool import AdapterPool
-from inference_server.model.checkpoint import ModelSource
-from inference_server.model.config import ModelConfig
-from inference_server.model.loading import load_checkpoint
-from inference_server.model.weights import build_model
+from loraplex.adapter_store.format.files import AdapterSource
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.cuda_graphs import default_sizes
+from loraplex.inference_server.engine.info import EngineInfo
+from loraplex.inference_server.engine.llm_engine import LLMEngine
+from loraplex.inference_server.engine.model_runner import ModelRunner, RunnerOptions
+from loraplex.inference_server.engine.scheduler import SchedulerConfig
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
+from loraplex.inference_server.lora.managed_adapters import ManagedAdapters
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.model.weights import build_model
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-from inference_server.engine.sequence import Sequence
+from loraplex.inference_server.engine.sequence import Sequence
 
 
 def _tenant(seq: Sequence) -> str | None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference_server.engine.sampler import SampleRow, read_logprobs
-from inference_server.engine.sequence import Sequence
+from loraplex.inference_server.engine.sampler import SampleRow, read_logprobs
+from loraplex.inference_server.engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,14 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from adapter_store.errors import InvalidRequestError
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.detokenizer import IncrementalDetokenizer
-from inference_server.engine.launched import LaunchedStep
-from inference_server.engine.model_runner import ModelRunner, StepOutput
-from inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
-from inference_server.engine.scheduler import Scheduler, SchedulerConfig
-from inference_server.engine.sequence import PLACEHOLDER, SeqStatus, Sequence
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
+from loraplex.inference_server.engine.launched import LaunchedStep
+from loraplex.inference_server.engine.model_runner import ModelRunner, StepOutput
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
+from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
+from loraplex.inference_server.engine.sequence import PLACEHOLDER, SeqStatus, Sequence
 
 log = logging.getLogger(__name__)
 

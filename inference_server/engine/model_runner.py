@@ -19,18 +19,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
-from inference_server.engine.launched import LaunchedLogprobs, LaunchedStep
-from inference_server.engine.sampler import (SampleResult, SampleRow, apply_penalties, choose, logprobs_on_device,
-                                              sample, to_device)
-from inference_server.engine.seen_tokens import SeenTokens
-from inference_server.engine.sequence import PLACEHOLDER, Sequence
-from inference_server.engine.step_plan import plan_step, run_forward
-from inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
-from inference_server.lora.layers import LoraContext, attach_lora
-from inference_server.model.config import ModelConfig
-from kernels import paged_decode
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
+from loraplex.inference_server.engine.launched import LaunchedLogprobs, LaunchedStep
+from loraplex.inference_server.engine.sampler import (SampleResult, SampleRow, apply_penalties, choose,
+                                                       logprobs_on_device, sample, to_device)
+from loraplex.inference_server.engine.seen_tokens import SeenTokens
+from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
+from loraplex.inference_server.engine.step_plan import plan_step, run_forward
+from loraplex.inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
+from loraplex.inference_server.lora.layers import LoraContext, attach_lora
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.kernels import paged_decode
 
 log = logging.getLogger(__name__)
 

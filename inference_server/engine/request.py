@@ -6,7 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.errors import InvalidRequestError
 
 
 MAX_STOP_CHARS = 256  # per stop string: matching runs on the engine's step thread, for every token

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_server.engine.request import SamplingParams
+from loraplex.inference_server.engine.request import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

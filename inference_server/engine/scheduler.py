@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.fair_queue import FairQueue
-from inference_server.engine.prefix_cache import block_digests
-from inference_server.engine.sequence import Sequence, SeqStatus
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.fair_queue import FairQueue
+from loraplex.inference_server.engine.prefix_cache import block_digests
+from loraplex.inference_server.engine.sequence import Sequence, SeqStatus
 
 
 @dataclass(frozen=True, slots=True)

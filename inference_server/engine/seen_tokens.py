@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_server.engine.sampler import to_device
-from inference_server.engine.sequence import PLACEHOLDER, Sequence
+from loraplex.inference_server.engine.sampler import to_device
+from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
 
 
 @dataclass(eq=False, slots=True)

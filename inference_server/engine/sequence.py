@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from inference_server.engine.request import FinishReason, GenerationRequest
+from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest
 
 
 # A token id not known on the host yet: the step that samples it is still running on the

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_server.engine.sequence import Sequence
-from inference_server.lora.batch import LoraBatchBuilder
-from inference_server.lora.layers import LoraContext
-from inference_server.lora.resident import AdapterLayout
-from inference_server.model.attention import AttentionMetadata, DecodeRows, SequenceSpan
-from inference_server.model.llama import ForwardBatch
-from kernels import paged_decode
+from loraplex.inference_server.engine.sequence import Sequence
+from loraplex.inference_server.lora.batch import LoraBatchBuilder
+from loraplex.inference_server.lora.layers import LoraContext
+from loraplex.inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.model.attention import AttentionMetadata, DecodeRows, SequenceSpan
+from loraplex.inference_server.model.llama import ForwardBatch
+from loraplex.kernels import paged_decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +150,7 @@ def forward_batch(
 ) -> ForwardBatch:
     """The attention metadata of ``plan`` (slots computed from block tables on each rank).
 
-    With a ``decode_workspace`` (``kernels.paged_decode.decode_workspace``'s), the rows
+    With a ``decode_workspace`` (``loraplex.kernels.paged_decode.decode_workspace``'s), the rows
     of decodes and short prefill chunks (``kernel_span``) go to the paged decode kernel, up
     to the workspace's row capacity; the other spans take the portable path.
     """

@@ -20,7 +20,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from inference_server.engine.request import FinishReason, TokenEvent
+from loraplex.inference_server.engine.request import FinishReason, TokenEvent
 
 MAX_MERGED_TOKENS = 1024
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from adapter_store.errors import UnauthenticatedError
-from adapter_store.tenants.principal import Principal
-from inference_server.auth.tokens import AuthError, TokenFile
+from loraplex.adapter_store.errors import UnauthenticatedError
+from loraplex.adapter_store.tenants.principal import Principal
+from loraplex.inference_server.auth.tokens import AuthError, TokenFile
 
 audit = logging.getLogger("loraplex.audit")
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from inference_server.http.errors import HttpError, invalid_body
+from loraplex.inference_server.http.errors import HttpError, invalid_body
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from adapter_store.errors import AdapterNotFoundError, InvalidRequestError
-from adapter_store.format.naming import validate_adapter_id
-from inference_server.engine.api import PromptTokenizer
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
-from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from inference_server.server import convert as edge
-from inference_server.server.convert import RequestLimits
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.inference_server.engine.api import PromptTokenizer
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from loraplex.inference_server.server import convert as edge
+from loraplex.inference_server.server.convert import RequestLimits
 
 T = TypeVar("T")
 OPENAI_DEFAULT_TEMPERATURE = 1.0

@@ -14,7 +14,7 @@ import logging
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from adapter_store.errors import (
+from loraplex.adapter_store.errors import (
     AdapterNotFoundError,
     DataLossError,
     InvalidRequestError,

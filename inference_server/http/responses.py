@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inference_server.engine.request import FinishReason, TokenEvent, Usage
+from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
 
 Decode = Callable[[list[int]], str]
 

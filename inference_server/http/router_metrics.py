@@ -19,9 +19,9 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inference_server.engine.api import ServingEngine
-from inference_server.server.metrics import ServerMetrics
-from inference_server.server.state import ServingState
+from loraplex.inference_server.engine.api import ServingEngine
+from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.inference_server.server.state import ServingState
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

@@ -20,25 +20,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from adapter_store.errors import AdapterNotFoundError
-from adapter_store.format.files import AdapterInfo
-from adapter_store.tenants import policy
-from inference_server.auth.security import Security
-from inference_server.engine.api import ServingEngine
-from inference_server.engine.request import FinishReason, TokenEvent
-from inference_server.http import convert
-from inference_server.http.auth import HttpCaller, authenticate
-from inference_server.http.body import read_body
-from inference_server.http.errors import error_body, error_response
-from inference_server.http.responses import ChatFormat, CompletionFormat
-from inference_server.http.router_metrics import HttpMetrics
-from inference_server.http.schemas import ChatCompletionRequest, CompletionRequest
-from inference_server.http.streaming import EventStreamResponse, sse_events
-from inference_server.server.convert import RequestLimits
-from inference_server.server.generation import generation
-from inference_server.server.metrics import ServerMetrics
-from inference_server.server.state import ServingState
-from inference_server.server.tenancy import Tenancy
+from loraplex.adapter_store.errors import AdapterNotFoundError
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.tenants import policy
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.engine.api import ServingEngine
+from loraplex.inference_server.engine.request import FinishReason, TokenEvent
+from loraplex.inference_server.http import convert
+from loraplex.inference_server.http.auth import HttpCaller, authenticate
+from loraplex.inference_server.http.body import read_body
+from loraplex.inference_server.http.errors import error_body, error_response
+from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat
+from loraplex.inference_server.http.router_metrics import HttpMetrics
+from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
+from loraplex.inference_server.server.convert import RequestLimits
+from loraplex.inference_server.server.generation import generation
+from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.inference_server.server.state import ServingState
+from loraplex.inference_server.server.tenancy import Tenancy
 
 T = TypeVar("T")
 

@@ -16,9 +16,9 @@ from typing import Protocol
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from adapter_store.errors import LoraplexError
-from inference_server.engine.request import FinishReason, TokenEvent, Usage
-from inference_server.http.errors import error_body, error_for
+from loraplex.adapter_store.errors import LoraplexError
+from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
+from loraplex.inference_server.http.errors import error_body, error_for
 
 DONE = b"data: [DONE]\n\n"
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from inference_server.lora.resident import NUM_PROJECTIONS, ResidentAdapter
-from inference_server.model.config import ModelConfig
-import kernels
+from loraplex.inference_server.lora.resident import NUM_PROJECTIONS, ResidentAdapter
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex import kernels
 
 MAX_LORA_RANK = 128
 RANK_GRAIN = 16  # an eager step's workspace rank: its largest adapter rank, rounded up to this
@@ -48,7 +48,7 @@ class LoraBatch:
     workspace: torch.Tensor  # [3, T_cap, max_rank]
     widths: dict[ProjGroup, tuple[int, ...]]
     active: frozenset[ProjGroup]  # groups at least one slot adapts
-    cache: object | None = None  # the kernels' cache across steps (kernels.step_cache)
+    cache: object | None = None  # the kernels' cache across steps (loraplex.kernels.step_cache)
     side_stream: torch.cuda.Stream | None = None  # set: shrinks run there, beside the base GEMMs
 
     def apply(self, x: torch.Tensor, layer: int, group: ProjGroup,

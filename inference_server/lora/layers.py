@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
-from inference_server.lora.batch import LoraBatch, ProjGroup
+from loraplex import kernels
+from loraplex.inference_server.lora.batch import LoraBatch, ProjGroup
 
 
 class LoraContext:

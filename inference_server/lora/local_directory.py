@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
-from adapter_store.format.base_shapes import BaseShapes
-from adapter_store.format.files import ADAPTER_FILES, AdapterFiles, AdapterInfo, content_version, make_info
-from adapter_store.format.naming import validate_adapter_id
-from adapter_store.format.pattern_decisions import PatternValue
-from adapter_store.format.peft_format import CONFIG_FILE, parse_adapter_files, parse_adapter_upload
+from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
+from loraplex.adapter_store.format.base_shapes import BaseShapes
+from loraplex.adapter_store.format.files import ADAPTER_FILES, AdapterFiles, AdapterInfo, content_version, make_info
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.format.pattern_decisions import PatternValue
+from loraplex.adapter_store.format.peft_format import CONFIG_FILE, parse_adapter_files, parse_adapter_upload
 
 # Written next to the PEFT files of a LocalAdapterDirectory version: {"public": true|false}.
 VISIBILITY_FILE = "loraplex_visibility.json"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from adapter_store.format.files import AdapterFiles, AdapterInfo, AdapterSource
-from adapter_store.format.naming import validate_adapter_id
-from adapter_store.format.peft_format import parse_adapter_files
-from inference_server.lora.pool.adapter_pool import AdapterPool
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo, AdapterSource
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.model.config import ModelConfig
 
 
 class ManagedAdapters:
@@ -31,7 +31,7 @@ class ManagedAdapters:
         deleted adapter is dropped from every tier here, whichever replica changed it."""
         if not callable(getattr(self.source, "watch", None)) or self._watcher is not None:
             return
-        from adapter_store.watcher import StoreWatcher  # noqa: PLC0415  (only with a store)
+        from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415  (only with a store)
 
         self._watcher = StoreWatcher(self.source, self._manager.held_versions, self._manager.invalidate).start()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from adapter_store.format.peft_format import PROJECTIONS
+from loraplex.adapter_store.format.peft_format import PROJECTIONS
 
 NUM_PROJECTIONS = len(PROJECTIONS)
 

@@ -6,7 +6,7 @@ A step's rows are grouped by sequence: sequence i owns rows [q_start_i, q_start_
 and, after this step's keys are written, attends to its first ``ctx_len_i`` tokens.
 
 On CUDA, single-query (decode) sequences go to the paged decode kernel
-(``kernels.paged_decode``) through ``DecodeRows`` tensors, so the call needs no
+(``loraplex.kernels.paged_decode``) through ``DecodeRows`` tensors, so the call needs no
 per-sequence Python and can be captured in a CUDA graph; the other spans (prefill chunks)
 and every span on the CPU use the portable SDPA path below, the reference.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_decode
+from loraplex.kernels import paged_decode
 
 
 @dataclass(slots=True)
@@ -37,7 +37,7 @@ class DecodeRows:
     block_tables: torch.Tensor  # int32 [B, max_blocks]
     context_lens: torch.Tensor  # int32 [B]
     num_splits: int  # context split count the launch covers (>= ceil(max context / SPLIT))
-    workspace: object  # kernels.paged_decode.decode_workspace's
+    workspace: object  # loraplex.kernels.paged_decode.decode_workspace's
 
 
 @dataclass(slots=True)

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.config import ModelConfig
 
 if TYPE_CHECKING:
-    from inference_server.model.tokenizer import Tokenizer
+    from loraplex.inference_server.model.tokenizer import Tokenizer
 
 FORMATS = ("auto", "hf", "gguf", "dummy")
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapter_store.format.base_shapes import (
+from loraplex.adapter_store.format.base_shapes import (
     MODEL_TYPES,
     SUPPORTED_ARCHITECTURES,
     llama_projection_shapes,

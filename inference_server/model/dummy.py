@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import torch
 
-from inference_server.model.checkpoint import Checkpoint, ModelSource, default_model_path, expected_shapes
-from inference_server.model.config import ModelConfig
-from inference_server.model.tokenizer import Tokenizer
+from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource, default_model_path, expected_shapes
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.tokenizer import Tokenizer
 
 INIT_STD = 0.02
 SMOLLM2_VOCAB = 49152

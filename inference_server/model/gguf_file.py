@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from inference_server.model.checkpoint import Checkpoint, ModelSource, check_names_and_shapes
-from inference_server.model.config import ModelConfig
-from inference_server.model.tokenizer import Tokenizer
+from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource, check_names_and_shapes
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.tokenizer import Tokenizer
 
 # GGUF general.architecture -> our model_type; q/k un-permute applies to "llama" only
 # (llama.cpp converts Mistral as "llama" too; its Qwen2 converter does not permute).

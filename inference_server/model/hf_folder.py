@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import torch
 
-from inference_server.model.checkpoint import Checkpoint, ModelSource, check_names_and_shapes
-from inference_server.model.config import ModelConfig
-from inference_server.model.tokenizer import Tokenizer
+from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource, check_names_and_shapes
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.tokenizer import Tokenizer
 
 # Buffers some old checkpoints carry that are recomputed, never loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

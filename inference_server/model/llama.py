@@ -4,7 +4,7 @@ GQA attention with RoPE, RMSNorm, SiLU-gated MLP, optional tied embeddings and q
 (Qwen2). q/k/v and gate/up are fused linears (one GEMM each); LoRA is added from outside
 by wrapping these linears (inference_server/lora/layers.py), the model does not know.
 The element-wise parts (residual add + RMSNorm, RoPE + KV-cache write, SiLU * up) are
-``kernels.fused_ops``: one kernel each on 16-bit CUDA, the PyTorch expressions elsewhere.
+``loraplex.kernels.fused_ops``: one kernel each on 16-bit CUDA, the PyTorch expressions elsewhere.
 The residual stream is carried as (x, delta): each norm adds the previous block's output.
 """
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-import kernels
-from kernels import fused_ops
-from inference_server.model.attention import AttentionMetadata, paged_attention
-from inference_server.model.config import ModelConfig
-from inference_server.model.rope import RotaryEmbedding
+from loraplex import kernels
+from loraplex.kernels import fused_ops
+from loraplex.inference_server.model.attention import AttentionMetadata, paged_attention
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.rope import RotaryEmbedding
 
 
 @dataclass(slots=True)

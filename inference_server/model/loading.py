@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from inference_server.model.checkpoint import DTYPES, Checkpoint, ModelSource, TensorStream
+from loraplex.inference_server.model.checkpoint import DTYPES, Checkpoint, ModelSource, TensorStream
 
 
 def load_checkpoint(source: ModelSource, dtype: torch.dtype = torch.float32, progress: bool = False) -> Checkpoint:
@@ -22,11 +22,11 @@ def load_checkpoint(source: ModelSource, dtype: torch.dtype = torch.float32, pro
         raise ValueError(f"unsupported dtype {dtype}; supported: float32, bfloat16, float16")
     src = source.resolved()
     if src.format == "hf":
-        from inference_server.model import hf_folder as reader
+        from loraplex.inference_server.model import hf_folder as reader
     elif src.format == "gguf":
-        from inference_server.model import gguf_file as reader
+        from loraplex.inference_server.model import gguf_file as reader
     else:
-        from inference_server.model import dummy as reader
+        from loraplex.inference_server.model import dummy as reader
     ckpt = reader.open_checkpoint(src, dtype)
     if not progress:
         return ckpt

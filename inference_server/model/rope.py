@@ -39,7 +39,7 @@ def _llama3(inv: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin tables for every position up to max_positions, computed once in float32
-    (applied with the KV-cache write by ``kernels.fused_ops.rope_and_cache``)."""
+    (applied with the KV-cache write by ``loraplex.kernels.fused_ops.rope_and_cache``)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from inference_server.model import text_bound
+from loraplex.inference_server.model import text_bound
 
 # Tokens that end an assistant turn in common chat templates. When the model's chat template
 # closes turns with one of them, generation must stop there too (Qwen2/ChatML-style models

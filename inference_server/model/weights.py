@@ -8,8 +8,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from inference_server.model.config import ModelConfig
-from inference_server.model.llama import MODEL_REGISTRY
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.llama import MODEL_REGISTRY
 
 _FUSED = {
     "q_proj": ("self_attn.qkv_proj", 0),

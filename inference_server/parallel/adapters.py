@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from adapter_store.format.peft_format import AdapterSpec
-from inference_server.lora.pool.adapter_pool import AdapterPool
-from inference_server.lora.pool.host_cache import PackedAdapter
-from inference_server.lora.resident import AdapterLayout, ResidentAdapter
-from inference_server.model.config import ModelConfig
-from inference_server.parallel.lora import pack_shards, shard_layout
+from loraplex.adapter_store.format.peft_format import AdapterSpec
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.lora.pool.host_cache import PackedAdapter
+from loraplex.inference_server.lora.resident import AdapterLayout, ResidentAdapter
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.parallel.lora import pack_shards, shard_layout
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,16 +21,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from inference_server.engine.config import EngineConfig
-from inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
-from inference_server.model.checkpoint import Checkpoint, ModelSource
-from inference_server.model.loading import load_checkpoint
-from inference_server.parallel.adapters import ParallelAdapterPool
-from inference_server.parallel.group import TPGroup, join_group, leave_group, rank_device
-from inference_server.parallel.layers import TensorParallelLM
-from inference_server.parallel.runner import ParallelModelRunner
-from inference_server.parallel.shard import load_sharded_model, local_config
-from inference_server.parallel.worker import TensorParallelWorker
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
+from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource
+from loraplex.inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.parallel.adapters import ParallelAdapterPool
+from loraplex.inference_server.parallel.group import TPGroup, join_group, leave_group, rank_device
+from loraplex.inference_server.parallel.layers import TensorParallelLM
+from loraplex.inference_server.parallel.runner import ParallelModelRunner
+from loraplex.inference_server.parallel.shard import load_sharded_model, local_config
+from loraplex.inference_server.parallel.worker import TensorParallelWorker
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference_server.model.config import ModelConfig
-from inference_server.parallel.group import TPGroup
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.parallel.group import TPGroup
 
 
 class RowParallelLinear(nn.Linear):

@@ -24,14 +24,14 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from adapter_store.format.peft_format import AdapterSpec
-from inference_server.lora.batch import ProjGroup
-from inference_server.lora.layers import LoraContext, LoraLinear
-from inference_server.lora.pool.packing import pack_adapter, plan_layout
-from inference_server.lora.resident import AdapterLayout
-from inference_server.model.config import ModelConfig
-from inference_server.parallel.layers import RowParallelLinear
-from inference_server.parallel.shard import local_config
+from loraplex.adapter_store.format.peft_format import AdapterSpec
+from loraplex.inference_server.lora.batch import ProjGroup
+from loraplex.inference_server.lora.layers import LoraContext, LoraLinear
+from loraplex.inference_server.lora.pool.packing import pack_adapter, plan_layout
+from loraplex.inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.parallel.layers import RowParallelLinear
+from loraplex.inference_server.parallel.shard import local_config
 
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROW = ("o_proj", "down_proj")

@@ -12,15 +12,15 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from inference_server.engine.block_manager import BlockManager
-from inference_server.engine.model_runner import ModelRunner, StepOutput
-from inference_server.engine.sequence import Sequence
-from inference_server.parallel.adapters import ParallelAdapterPool, ShardLoad
-from inference_server.parallel.group import leave_group
-from inference_server.parallel.layers import TensorParallelLM
-from inference_server.parallel.lora import attach_tp_lora
-from inference_server.engine.step_plan import plan_step, run_forward
-from inference_server.parallel.worker import StepMessage
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.model_runner import ModelRunner, StepOutput
+from loraplex.inference_server.engine.sequence import Sequence
+from loraplex.inference_server.parallel.adapters import ParallelAdapterPool, ShardLoad
+from loraplex.inference_server.parallel.group import leave_group
+from loraplex.inference_server.parallel.layers import TensorParallelLM
+from loraplex.inference_server.parallel.lora import attach_tp_lora
+from loraplex.inference_server.engine.step_plan import plan_step, run_forward
+from loraplex.inference_server.parallel.worker import StepMessage
 
 
 class ParallelModelRunner(ModelRunner):

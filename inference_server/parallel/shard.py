@@ -24,11 +24,11 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from inference_server.model.config import ModelConfig
-from inference_server.model.llama import MODEL_REGISTRY
-from inference_server.model.weights import fuse_hf_tensors
-from inference_server.parallel.group import TPGroup
-from inference_server.parallel.layers import RowParallelLinear, TensorParallelLM, VocabParallelEmbedding
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.llama import MODEL_REGISTRY
+from loraplex.inference_server.model.weights import fuse_hf_tensors
+from loraplex.inference_server.parallel.group import TPGroup
+from loraplex.inference_server.parallel.layers import RowParallelLinear, TensorParallelLM, VocabParallelEmbedding
 
 _HF_PROJ = re.compile(r"^model\.layers\.\d+\.(?:self_attn|mlp)\.(\w+)\.(weight|bias)$")
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_server.lora.batch import LoraBatchBuilder
-from inference_server.lora.layers import LoraContext
-from inference_server.model.config import ModelConfig
-from inference_server.parallel.group import TPGroup
-from inference_server.parallel.layers import TensorParallelLM
-from inference_server.parallel.lora import attach_tp_lora
-from inference_server.engine.step_plan import StepPlan, run_forward
+from loraplex.inference_server.lora.batch import LoraBatchBuilder
+from loraplex.inference_server.lora.layers import LoraContext
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.parallel.group import TPGroup
+from loraplex.inference_server.parallel.layers import TensorParallelLM
+from loraplex.inference_server.parallel.lora import attach_tp_lora
+from loraplex.inference_server.engine.step_plan import StepPlan, run_forward
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 
-from adapter_store.decoding import checked, lenient
-from adapter_store.errors import UnauthenticatedError
-from adapter_store.tenants.principal import Principal
-from inference_server.auth.tokens import AuthError, TokenFile
+from loraplex.adapter_store.decoding import checked, lenient
+from loraplex.adapter_store.errors import UnauthenticatedError
+from loraplex.adapter_store.tenants.principal import Principal
+from loraplex.inference_server.auth.tokens import AuthError, TokenFile
 
 AUTH_METADATA_KEY = "authorization"
 audit = logging.getLogger("loraplex.audit")

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from adapter_store.errors import InvalidRequestError
-from adapter_store.format.files import AdapterInfo
-from adapter_store.format.naming import validate_adapter_id
-from inference_server.engine.api import PromptTokenizer
-from inference_server.engine.info import EngineInfo
-from inference_server.engine.request import (
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.inference_server.engine.api import PromptTokenizer
+from loraplex.inference_server.engine.info import EngineInfo
+from loraplex.inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
@@ -265,7 +265,7 @@ def token_event_to_pb(event: TokenEvent, client_request_id: str) -> pb.GenerateR
 
 
 def adapter_to_pb(info: AdapterInfo, residency: tuple[bool, bool] = (False, False)) -> pb.Adapter:
-    """An AdapterInfo (adapter_store.format.files) as the public Adapter message;
+    """An AdapterInfo (loraplex.adapter_store.format.files) as the public Adapter message;
     ``residency``: (in the device pool, in the host tier)."""
     created = Timestamp()
     created.FromNanoseconds(int(info.created_at * 1e9))

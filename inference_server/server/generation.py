@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from adapter_store.errors import LoraplexError
-from inference_server.engine.api import ServingEngine
-from inference_server.engine.request import GenerationRequest, TokenEvent
-from inference_server.server.metrics import ServerMetrics
-from inference_server.server.state import ServingState
-from inference_server.server.tenancy import Tenancy
+from loraplex.adapter_store.errors import LoraplexError
+from loraplex.inference_server.engine.api import ServingEngine
+from loraplex.inference_server.engine.request import GenerationRequest, TokenEvent
+from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.inference_server.server.state import ServingState
+from loraplex.inference_server.server.tenancy import Tenancy
 
 
 async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenancy, context: Any,

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from adapter_store.errors import (
+from loraplex.adapter_store.errors import (
     AdapterNotFoundError,
     DataLossError,
     InvalidRequestError,
@@ -26,7 +26,7 @@ from adapter_store.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from inference_server.server.metrics import ServerMetrics
+from loraplex.inference_server.server.metrics import ServerMetrics
 
 FIELD_METADATA_KEY = "loraplex-field"
 log = logging.getLogger(__name__)

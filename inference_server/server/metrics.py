@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inference_server.engine.info import EngineStats
-from inference_server.lora.pool.pool_stats import PoolStats
+from loraplex.inference_server.engine.info import EngineStats
+from loraplex.inference_server.lora.pool.pool_stats import PoolStats
 
 BASE_MODEL_LABEL = "base"  # the adapter label of requests to the base model
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -68,7 +68,7 @@ class ServerMetrics:
 
     def bind_pool_stats(self, stats: Callable[[], PoolStats | None]) -> None:
         """Export the adapter pool (tiers, evictions, load latency) from ``stats()`` at scrape time."""
-        from inference_server.server.pool_metrics import PoolCollector  # noqa: PLC0415
+        from loraplex.inference_server.server.pool_metrics import PoolCollector  # noqa: PLC0415
 
         self.registry.register(PoolCollector(stats))
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from inference_server.lora.pool.pool_stats import LOAD_BUCKETS, PoolStats
+from loraplex.inference_server.lora.pool.pool_stats import LOAD_BUCKETS, PoolStats
 
 # (family, help, {tier label: counter key}): a tier's miss is what the next tier served
 _TIERED = (

@@ -9,16 +9,16 @@ from contextlib import aclosing
 from dataclasses import dataclass
 import grpc
 
-from adapter_store.errors import InvalidRequestError
-from inference_server.auth.security import Security
-from inference_server.engine.api import ServingEngine
-from inference_server.server import convert
-from inference_server.server.generation import generation
-from inference_server.server.metrics import ServerMetrics
-from inference_server.server.state import ServingState
-from inference_server.server.tenancy import Tenancy
-from inference_server.server.tenant_metrics import TenantMetrics
-from inference_server.server.upload import UploadAssembler, UploadLimits
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.engine.api import ServingEngine
+from loraplex.inference_server.server import convert
+from loraplex.inference_server.server.generation import generation
+from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.inference_server.server.state import ServingState
+from loraplex.inference_server.server.tenancy import Tenancy
+from loraplex.inference_server.server.tenant_metrics import TenantMetrics
+from loraplex.inference_server.server.upload import UploadAssembler, UploadLimits
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 # Prompts longer than this are tokenized in a worker thread, off the event loop.

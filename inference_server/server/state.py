@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from adapter_store.errors import ResourceExhaustedError, UnavailableError
-from inference_server.engine.api import ServingEngine
+from loraplex.adapter_store.errors import ResourceExhaustedError, UnavailableError
+from loraplex.inference_server.engine.api import ServingEngine
 
 
 class ServingState:

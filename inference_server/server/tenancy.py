@@ -16,15 +16,15 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from adapter_store.errors import AdapterNotFoundError, LoraplexError, ResourceExhaustedError, UnavailableError
-from adapter_store.format.files import AdapterInfo
-from adapter_store.tenants import policy
-from inference_server.auth.quotas import RequestTicket
-from inference_server.auth.security import Security
-from inference_server.engine.api import EdgeAdapters, ServingEngine
-from inference_server.engine.request import GenerationRequest
-from inference_server.server.auth_interceptor import principal_of
-from inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
+from loraplex.adapter_store.errors import AdapterNotFoundError, LoraplexError, ResourceExhaustedError, UnavailableError
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.tenants import policy
+from loraplex.inference_server.auth.quotas import RequestTicket
+from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
+from loraplex.inference_server.engine.request import GenerationRequest
+from loraplex.inference_server.server.auth_interceptor import principal_of
+from loraplex.inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
 
 audit = logging.getLogger("loraplex.audit")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from adapter_store.errors import InvalidRequestError, ResourceExhaustedError
-from inference_server.server.convert import adapter_id_from_pb
+from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError
+from loraplex.inference_server.server.convert import adapter_id_from_pb
 from loraplex.v1 import inference_pb2 as pb
 
 MAX_FILE_NAME_LEN = 128

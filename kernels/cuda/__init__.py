@@ -1,6 +1,6 @@
 """SGMV / BGMV LoRA kernels for CUDA tensors (CUDA C++ under kernels/csrc, NVRTC via CuPy).
 
-Same operands and semantics as ``kernels.reference.add_lora_slices`` /
+Same operands and semantics as ``loraplex.kernels.reference.add_lora_slices`` /
 ``add_lora_slices_bgmv``. Launches go on PyTorch's current stream, allocate nothing per
 call (scratch is static per device, see ``_runtime``) and depend only on tensor shapes,
 so they can be captured in a CUDA graph and replayed after rewriting the tables.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.checks import check_args, check_row_slot, check_seg
-from kernels.cuda._checks import check_cuda
-from kernels.cuda._launch import Call, launch, plan_call
-from kernels.cuda._runtime import RuntimeCache, default_cache
-from kernels.operands import LoraOperands
+from loraplex.kernels.checks import check_args, check_row_slot, check_seg
+from loraplex.kernels.cuda._checks import check_cuda
+from loraplex.kernels.cuda._launch import Call, launch, plan_call
+from loraplex.kernels.cuda._runtime import RuntimeCache, default_cache
+from loraplex.kernels.operands import LoraOperands
 
 __all__ = ["STAGES", "add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
 
@@ -26,7 +26,7 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
     """SGMV: y[seg_i, c_p:c_p+w_p] += scales[p,i] * (x[seg_i] @ A_pi(layer)) @ B_pi(layer)
 
     y: [T, sum(out_widths)] bf16/fp16, rows contiguous (row stride free); x: [T, h_in],
-    same dtype, last dim contiguous (row stride free); ``ops`` as ``kernels.operands`` says
+    same dtype, last dim contiguous (row stride free); ``ops`` as ``loraplex.kernels.operands`` says
     (ranks at most min(R, 128)); seg: int32 [S+1] (non-decreasing, trailing empty segments
     allowed). The workspace is scratch: the prefill path stores x @ A rounded to x's dtype
     there; the decode path, T <= 256, keeps it in the runtime's own fp32 scratch and rounds it

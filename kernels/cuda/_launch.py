@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.checks import Problem
-from kernels.cuda._launch_ex import launch_ex
-from kernels.cuda._runtime import DeviceRuntime
-from kernels.cuda._tensor_map import ZERO_MAP, TensorMap, encode_rows, map_fits
-from kernels.cuda import _tiles
-from kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
-from kernels.operands import LoraOperands
+from loraplex.kernels.checks import Problem
+from loraplex.kernels.cuda._launch_ex import launch_ex
+from loraplex.kernels.cuda._runtime import DeviceRuntime
+from loraplex.kernels.cuda._tensor_map import ZERO_MAP, TensorMap, encode_rows, map_fits
+from loraplex.kernels.cuda import _tiles
+from loraplex.kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
+from loraplex.kernels.operands import LoraOperands
 
 THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)

@@ -2,7 +2,7 @@
 
 Compiled once per process and device through CuPy (``cupy.RawModule``, NVRTC, for the
 device's own architecture: CuPy passes the device's ``-arch``; the sources with Hopper-only
-paths for sm_90a, ``kernels.cuda._nvrtc``); cached in an explicit
+paths for sm_90a, ``loraplex.kernels.cuda._nvrtc``); cached in an explicit
 ``RuntimeCache`` object. Scratch (fp32 split-K partials and the self-resetting
 per-item counters) is allocated on first use and only grows (``GrowOnly``): growing is
 refused while the current stream is capturing a CUDA graph, and an outgrown buffer is kept,
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.cuda._launch_ex import MIN_COMPUTE_CAPABILITY
-from kernels.cuda._nvrtc import CubinModule, arch_specific_target
-from kernels.cuda._scratch import GrowOnly
+from loraplex.kernels.cuda._launch_ex import MIN_COMPUTE_CAPABILITY
+from loraplex.kernels.cuda._nvrtc import CubinModule, arch_specific_target
+from loraplex.kernels.cuda._scratch import GrowOnly
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 _DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16"}

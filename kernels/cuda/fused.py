@@ -1,7 +1,7 @@
 """Launches of the fused decoder-layer kernels (csrc/fused_ops.cu) on PyTorch's current stream.
 
 Shapes only decide the grids, so the calls can be captured in CUDA graphs. Callers
-(kernels.fused_ops) have checked dtypes, devices and strides.
+(loraplex.kernels.fused_ops) have checked dtypes, devices and strides.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.cuda._runtime import default_cache
+from loraplex.kernels.cuda._runtime import default_cache
 
 THREADS = 256
 _DT = {torch.bfloat16: 0, torch.float16: 1}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels.cuda._runtime import default_cache
+from loraplex.kernels.cuda._runtime import default_cache
 
 SPLIT = 256  # PD_SPLIT: context tokens per block
 THREADS = 128

@@ -15,10 +15,10 @@ from fault_rig import Rig, Sidecar
 from store.store_services import MotoProcess, RedisProcess, free_port
 from test_server_process import start_server, stop
 
-from adapter_store.client import StoreClient
-from adapter_store.records import StoredRecord
-from clients import LoraplexClient
-from clients.errors import LoraplexClientError
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.records import StoredRecord
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import LoraplexClientError
 
 PROMPT = "Tell me about the sea"
 NEW_TOKENS = 6

@@ -10,13 +10,13 @@ from pathlib import Path
 from store.store_services import MotoProcess, RedisProcess, StoreProcess
 from tcp_relay import TcpRelay
 
-from adapter_store.client import StoreClient
-from adapter_store.records import StoredRecord
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.records import StoredRecord
 
 
 @dataclass
 class Sidecar:
-    """One ``python -m adapter_store.main`` process, and the relays it reaches S3 and Redis by."""
+    """One ``python -m loraplex.adapter_store.main`` process, and the relays it reaches S3 and Redis by."""
 
     process: StoreProcess
     s3_relay: TcpRelay

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from store.store_adapters import peft_files
 from store.store_services import free_port
 
-from adapter_store.errors import AdapterNotFoundError
+from loraplex.adapter_store.errors import AdapterNotFoundError
 
 DETAIL = "loraplex.v1.AdapterStore/blob-store"
 

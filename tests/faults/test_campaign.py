@@ -16,7 +16,7 @@ from campaign_cluster import Cluster, wait_until
 from lora_helpers import make_peft_adapter
 from store.store_services import RedisProcess, redis_binary
 
-from clients.errors import LoraplexClientError, NotFoundError
+from loraplex.clients.errors import LoraplexClientError, NotFoundError
 
 MID_BLOB = 20_000  # bytes past an S3 PUT's key (into the blob) or a Redis SET's key where a transfer is held
 

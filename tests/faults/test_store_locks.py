@@ -13,8 +13,8 @@ import zlib
 import pytest
 from store.store_adapters import peft_files
 
-from adapter_store.errors import UnavailableError
-from adapter_store.records import StoredRecord
+from loraplex.adapter_store.errors import UnavailableError
+from loraplex.adapter_store.records import StoredRecord
 
 BIG, SMALL = "r64-fp32", "r4-fp32"  # 237 KB and 9 KB of files
 MID_BLOB = 50_000  # bytes into BIG's blob (on its way to S3, or into the Redis cache) where it is held
@@ -163,9 +163,9 @@ def test_a_writer_whose_lease_was_taken_over_does_not_overwrite_the_newer_upload
 def test_a_head_write_is_conditional_on_the_head_it_read(rig):
     """The fencing under the lease: S3 refuses a head write (or delete) whose expected head is not
     the current one, so even a writer that passed its lease check late cannot overwrite."""
-    from adapter_store.backends.s3_blobs import S3BlobBackend  # noqa: PLC0415
-    from adapter_store.errors import HeadChanged  # noqa: PLC0415
-    from adapter_store.settings import S3Settings  # noqa: PLC0415
+    from loraplex.adapter_store.backends.s3_blobs import S3BlobBackend  # noqa: PLC0415
+    from loraplex.adapter_store.errors import HeadChanged  # noqa: PLC0415
+    from loraplex.adapter_store.settings import S3Settings  # noqa: PLC0415
 
     blobs = S3BlobBackend(S3Settings(bucket=rig.bucket, endpoint_url=rig.moto.endpoint, region="us-east-1"))
     blobs.write_head("acme/h", b'{"v": 1}', expect=None)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import reference
-from kernels.operands import LoraOperands
+from loraplex.kernels import reference
+from loraplex.kernels.operands import LoraOperands
 
 
 @dataclass
@@ -122,7 +122,7 @@ def run_against_reference(batch, bgmv):
     """add_lora (SGMV, or BGMV where bgmv) on the batch, checked row by row against the reference."""
     y0 = batch.y.clone()
     ref = reference64(batch, bgmv)
-    from kernels import cuda as kcuda  # noqa: PLC0415
+    from loraplex.kernels import cuda as kcuda  # noqa: PLC0415
 
     fn = kcuda.add_lora_slices_bgmv if bgmv else kcuda.add_lora_slices
     fn(*batch.args())

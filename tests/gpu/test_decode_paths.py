@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import cuda as kcuda
+from loraplex.kernels import cuda as kcuda
 from lora_problems import (assert_close_rows, make_batch, random_ranks, random_widths, reference64,
                            run_against_reference, seg_from_lengths)
 
@@ -97,7 +97,7 @@ def test_decode_one_row_items_are_bitwise_the_four_row_tiles(seed, monkeypatch):
     take row_slot's runs as 4-row tiles (each kernel in RUN_ITEMS), or else the expand one row per
     item and the shrink seg's tiles. Every way, the result must be bit for bit that of seg's 4-row tiles, for grouped and
     one-row segments, empty ones and rows past seg[S]."""
-    from kernels.cuda import _launch
+    from loraplex.kernels.cuda import _launch
 
     gen = torch.Generator().manual_seed(6000 + seed)
     nseg = int(torch.randint(1, 40, (1,), generator=gen)) if seed % 2 else 1  # odd: many segments; even: one
@@ -140,7 +140,7 @@ def test_expand_launched_as_programmatic_dependent_gives_the_plain_result(captur
     call after call."""
     import cupy
 
-    from kernels.cuda._launch import SHRINK_PDL_CARVEOUT
+    from loraplex.kernels.cuda._launch import SHRINK_PDL_CARVEOUT
 
     gen = torch.Generator().manual_seed(71)
     lengths = [1] * 40 + [3, 0, 7]

@@ -12,11 +12,11 @@ import torch
 
 from adapter_bytes import ALL, CASES, CFG, adapter_files, reference
 
-from adapter_store.format.files import AdapterFiles, make_info
-from adapter_store.format.peft_format import parse_adapter_files
-from inference_server.lora.pool.adapter_pool import AdapterPool
-from inference_server.lora.pool.packing import plan_layout
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.format.files import AdapterFiles, make_info
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.model.config import ModelConfig
 
 
 class MemorySource:

@@ -13,8 +13,8 @@ import torch
 
 from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all, tokens_of
 
-from inference_server.lora.batch import LoraBatchBuilder, ProjGroup
-from inference_server.lora.pool.copier import PoolCopier
+from loraplex.inference_server.lora.batch import LoraBatchBuilder, ProjGroup
+from loraplex.inference_server.lora.pool.copier import PoolCopier
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]
 
@@ -40,8 +40,8 @@ def test_float32_on_cuda_equals_the_cpu_engine(tiny_llama_dir: Path, adapter_dir
 
 def _last_logits(engine, prompt: list[int], adapter: str | None) -> torch.Tensor:
     """Prefill one prompt through the engine's runner and return its last-row logits (float32)."""
-    from inference_server.engine.detokenizer import IncrementalDetokenizer
-    from inference_server.engine.sequence import Sequence
+    from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
+    from loraplex.inference_server.engine.sequence import Sequence
 
     core = engine._core
     ra = engine._manager.acquire(adapter) if adapter else None

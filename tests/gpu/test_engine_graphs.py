@@ -145,7 +145,7 @@ def test_prompts_of_hundreds_of_tokens_beside_decodes_replay_graphs(tiny_llama_d
     """Prompts of ~300 tokens admitted while others decode: every step is a graph replay (no eager
     forward), and the tokens are those of an eager engine that runs the same spans on the paged
     decode kernel (the same arithmetic), for requests with and without adapters."""
-    from inference_server.engine import model_runner, step_plan
+    from loraplex.inference_server.engine import model_runner, step_plan
 
     def requests(engine):
         long_text = " ".join(f"item {i} is {i * i % 97}." for i in range(120))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import fused_ops
-from inference_server.model.rope import RotaryEmbedding
+from loraplex.kernels import fused_ops
+from loraplex.inference_server.model.rope import RotaryEmbedding
 
 DTYPES = [torch.bfloat16, torch.float16]
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
@@ -37,7 +37,7 @@ def test_add_rms_norm(dtype, with_delta, hidden, offset) -> None:
     ref_out, ref_x = fused_ops.add_rms_norm_reference(x.clone(), delta, w, 1e-5)
     x_fused = x.clone() if offset == 0 else x
     out = torch.full_like(ref_out, float("nan"))
-    from kernels.cuda import fused  # noqa: PLC0415
+    from loraplex.kernels.cuda import fused  # noqa: PLC0415
 
     fused.add_rms_norm(x_fused, delta, w, out, 1e-5)
     if with_delta:

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-import kernels
-from kernels import cuda as kcuda
+from loraplex import kernels
+from loraplex.kernels import cuda as kcuda
 from lora_problems import (assert_close_rows, make_batch, random_ranks, random_widths, reference64,
                            run_against_reference, seg_from_lengths)
 
@@ -58,7 +58,7 @@ def test_bgmv_random(seed, dtype):
 @pytest.mark.parametrize("rank", [1, 8, 16, 33, 64, 128])
 def test_prefill_long_segments(rank, decode_path, monkeypatch):
     if decode_path:  # the same long segments through the split-K + CUDA-core decode kernels
-        monkeypatch.setattr("kernels.cuda._launch.SMALL_BATCH_ROWS", 1 << 30)
+        monkeypatch.setattr("loraplex.kernels.cuda._launch.SMALL_BATCH_ROWS", 1 << 30)
     gen = torch.Generator().manual_seed(3000 + rank)
     table = seg_from_lengths([1500, 0, 1030, 7, 0])
     ranks = [[rank, 16, 0, rank, 5], [rank, 128, 3, 0, 2]]
@@ -234,9 +234,9 @@ def test_outgrown_scratch_stays_with_the_graph_that_captured_it():
     (a larger decode batch after the graphs were captured) grows it; the outgrown buffer must
     stay allocated, so a tensor allocated afterwards is never written by a replay, and the
     replay still gives the eager result."""
-    from kernels.checks import check_args
-    from kernels.cuda._launch import Call, launch, plan_call
-    from kernels.cuda._runtime import DeviceRuntime
+    from loraplex.kernels.checks import check_args
+    from loraplex.kernels.cuda._launch import Call, launch, plan_call
+    from loraplex.kernels.cuda._runtime import DeviceRuntime
 
     rt = DeviceRuntime(torch.device("cuda", torch.cuda.current_device()))  # fresh scratch, not the shared one
 

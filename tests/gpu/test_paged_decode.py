@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from kernels.cuda.paged_decode import UNROLLS, DecodeWorkspace, num_splits_for, paged_decode_attention
+from loraplex.kernels.cuda.paged_decode import UNROLLS, DecodeWorkspace, num_splits_for, paged_decode_attention
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-5}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cuda as kcuda
+from loraplex.kernels import cuda as kcuda
 from lora_problems import assert_close_rows, make_batch, reference64, seg_from_lengths
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -20,8 +20,8 @@ def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, 
     """The prefill shrink's split-K partials, summed in the cluster's shared memory (sm_90+) or in
     global memory by each item's last block (devices without clusters), give bitwise the same y
     (the same sums in the same order); a shrink with no split at all gives the reference's."""
-    from kernels.checks import check_args
-    from kernels.cuda._launch import plan_call
+    from loraplex.kernels.checks import check_args
+    from loraplex.kernels.cuda._launch import plan_call
 
     gen = torch.Generator().manual_seed(4100 + rank_cap)
     lengths = [700, 0, 1300, 130, 1]
@@ -41,7 +41,7 @@ def test_prefill_split_summed_without_a_cluster_gives_the_cluster_result(split, 
     if split == "global":
         monkeypatch.setattr(rt, "clusters", False)
     else:
-        monkeypatch.setattr("kernels.cuda._launch.PREFILL_MAX_BLOCKS_PER_SM", 0)
+        monkeypatch.setattr("loraplex.kernels.cuda._launch.PREFILL_MAX_BLOCKS_PER_SM", 0)
         assert plan_call(rt, problem, 0, problem.nslots, batch.x.dtype).ksplit == 1
     kcuda.add_lora_slices(*batch.args())
     torch.cuda.synchronize()
@@ -98,8 +98,8 @@ def test_prefill_expand_on_wgmma_gives_the_mma_sync_result(widths, rank_cap, mon
     in the swizzled layout its descriptors read), the others by mma.sync, block by block. Every
     block on wgmma, every block on mma.sync, and the launcher's mix (ranks on both sides of the
     threshold, edge tiles, short items): bitwise the same y, and the reference's."""
-    from kernels.cuda import _tiles  # noqa: PLC0415
-    from kernels.cuda._nvrtc import arch_specific_target  # noqa: PLC0415
+    from loraplex.kernels.cuda import _tiles  # noqa: PLC0415
+    from loraplex.kernels.cuda._nvrtc import arch_specific_target  # noqa: PLC0415
 
     if arch_specific_target("lora_expand.cu", torch.cuda.get_device_capability()) is None:
         pytest.skip("no sm_90a build of the expand on this device")
@@ -126,7 +126,7 @@ def test_prefill_expand_on_wgmma_gives_the_mma_sync_result(widths, rank_cap, mon
 def _on_and_off(batch, monkeypatch, flag: str):
     """(y with the launcher's `flag` as it is, y with it False, the float64 reference, y0): the
     same add_lora call on the same y0 both ways."""
-    from kernels.cuda import _launch  # noqa: PLC0415
+    from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
     y0 = batch.y.clone()
     expected = reference64(batch, False)

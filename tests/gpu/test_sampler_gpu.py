@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
-from inference_server.engine.sampler import SampleRow, apply_penalties, choose, seen_mask
-from inference_server.engine.seen_tokens import SeenTokens
-from inference_server.engine.sequence import PLACEHOLDER, Sequence
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.engine.sampler import SampleRow, apply_penalties, choose, seen_mask
+from loraplex.inference_server.engine.seen_tokens import SeenTokens
+from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
 
 
 def _rows() -> list[SampleRow]:

@@ -14,12 +14,12 @@ from store_services import (  # noqa: F401  (aws_test_credentials: a fixture)
     MotoProcess, RedisProcess, ServerThread, aws_test_credentials, redis_binary,
 )
 
-from adapter_store.client import StoreClient
-from adapter_store.factory import build_store
-from adapter_store.metrics import StoreMetrics
-from adapter_store.settings import RedisSettings, S3Settings, StoreSettings
-from adapter_store.store import Store
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.factory import build_store
+from loraplex.adapter_store.metrics import StoreMetrics
+from loraplex.adapter_store.settings import RedisSettings, S3Settings, StoreSettings
+from loraplex.adapter_store.store import Store
+from loraplex.inference_server.model.config import ModelConfig
 
 COMBOS = ("local-memory", "s3-memory", "s3-redis")
 

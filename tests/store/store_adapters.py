@@ -7,7 +7,7 @@ import json
 import struct
 from pathlib import Path
 
-from inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.config import ModelConfig
 
 TINY_LLAMA = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

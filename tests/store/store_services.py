@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from adapter_store.server import StoreServer
-from adapter_store.store import Store
+from loraplex.adapter_store.server import StoreServer
+from loraplex.adapter_store.store import Store
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -158,15 +158,15 @@ class ServerThread:
 
 
 class StoreProcess:
-    """``python -m adapter_store.main`` as a child process; ``target`` once it listens."""
+    """``python -m loraplex.adapter_store.main`` as a child process; ``target`` once it listens."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "adapter_store.main", "--listen", "127.0.0.1:0", *args],
+                [sys.executable, "-P", "-m", "loraplex.adapter_store.main", "--listen", "127.0.0.1:0", *args],
                 stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
-                env={**os.environ, **AWS_ENV, "PYTHONPATH": str(REPO), **(env or {})},
+                env={**os.environ, **AWS_ENV, **(env or {})},
             )
         line = self.proc.stdout.readline()
         if "listening on port" not in line:

@@ -3,9 +3,9 @@ under an index that remembers it is reported once, and the index follows the new
 
 from __future__ import annotations
 
-from adapter_store.backends.local_blobs import MARKER_FILE, LocalBlobBackend
-from adapter_store.backends.memory_index import MemoryIndex
-from adapter_store.blob_marker import BlobMarker
+from loraplex.adapter_store.backends.local_blobs import MARKER_FILE, LocalBlobBackend
+from loraplex.adapter_store.backends.memory_index import MemoryIndex
+from loraplex.adapter_store.blob_marker import BlobMarker
 
 
 def _marker(tmp_path):  # noqa: ANN001, ANN202

@@ -9,8 +9,8 @@ import threading
 import pytest
 from store_adapters import ADAPTERS, WEIGHTS, peft_files
 
-from adapter_store.errors import AdapterNotFoundError, InvalidRequestError
-from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
+from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
 
 pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)
 
@@ -128,7 +128,7 @@ def test_watch_sees_puts_and_deletes(env, adapters):
 
 
 def test_redis_hit_serves_without_touching_the_blob_store(make_env, shared_redis, shared_moto, adapters, monkeypatch):
-    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+    import loraplex.adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
 
     monkeypatch.setattr(redis_cache, "RANGE_BYTES", 4096)  # the hit is read as many ranges at once
     env = make_env("s3-redis", redis_proc=shared_redis, moto_proc=shared_moto)
@@ -151,7 +151,7 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
 
 
 def test_watcher_invalidates_held_copies_that_changed(env, adapters):
-    from adapter_store.watcher import StoreWatcher  # noqa: PLC0415
+    from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415
 
     v1 = env.client.put("acme/held", adapters["r4-fp32"]).version
     env.client.put("acme/other", adapters["r4-fp32"])
@@ -179,10 +179,10 @@ def test_watcher_invalidates_held_copies_that_changed(env, adapters):
 
 
 def test_client_reads_cached_blobs_straight_from_redis(make_env, shared_redis, shared_moto, adapters, monkeypatch):
-    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
-    from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
-    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
-    from adapter_store.client import StoreClient  # noqa: PLC0415
+    import loraplex.adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+    from loraplex.adapter_store.client import StoreClient  # noqa: PLC0415
 
     monkeypatch.setattr(redis_cache, "RANGE_BYTES", 4096)  # ranged reads, the corrupt one included
     env = make_env("s3-redis", redis_proc=shared_redis, moto_proc=shared_moto)

@@ -10,7 +10,7 @@ import pytest
 from store_adapters import WEIGHTS, peft_files
 from store_services import MotoProcess, RedisProcess
 
-from adapter_store.errors import AdapterCorruptError, UnavailableError
+from loraplex.adapter_store.errors import AdapterCorruptError, UnavailableError
 from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 pytestmark = pytest.mark.slow

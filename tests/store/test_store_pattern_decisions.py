@@ -14,8 +14,8 @@ import pytest
 from busy_clock import BusyClock
 from store_adapters import with_config
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format import patterns
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format import patterns
 
 pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)
 

@@ -15,9 +15,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from store_adapters import peft_files
 from store_services import StoreProcess, free_port
 
-from adapter_store.client import StoreClient
-from adapter_store.errors import AdapterNotFoundError
-from adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.errors import AdapterNotFoundError
+from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def _reflected_services(channel: grpc.Channel) -> set[str]:
 
 def test_bad_settings_exit_with_a_clear_message():
     out = subprocess.run(
-        [sys.executable, "-m", "adapter_store.main", "--s3-bucket", "b", "--s3-prefix", "no-slash"],
+        [sys.executable, "-P", "-m", "loraplex.adapter_store.main", "--s3-bucket", "b", "--s3-prefix", "no-slash"],
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 2

@@ -9,14 +9,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from store_services import ServerThread
 
-from adapter_store.auth import is_loopback
-from adapter_store.client import StoreClient
-from adapter_store.errors import LoraplexError
-from adapter_store.factory import build_store
-from adapter_store.main import parse_args
-from adapter_store.protocol import SECRET_METADATA_KEY
-from adapter_store.secret import read_secret
-from adapter_store.settings import StoreSettings
+from loraplex.adapter_store.auth import is_loopback
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.errors import LoraplexError
+from loraplex.adapter_store.factory import build_store
+from loraplex.adapter_store.main import parse_args
+from loraplex.adapter_store.protocol import SECRET_METADATA_KEY
+from loraplex.adapter_store.secret import read_secret
+from loraplex.adapter_store.settings import StoreSettings
 from loraplex.v1 import store_pb2, store_pb2_grpc
 
 SECRET = "store-secret-0123456789"
@@ -29,7 +29,7 @@ def test_calls_without_the_secret_are_refused_and_leave_adapters_untouched(tmp_p
     try:
         with StoreClient(server.target, secret=SECRET) as trusted:
             trusted.put("b/private", adapters["r16-bf16"])
-        caplog.set_level(logging.WARNING, logger="adapter_store.auth")
+        caplog.set_level(logging.WARNING, logger="loraplex.adapter_store.auth")
         for secret in (None, "wrong-secret-0123456789"):
             with StoreClient(server.target, secret=secret, retries=0) as intruder:
                 calls = (lambda: intruder.list(), lambda: intruder.get("b/private"),

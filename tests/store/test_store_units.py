@@ -7,21 +7,21 @@ import uuid
 
 import pytest
 
-from adapter_store.backends.memory_cache import MemoryBlobCache
-from adapter_store.backends.memory_index import MemoryIndex
-from adapter_store.errors import AdapterCorruptError
-from adapter_store.format.files import AdapterInfo
-from adapter_store.main import parse_args
-from adapter_store.records import FileEntry, StoredRecord
-from adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
+from loraplex.adapter_store.backends.memory_cache import MemoryBlobCache
+from loraplex.adapter_store.backends.memory_index import MemoryIndex
+from loraplex.adapter_store.errors import AdapterCorruptError
+from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.main import parse_args
+from loraplex.adapter_store.records import FileEntry, StoredRecord
+from loraplex.adapter_store.settings import MIB, RedisSettings, S3Settings, StoreSettings
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.slow)])
 def make_cache(request):
     if request.param == "memory":
         return MemoryBlobCache
-    from adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
-    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_conn import connect  # noqa: PLC0415
 
     redis = request.getfixturevalue("shared_redis")
     client = connect(RedisSettings(url=redis.url))
@@ -56,7 +56,7 @@ def test_cache_refuses_a_blob_larger_than_itself_and_replaces_in_place(make_cach
 def test_cache_pieces_are_the_blob_in_order_and_none_when_missing(make_cache, monkeypatch):
     """pieces() hands the blob over as consecutive pieces (several GETRANGEs in flight on
     Redis; ranges made small here so a small blob takes many), and marks it recently used."""
-    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+    import loraplex.adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
 
     monkeypatch.setattr(redis_cache, "RANGE_BYTES", 7)
     cache = make_cache(1000)
@@ -82,8 +82,8 @@ def test_redis_pieces_come_short_when_the_blob_goes_while_being_read(shared_redi
 
     import redis  # noqa: PLC0415
 
-    import adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
-    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+    import loraplex.adapter_store.backends.redis_cache as redis_cache  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_conn import connect  # noqa: PLC0415
 
     monkeypatch.setattr(redis_cache, "RANGE_BYTES", 16)
     gate, getrange = threading.Event(), redis.Redis.getrange
@@ -121,8 +121,8 @@ def _record(adapter_id: str, created_at: float = 1.0, version: str = "v") -> Sto
 def index(request):
     if request.param == "memory":
         return MemoryIndex()
-    from adapter_store.backends.redis_conn import connect  # noqa: PLC0415
-    from adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_conn import connect  # noqa: PLC0415
+    from loraplex.adapter_store.backends.redis_index import RedisIndex  # noqa: PLC0415
 
     client = connect(RedisSettings(url=request.getfixturevalue("shared_redis").url))
     request.addfinalizer(client.close)
@@ -176,7 +176,7 @@ def test_record_built_from_an_uploads_digests_is_the_record_hashed_here(adapters
     does not hash 80 MB twice more) and must come out exactly as if it had hashed them itself."""
     import hashlib  # noqa: PLC0415
 
-    from adapter_store.format.peft_format import parse_adapter_files  # noqa: PLC0415
+    from loraplex.adapter_store.format.peft_format import parse_adapter_files  # noqa: PLC0415
     from store_adapters import peft_files  # noqa: PLC0415
 
     files = peft_files(adapters["r16-bf16"])
@@ -253,9 +253,9 @@ def test_flags_and_environment_pick_the_backends():
 def test_in_process_source_is_an_adapter_source(tmp_path, adapters, base_config):
     from store_adapters import peft_files  # noqa: PLC0415
 
-    from adapter_store.embedded import InProcessStoreSource  # noqa: PLC0415
-    from adapter_store.factory import build_store  # noqa: PLC0415
-    from adapter_store.errors import AdapterNotFoundError, AdapterValidationError  # noqa: PLC0415
+    from loraplex.adapter_store.embedded import InProcessStoreSource  # noqa: PLC0415
+    from loraplex.adapter_store.factory import build_store  # noqa: PLC0415
+    from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError  # noqa: PLC0415
 
     source = InProcessStoreSource(build_store(StoreSettings(local_dir=str(tmp_path)), base=base_config))
     info = source.put("t/a", adapters["r16-bf16"])
@@ -271,8 +271,8 @@ def test_in_process_source_is_an_adapter_source(tmp_path, adapters, base_config)
 
 
 def test_watcher_over_an_in_process_store(tmp_path, adapters):
-    from adapter_store.factory import build_store  # noqa: PLC0415
-    from adapter_store.watcher import StoreWatcher  # noqa: PLC0415
+    from loraplex.adapter_store.factory import build_store  # noqa: PLC0415
+    from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415
 
     store = build_store(StoreSettings(local_dir=str(tmp_path)))
     v1 = store.put("t/a", adapters["r4-fp32"]).version
@@ -290,9 +290,9 @@ def test_watcher_over_an_in_process_store(tmp_path, adapters):
 def test_client_with_a_base_checks_uploads_before_sending(tmp_path, foreign_adapters, base_config):
     from store_services import ServerThread  # noqa: PLC0415
 
-    from adapter_store.client import StoreClient  # noqa: PLC0415
-    from adapter_store.factory import build_store  # noqa: PLC0415
-    from adapter_store.errors import AdapterValidationError  # noqa: PLC0415
+    from loraplex.adapter_store.client import StoreClient  # noqa: PLC0415
+    from loraplex.adapter_store.factory import build_store  # noqa: PLC0415
+    from loraplex.adapter_store.errors import AdapterValidationError  # noqa: PLC0415
 
     store = build_store(StoreSettings(local_dir=str(tmp_path)))  # this store does not know the base model
     server = ServerThread(store)
@@ -314,8 +314,8 @@ def test_s3_404_means_missing_only_for_one_key_read(aws_test_credentials):
     import http.server
     import threading
 
-    from adapter_store.backends.s3_blobs import S3BlobBackend
-    from adapter_store.errors import BackendUnavailable
+    from loraplex.adapter_store.backends.s3_blobs import S3BlobBackend
+    from loraplex.adapter_store.errors import BackendUnavailable
 
     class NotFound(http.server.BaseHTTPRequestHandler):
         def _404(self) -> None:
@@ -347,7 +347,7 @@ def test_store_cli_says_in_one_line_why_it_cannot_start(tmp_path, capsys):
     end the process with one line naming the problem, not a traceback."""
     import socket
 
-    from adapter_store.main import main
+    from loraplex.adapter_store.main import main
 
     (tmp_path / "a-file").write_text("")
     assert main(["--local-dir", str(tmp_path / "a-file" / "x"), "--listen", "127.0.0.1:0"]) == 2
@@ -369,8 +369,8 @@ def test_a_lookup_that_races_a_delete_does_not_bring_the_adapter_back(tmp_path, 
     """A lookup that missed the index reads the head, then fills the index with it; a delete that
     completes in between must not be undone by that fill (the adapter came back in List and Stat
     until a Get happened to clean it up)."""
-    from adapter_store.factory import build_store
-    from adapter_store.errors import AdapterNotFoundError
+    from loraplex.adapter_store.factory import build_store
+    from loraplex.adapter_store.errors import AdapterNotFoundError
 
     store = build_store(StoreSettings(blob_backend="local", local_dir=str(tmp_path / "blobs"),
                                       index_backend="memory"), base=base_config)
@@ -400,8 +400,8 @@ def test_a_redis_that_does_not_answer_is_skipped_for_a_while():
     again; a Redis that answers "no" (out of memory) does not open the breaker."""
     import redis
 
-    from adapter_store.backends.redis_conn import Breaker, translated
-    from adapter_store.errors import BackendUnavailable
+    from loraplex.adapter_store.backends.redis_conn import Breaker, translated
+    from loraplex.adapter_store.errors import BackendUnavailable
 
     now = [100.0]
     breaker = Breaker(cool_down_s=5.0, clock=lambda: now[0])
@@ -433,7 +433,7 @@ def test_at_start_a_missing_bucket_is_an_error_and_an_unreachable_redis_a_warnin
     import logging
     import socket
 
-    from adapter_store.factory import build_store
+    from loraplex.adapter_store.factory import build_store
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -448,6 +448,6 @@ def test_at_start_a_missing_bucket_is_an_error_and_an_unreachable_redis_a_warnin
     redis_settings = RedisSettings(url=f"redis://127.0.0.1:{dead_port}/0", socket_timeout_s=0.5)
     s3 = S3Settings(bucket=bucket, endpoint_url=shared_moto.endpoint, region="us-east-1", max_attempts=1)
     store = build_store(StoreSettings(blob_backend="s3", s3=s3, index_backend="redis", redis=redis_settings))
-    with caplog.at_level(logging.WARNING, logger="adapter_store.store"):
+    with caplog.at_level(logging.WARNING, logger="loraplex.adapter_store.store"):
         store.check_backends()
     assert any("at start: Redis at 127.0.0.1" in r.getMessage() for r in caplog.records), caplog.records

@@ -8,11 +8,11 @@ import json
 import grpc
 import pytest
 
-from adapter_store.client import StoreClient
-from adapter_store.errors import AdapterNotFoundError, PermissionDeniedError
-from adapter_store.protocol import ROLE_METADATA_KEY, TENANT_METADATA_KEY
-from adapter_store.records import StoredRecord
-from adapter_store.tenants.principal import Principal, Role
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.errors import AdapterNotFoundError, PermissionDeniedError
+from loraplex.adapter_store.protocol import ROLE_METADATA_KEY, TENANT_METADATA_KEY
+from loraplex.adapter_store.records import StoredRecord
+from loraplex.adapter_store.tenants.principal import Principal, Role
 from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from adapter_store.backends.local_blobs import LocalBlobBackend
-from adapter_store.call_deadline import COMMIT_MARGIN_S, DEFAULT_WAIT_S, CallDeadline
-from adapter_store.errors import HeadChanged, UnavailableError
-from adapter_store.id_locks import IdLocks
+from loraplex.adapter_store.backends.local_blobs import LocalBlobBackend
+from loraplex.adapter_store.call_deadline import COMMIT_MARGIN_S, DEFAULT_WAIT_S, CallDeadline
+from loraplex.adapter_store.errors import HeadChanged, UnavailableError
+from loraplex.adapter_store.id_locks import IdLocks
 
 
 def test_one_id_excludes_itself_and_no_other():

@@ -27,19 +27,19 @@ from collections.abc import Callable
 
 import torch
 
-from adapter_store.errors import ResourceExhaustedError
-from adapter_store.format.files import AdapterSource
-from adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
-from inference_server.lora.pool.copier import PoolCopier
-from inference_server.lora.pool.device_packing import plan_device_pack, stage
-from inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
-from inference_server.lora.pool.packing import plan_layout
-from inference_server.lora.pool.pool_stats import PoolMetrics, PoolStats
-from inference_server.lora.pool.pool_writes import PoolWrites, WriteListener
-from inference_server.lora.pool.range_allocator import RangeAllocator
-from inference_server.lora.pool.tensor_views import tensor_views
-from inference_server.lora.resident import AdapterLayout, ResidentAdapter
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import ResourceExhaustedError
+from loraplex.adapter_store.format.files import AdapterSource
+from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
+from loraplex.inference_server.lora.pool.copier import PoolCopier
+from loraplex.inference_server.lora.pool.device_packing import plan_device_pack, stage
+from loraplex.inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
+from loraplex.inference_server.lora.pool.packing import plan_layout
+from loraplex.inference_server.lora.pool.pool_stats import PoolMetrics, PoolStats
+from loraplex.inference_server.lora.pool.pool_writes import PoolWrites, WriteListener
+from loraplex.inference_server.lora.pool.range_allocator import RangeAllocator
+from loraplex.inference_server.lora.pool.tensor_views import tensor_views
+from loraplex.inference_server.lora.resident import AdapterLayout, ResidentAdapter
+from loraplex.inference_server.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import threading
 
 import torch
 
-from inference_server.lora.pool import device_packing
-from inference_server.lora.pool.device_packing import DevicePackPlan
-from inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.lora.pool import device_packing
+from loraplex.inference_server.lora.pool.device_packing import DevicePackPlan
+from loraplex.inference_server.lora.resident import AdapterLayout
 
 _GROW_BYTES = 16 << 20  # buffers grow in steps of this
 

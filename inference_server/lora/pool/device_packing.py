@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format.peft_format import PROJECTIONS, WEIGHTS_FILE, AdapterSpec, LoraModuleSpec
-from adapter_store.format.safetensors_header import TensorInfo
-from inference_server.lora.pool.packing import fold_ratio
-from inference_server.lora.pool.tensor_views import TORCH_DTYPES
-from inference_server.lora.resident import AdapterLayout
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.peft_format import PROJECTIONS, WEIGHTS_FILE, AdapterSpec, LoraModuleSpec
+from loraplex.adapter_store.format.safetensors_header import TensorInfo
+from loraplex.inference_server.lora.pool.packing import fold_ratio
+from loraplex.inference_server.lora.pool.tensor_views import TORCH_DTYPES
+from loraplex.inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.model.config import ModelConfig
 
 _TABLE_ALIGN = 64  # bytes: the table starts aligned after the data section
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from inference_server.lora.pool.device_packing import DevicePackPlan
-from inference_server.lora.pool.range_allocator import RangeAllocator
-from inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.lora.pool.device_packing import DevicePackPlan
+from loraplex.inference_server.lora.pool.range_allocator import RangeAllocator
+from loraplex.inference_server.lora.resident import AdapterLayout
 
 
 @dataclass(eq=False, slots=True)

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 
 import torch
 
-from adapter_store.errors import AdapterValidationError
-from adapter_store.format.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
-from inference_server.lora.resident import AdapterLayout
-from inference_server.model.config import ModelConfig
+from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
+from loraplex.inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.model.config import ModelConfig
 
 BLOCK_ALIGN = 64  # elements: every A/B block starts 128-byte aligned (bf16) for vector loads
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from inference_server.lora.pool.copier import PoolCopier
-from inference_server.lora.pool.host_cache import PackedAdapter
+from loraplex.inference_server.lora.pool.copier import PoolCopier
+from loraplex.inference_server.lora.pool.host_cache import PackedAdapter
 
 # (pool, start, end, write count before, after)
 WriteListener = Callable[[torch.Tensor, int, int, int, int], None]
