@@ -1,14 +1,15 @@
 """SGMV on the CPU in float32/float64: the reference's arithmetic with fewer dispatches.
 
-The reference (``kernels.reference``) defines the semantics and is written for clarity;
+The reference (``loraplex.kernels.reference``) defines the semantics and is written for clarity;
 on the CPU the per-segment Python and dispatch overhead is what costs (a decode step with
 8 adapters runs 7 slices x 8 segments x 30 layers of tiny matmuls). This module computes
 the same operations in the same order (so float32 results are bitwise the reference's):
 tables are read once per call, and A/B are ``as_strided`` views of the pool.
 
 A decode batch (every segment one row, all at one rank) runs each slice as two batched
-products over A/B stacked per row. A ``DecodeStacks`` passed by the caller
-(``kernels.cpu_stacks``) keeps the stacks across steps and, when the batch changes, copies
+products over A/B stacked per row (bitwise the reference where the BLAS's batched and single
+products agree: MKL's AVX2 kernels; within float32 rounding on AVX-512). A ``DecodeStacks`` passed by the caller
+(``loraplex.kernels.cpu_stacks``) keeps the stacks across steps and, when the batch changes, copies
 only the adapters that changed.
 """
 
@@ -18,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.operands import LoraOperands
-from kernels.cpu_stacks import Assignment, DecodeLayout, DecodeStacks, SliceOperands, stack_rows
+from loraplex.kernels.operands import LoraOperands
+from loraplex.kernels.cpu_stacks import Assignment, DecodeLayout, DecodeStacks, SliceOperands, stack_rows
 
 FAST_DTYPES = (torch.float32, torch.float64)
 
@@ -108,7 +109,8 @@ def _one_row_same_rank(spans: list[tuple[int, int, int]], ranks: list[int]) -> b
 def _decode(y: torch.Tensor, x: torch.Tensor, first: int, per_slice: list[SliceOperands | None],
             assignment: Assignment | None, widths: Sequence[int]) -> None:
     """Every batched slice's one-row segments in two batched products (bmm of 1-row operands
-    gives the same floats as mm does per row; multiplying by a scale of 1 changes nothing).
+    gives the same floats as mm does per row with MKL's AVX2 kernels; its AVX-512 kernels sum
+    in another order, within float32 rounding; multiplying by a scale of 1 changes nothing).
     The stacks are in slot order: x rows are gathered into it and the products put back in
     row order before the add (the same single addition per element)."""
     n = next(s.a.shape[0] for s in per_slice if s is not None)
