@@ -43,8 +43,10 @@ def decode_splits(context: int) -> int:
 
 def decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      rows: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     num_splits: int, workspace: DecodeWorkspace) -> None:
-    """out[rows[b]] = softmax(scale * q[rows[b]] K_b^T) V_b per sequence b, in place (see
-    ``loraplex.kernels.cuda.paged_decode.paged_decode_attention`` for the shapes)."""
+                     num_splits: int, workspace: DecodeWorkspace, window: int | None = None,
+                     softcap: float | None = None) -> None:
+    """out[rows[b]] = softmax(cap(scale * q[rows[b]] K_b^T)) V_b per sequence b, in place, over the
+    last ``window`` keys (all: None), cap(s) = softcap * tanh(s / softcap) (none: None); see
+    ``loraplex.kernels.cuda.paged_decode.paged_decode_attention`` for the shapes."""
     _cuda().paged_decode_attention(out, q, k_cache, v_cache, rows, block_tables, context_lens, scale, num_splits,
-                                   workspace)
+                                   workspace, window=window, softcap=softcap)

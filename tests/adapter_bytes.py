@@ -9,14 +9,15 @@ import struct
 
 import torch
 
-from loraplex.adapter_store.format.peft_format import PROJECTIONS, parse_adapter_files
+from loraplex.adapter_store.format.architectures import ALL_TARGETS
+from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.inference_server.lora.pool.packing import pack_adapter
 from loraplex.inference_server.lora.pool.tensor_views import tensor_views
 from loraplex.inference_server.model.config import ModelConfig
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
                   num_heads=4, num_kv_heads=2, head_dim=8)
-PARENT = {p: "self_attn" if i < 4 else "mlp" for i, p in enumerate(PROJECTIONS)}
+PARENT = ALL_TARGETS  # module -> its parent, as PEFT names them
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
 
@@ -59,7 +60,7 @@ def reference(files: dict[str, bytes], cfg: ModelConfig, dtype: torch.dtype) -> 
     return pack_adapter(spec, tensor_views(files["adapter_model.safetensors"]), cfg, dtype)[0]
 
 
-ALL = list(PROJECTIONS)
+ALL = list(CFG.projection_shapes())
 CASES = {
     **{f"r{r}": dict(r=r, lora_alpha=2 * r, target_modules=ALL) for r in (4, 8, 16, 32, 64)},
     "r5-odd": dict(r=5, lora_alpha=3, target_modules=ALL),

@@ -17,6 +17,7 @@ import torch
 from loraplex.inference_server.model import checkpoint, dummy, gguf_file
 from loraplex.inference_server.model.checkpoint import ModelSource, expected_shapes
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.registry import config_from_hf
 from loraplex.inference_server.model.loading import load_checkpoint
 
 BYTE_TOKENS = sorted(__import__("tokenizers").pre_tokenizers.ByteLevel.alphabet()) + [
@@ -390,7 +391,7 @@ def test_config_llama3_tied_with_rope_scaling():
            "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
            "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}
-    c = ModelConfig.from_hf(cfg)
+    c = config_from_hf(cfg)
     assert (c.model_type, c.num_kv_heads, c.head_dim, c.tie_word_embeddings) == ("llama", 8, 64, True)
     assert c.rope_scaling["rope_type"] == "llama3" and c.rope_scaling["factor"] == 32.0
     assert c.eos_token_ids == (128001, 128008, 128009)
@@ -404,19 +405,19 @@ def test_config_transformers5_rope_parameters():
            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 8192}}
-    c = ModelConfig.from_hf(cfg)
+    c = config_from_hf(cfg)
     assert c.rope_theta == 500000.0 and c.rope_scaling["rope_type"] == "llama3" and "rope_theta" not in c.rope_scaling
-    plain = ModelConfig.from_hf({**cfg, "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
+    plain = config_from_hf({**cfg, "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
     assert plain.rope_theta == 1e6 and plain.rope_scaling is None
 
 
 def test_config_mistral_and_qwen2():
-    mistral = ModelConfig.from_hf({"architectures": ["MistralForCausalLM"], "vocab_size": 32768, "hidden_size": 4096,
+    mistral = config_from_hf({"architectures": ["MistralForCausalLM"], "vocab_size": 32768, "hidden_size": 4096,
                                    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
                                    "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0,
                                    "sliding_window": None, "eos_token_id": 2})
     assert (mistral.model_type, mistral.head_dim, mistral.kv_size, mistral.attention_bias) == ("mistral", 128, 1024, False)
-    qwen = ModelConfig.from_hf({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936, "hidden_size": 896,
+    qwen = config_from_hf({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936, "hidden_size": 896,
                                 "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
                                 "num_key_value_heads": 2, "tie_word_embeddings": True, "eos_token_id": 151645})
     assert (qwen.model_type, qwen.head_dim, qwen.attention_bias, qwen.tie_word_embeddings) == ("qwen2", 64, True, True)

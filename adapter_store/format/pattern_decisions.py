@@ -15,11 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.architectures import ALL_TARGETS
 from loraplex.adapter_store.format.patterns import PatternMatcher
 from loraplex.adapter_store.format.peft_config import CONFIG_FILE
-from loraplex.adapter_store.format.peft_fields import DEFAULT_TARGET_MODULES
-
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +40,21 @@ class PatternValue:
 
 
 def module_key(layer: int, module: str) -> str:
-    """The module's name in a Llama model, as PEFT matches target_modules and patterns against it."""
-    return f"model.layers.{layer}.{'self_attn' if module in ATTENTION else 'mlp'}.{module}"
+    """The module's name in the base model, as PEFT matches target_modules and patterns against it
+    (every family serves a target name under the same parent: architectures.ALL_TARGETS)."""
+    return f"model.layers.{layer}.{ALL_TARGETS[module]}.{module}"
 
 
-def targets_of(config: dict) -> str | list[str]:
-    """target_modules as PEFT applies it: left out (or null), the architecture's default."""
+def targets_of(config: dict, defaults: tuple[str, ...] | None) -> str | list[str]:
+    """target_modules as PEFT applies it: left out (or null), the family's default (``defaults``,
+    architectures.Architecture.peft_defaults; None: PEFT has none and refuses the config)."""
     targets = config.get("target_modules")
-    return list(DEFAULT_TARGET_MODULES) if targets is None else targets
+    if targets is not None:
+        return targets
+    if defaults is None:
+        raise AdapterValidationError(f"left out of {CONFIG_FILE}, and PEFT has no default target modules for this "
+                                     "base model's family: name them", "target_modules")
+    return list(defaults)
 
 
 def in_list(names: list[str], key: str) -> bool:
@@ -70,9 +75,10 @@ def refuse(layer: int, module: str, why: str) -> None:
 class PatternJudge:
     """Decides by matching the config's patterns (at upload); ``decided`` is what to keep."""
 
-    def __init__(self, config: dict, matcher: PatternMatcher) -> None:
+    def __init__(self, config: dict, matcher: PatternMatcher, default_targets: tuple[str, ...] | None) -> None:
         self._config = config
         self._defaults = (config["r"], config["lora_alpha"])
+        self._targets = targets_of(config, default_targets)
         self._matcher = matcher
         self.decided: list[PatternValue] = []
 
@@ -81,7 +87,7 @@ class PatternJudge:
         key) but applied here: refuse it. PEFT's rules: exclude_modules first, then target_modules
         (a string is a full-match pattern or "all-linear"; a list is matched by ``in_list``,
         within the layers that layers_to_transform and layers_pattern pick)."""
-        key, targets = module_key(layer, module), targets_of(self._config)
+        key, targets = module_key(layer, module), self._targets
         if self._excluded(key):
             refuse(layer, module, f"exclude_modules {self._config['exclude_modules']!r} leaves it out")
         if isinstance(targets, str):
@@ -133,16 +139,17 @@ class PatternJudge:
 class StoredDecisions:
     """The same answers from the values kept at upload: no pattern is compiled or matched."""
 
-    def __init__(self, config: dict, stored: Iterable[PatternValue]) -> None:
+    def __init__(self, config: dict, stored: Iterable[PatternValue], default_targets: tuple[str, ...] | None) -> None:
         self._config = config
         self._defaults = (config["r"], config["lora_alpha"])
+        self._targets = targets_of(config, default_targets)
         self._values = {(v.layer, v.module): v for v in stored}
         self.decided = list(self._values.values())
 
     def check_targeted(self, layer: int, module: str) -> None:
         """Lists are checked again (plain comparisons); the patterns let every module with weights
         through at upload, or the adapter would not have been stored."""
-        key, targets = module_key(layer, module), targets_of(self._config)
+        key, targets = module_key(layer, module), self._targets
         exclude = self._config.get("exclude_modules")
         if isinstance(exclude, list) and in_list(exclude, key):
             refuse(layer, module, f"exclude_modules {exclude!r} leaves it out")

@@ -16,7 +16,7 @@ PEFT_DEFAULTS = MappingProxyType({
     "r": 8,
     "lora_alpha": 8,
     "use_rslora": False,
-    "target_modules": None,  # PEFT then adapts its default modules for the architecture (below)
+    "target_modules": None,  # PEFT then adapts its default modules for the architecture (architectures.py)
     "exclude_modules": None,
     "layers_to_transform": None,
     "layers_pattern": None,
@@ -25,9 +25,6 @@ PEFT_DEFAULTS = MappingProxyType({
     "init_lora_weights": True,  # read only to refuse the inits that change the base model (below)
 })
 
-# PEFT's target modules when the config names none, for every architecture loraplex serves
-# (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama, mistral and qwen2 alike).
-DEFAULT_TARGET_MODULES = ("q_proj", "v_proj")
 
 # Features a plain LoRA on a shared base model cannot serve: field -> (PEFT's default, what the
 # field turns on). A config that sets one to anything but the default is refused, naming it.

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from loraplex.adapter_store.errors import AdapterValidationError
+from loraplex.adapter_store.format.architectures import ALL_TARGETS
 from loraplex.adapter_store.format.base_shapes import BaseShapes
 from loraplex.adapter_store.format.pattern_decisions import PatternJudge, PatternValue, StoredDecisions
 from loraplex.adapter_store.format.patterns import PatternMatcher
@@ -24,14 +25,11 @@ from loraplex.adapter_store.format.peft_config import CONFIG_FILE, read_config
 from loraplex.adapter_store.format.safetensors_header import TensorInfo, non_finite_tensors, read_header
 
 WEIGHTS_FILE = "adapter_model.safetensors"
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
-_TENSOR = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.("
-    + "|".join(PROJECTIONS)
-    + r")\.lora_(A|B)(?:\.default)?\.weight$"
-)
+# target_modules left out, no base known: PEFT's default of every family that has one
+NO_BASE_DEFAULT_TARGETS = ("q_proj", "v_proj")
+_TENSOR = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(\w+)\.(\w+)\.lora_(A|B)(?:\.default)?\.weight$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +37,7 @@ class LoraModuleSpec:
     """One adapted projection in one layer: A [rank, in] and B [out, rank] as PEFT stores them."""
 
     layer: int
-    module: str  # one of PROJECTIONS
+    module: str  # a LoRA target of the base's family, as PEFT names it (architectures.py)
     rank: int
     scale: float  # alpha / r, or alpha / sqrt(r) with rsLoRA
     a_name: str
@@ -71,7 +69,7 @@ class AdapterSpec:
 
     @property
     def target_modules(self) -> tuple[str, ...]:
-        return tuple(p for p in PROJECTIONS if any(m.module == p for m in self.modules))
+        return tuple(p for p in ALL_TARGETS if any(m.module == p for m in self.modules))
 
     @property
     def max_rank(self) -> int:
@@ -100,7 +98,9 @@ def parse_adapter_files(
     patterns = PatternMatcher() if decided is None else None
     config = read_config(files[CONFIG_FILE], patterns)
     tensors = read_header(files[WEIGHTS_FILE])
-    decider = PatternJudge(config, patterns) if patterns is not None else StoredDecisions(config, decided)
+    defaults = base.architecture.peft_defaults if base is not None else NO_BASE_DEFAULT_TARGETS
+    decider = (PatternJudge(config, patterns, defaults) if patterns is not None
+               else StoredDecisions(config, decided, defaults))
     modules = _module_specs(config, tensors, base, max_rank, decider)
     return AdapterSpec(
         rank=int(config["r"]),
@@ -133,13 +133,15 @@ def _module_specs(
     config: dict, tensors: dict[str, TensorInfo], base: BaseShapes | None, max_rank: int,
     decider: PatternJudge | StoredDecisions,
 ) -> tuple[LoraModuleSpec, ...]:
+    targets = {t.module: t.parent for t in base.architecture.targets} if base is not None else ALL_TARGETS
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     for name, info in tensors.items():
         m = _TENSOR.match(name)
-        if m is None:
+        if m is None or targets.get(m.group(3)) != m.group(2):
+            family = f"a {base.architecture.family} model's" if base is not None else "the"
             raise AdapterValidationError(
-                f"tensor {name!r} is not a LoRA A/B weight of q/k/v/o/gate/up/down_proj "
-                "(embedding, lm_head, bias, DoRA magnitude and other tensors are not supported)"
+                f"tensor {name!r} is not a LoRA A/B weight of {family} linear projections ({', '.join(targets)}; "
+                "embedding, lm_head, bias, DoRA magnitude and other tensors are not supported)"
             )
         if info.dtype not in SUPPORTED_DTYPES:
             raise AdapterValidationError(f"tensor {name!r}: dtype {info.dtype} not supported ({SUPPORTED_DTYPES})")

@@ -2,14 +2,16 @@
 
 The runner orders a step's rows so that rows with the same adapter are contiguous. The
 builder turns that order into segment bounds ``seg`` (int32 [S+1]), a row -> slot table,
-and per-slot tables over the 7 projections (offsets into the pool, ranks, scales). All of
-them are static buffers of fixed capacity, written in place each step (one host-to-device
-copy), so a captured CUDA graph stays valid. Layers call ``LoraBatch.add``; they never see which kernel runs.
+and per-slot tables over the base family's LoRA targets (offsets into the pool, ranks, scales;
+one row a target, in the order of its architecture entry: 7 for q/k/v/o/gate/up/down, 4 for
+Phi-3's fused qkv/o/gate_up/down). All of them are static buffers of fixed capacity, written in
+place each step (one host-to-device copy), so a captured CUDA graph stays valid. Layers call
+``LoraBatch.add`` with their ``Slot`` (which fused call: q/k/v, o, gate/up, down); they never see
+which kernel runs.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,21 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loraplex.inference_server.lora.resident import NUM_PROJECTIONS, ResidentAdapter
-from loraplex.inference_server.model.config import ModelConfig
 from loraplex import kernels
+from loraplex.adapter_store.format.architectures import Slot
+from loraplex.inference_server.lora.resident import ResidentAdapter
+from loraplex.inference_server.model.config import ModelConfig
 
 MAX_LORA_RANK = 128
 RANK_GRAIN = 16  # an eager step's workspace rank: its largest adapter rank, rounded up to this
-
-
-class ProjGroup(enum.Enum):
-    """Fused projections served by one kernel launch: (first table row, number of slices)."""
-
-    QKV = (0, 3)
-    O = (3, 1)
-    GATE_UP = (4, 2)
-    DOWN = (6, 1)
 
 
 @dataclass(slots=True)
@@ -41,17 +35,18 @@ class LoraBatch:
     pool: torch.Tensor
     seg: torch.Tensor  # int32 [S_cap+1]
     row_slot: torch.Tensor  # int32 [T_cap]
-    a_off: torch.Tensor  # int64 [7, S_cap]
-    b_off: torch.Tensor  # int64 [7, S_cap]
-    ranks: torch.Tensor  # int32 [7, S_cap]
-    scales: torch.Tensor  # float32 [7, S_cap]
-    workspace: torch.Tensor  # [3, T_cap, max_rank]
-    widths: dict[ProjGroup, tuple[int, ...]]
-    active: frozenset[ProjGroup]  # groups at least one slot adapts
+    a_off: torch.Tensor  # int64 [P, S_cap], P = the family's LoRA targets
+    b_off: torch.Tensor  # int64 [P, S_cap]
+    ranks: torch.Tensor  # int32 [P, S_cap]
+    scales: torch.Tensor  # float32 [P, S_cap]
+    workspace: torch.Tensor  # [most slices a slot has, T_cap, max_rank]
+    rows: dict[Slot, tuple[int, int]]  # each slot's (first table row, number of slices)
+    widths: dict[Slot, tuple[int, ...]]  # each slot's slice widths
+    active: frozenset[Slot]  # slots at least one segment adapts
     cache: object | None = None  # the kernels' cache across steps (loraplex.kernels.step_cache)
     side_stream: torch.cuda.Stream | None = None  # set: shrinks run there, beside the base GEMMs
 
-    def apply(self, x: torch.Tensor, layer: int, group: ProjGroup,
+    def apply(self, x: torch.Tensor, layer: int, group: Slot,
               base: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """base(x) plus the group's LoRA deltas. With a side stream, the shrink (x @ A, which
         needs only x) runs on it beside the base GEMM, and the expand joins after both."""
@@ -70,20 +65,20 @@ class LoraBatch:
         self._sgmv(y, x, layer, group, "expand")
         return y
 
-    def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup) -> None:
+    def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: Slot) -> None:
         """y[:, slice p] += scale * (x @ A_p) @ B_p for each row's adapter (in place)."""
         if group in self.active:
             self._sgmv(y, x, layer, group, "both")
 
-    def _sgmv(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: ProjGroup, stage: str) -> None:
+    def _sgmv(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: Slot, stage: str) -> None:
         """SGMV over the step's segments (the CUDA decode path reads row_slot as well: the same
         launch as BGMV, which measured no faster at any batch size)."""
         kernels.add_lora_slices(y, x, self.operands(layer, group), self.seg, cache=self.cache, stage=stage,
                                 row_slot=self.row_slot[: x.shape[0]])
 
-    def operands(self, layer: int, group: ProjGroup) -> kernels.LoraOperands:
+    def operands(self, layer: int, group: Slot) -> kernels.LoraOperands:
         """The kernels' operands for ``group`` at ``layer``: its rows of the slot tables."""
-        first, count = group.value
+        first, count = self.rows[group]
         rows = slice(first, first + count)
         return kernels.LoraOperands(self.pool, self.a_off[rows], self.b_off[rows], self.ranks[rows],
                                     self.scales[rows], layer, self.widths[group], self.workspace[:count])
@@ -104,11 +99,14 @@ class LoraBatchBuilder:
         dev = pool.device
         self.pool = pool
         self.max_slots, self.max_rows = max_slots, max_rows
+        targets = len(cfg.lora_targets)
+        self.rows = cfg.architecture.slot_rows()
+        self.widths = cfg.architecture.slot_widths(cfg.dims)
         layout = {"seg": (torch.int32, (max_slots + 1,)), "row_slot": (torch.int32, (max_rows,)),
-                  "a_off": (torch.int64, (NUM_PROJECTIONS, max_slots)),
-                  "b_off": (torch.int64, (NUM_PROJECTIONS, max_slots)),
-                  "ranks": (torch.int32, (NUM_PROJECTIONS, max_slots)),
-                  "scales": (torch.float32, (NUM_PROJECTIONS, max_slots))}
+                  "a_off": (torch.int64, (targets, max_slots)),
+                  "b_off": (torch.int64, (targets, max_slots)),
+                  "ranks": (torch.int32, (targets, max_slots)),
+                  "scales": (torch.float32, (targets, max_slots))}
         self._host_bytes, host = _byte_views(layout, torch.device("cpu"), pin=dev.type == "cuda")
         self._dev_bytes, tables = _byte_views(layout, dev, pin=False)
         # recorded after each host -> device copy: the host buffer may be rewritten once it completes
@@ -119,14 +117,9 @@ class LoraBatchBuilder:
         self.row_slot.fill_(-1)
         # its last dim bounds the ranks the kernels handle (and picks their prefill variant): the
         # engine's cap for captured graphs, the step's largest rank for an eager step
-        self.workspace = torch.zeros(3, max_rows, max_rank, dtype=pool.dtype, device=dev)
+        slices = max(count for _, count in self.rows.values())
+        self.workspace = torch.zeros(slices, max_rows, max_rank, dtype=pool.dtype, device=dev)
         self.cache = kernels.step_cache(pool)
-        self.widths = {
-            ProjGroup.QKV: (cfg.q_size, cfg.kv_size, cfg.kv_size),
-            ProjGroup.O: (cfg.hidden_size,),
-            ProjGroup.GATE_UP: (cfg.intermediate_size, cfg.intermediate_size),
-            ProjGroup.DOWN: (cfg.hidden_size,),
-        }
 
     def build(self, rows: Sequence[tuple[int, ResidentAdapter | None]]) -> LoraBatch | None:
         """rows: (row count, adapter or None for the base model) per sequence, in batch order.
@@ -148,8 +141,8 @@ class LoraBatchBuilder:
             self._copied.record()
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
-            ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)), widths=self.widths,
-            active=active, cache=self.cache,
+            ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)), rows=self.rows,
+            widths=self.widths, active=active, cache=self.cache,
         )
 
     def static_batch(self, side_stream: torch.cuda.Stream | None = None) -> LoraBatch:
@@ -160,12 +153,12 @@ class LoraBatchBuilder:
             raise ValueError(f"a LoRA side stream needs the CUDA kernels, not a {self.pool.dtype} pool on {self.pool.device}")
         return LoraBatch(
             pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
-            ranks=self.ranks, scales=self.scales, workspace=self.workspace, widths=self.widths,
-            active=frozenset(ProjGroup), side_stream=side_stream,
+            ranks=self.ranks, scales=self.scales, workspace=self.workspace, rows=self.rows, widths=self.widths,
+            active=frozenset(Slot), side_stream=side_stream,
         )
 
     def _step_workspace(self, nsegments: int) -> torch.Tensor:
-        """The workspace as [3, max_rows, R] with R the step's largest rank rounded up to
+        """The workspace as [slices, max_rows, R] with R the step's largest rank rounded up to
         RANK_GRAIN (a view of the same memory): an eager prefill of rank-16 adapters runs the
         kernels' rank-16 variant whatever the engine's cap. Captured graphs keep the cap."""
         full = self.workspace
@@ -173,7 +166,7 @@ class LoraBatchBuilder:
         rank = min(full.shape[2], max(RANK_GRAIN, -(-top // RANK_GRAIN) * RANK_GRAIN))
         return full.view(-1)[: full.shape[0] * full.shape[1] * rank].view(full.shape[0], full.shape[1], rank)
 
-    def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[ProjGroup]:
+    def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[Slot]:
         """Write the host tables (the previous step's copy has completed: ``build`` waited)."""
         t = self._np
         counts = np.array([n for n, _ in segments], dtype=np.int32)
@@ -191,7 +184,7 @@ class LoraBatchBuilder:
                 t["ranks"][:, i] = ra.layout.ranks
                 t["scales"][:, i] = ra.layout.scales
         adapted = (t["ranks"][:, : len(segments)] > 0).any(axis=1)
-        return frozenset(g for g in ProjGroup if adapted[g.value[0] : g.value[0] + g.value[1]].any())
+        return frozenset(s for s, (first, count) in self.rows.items() if adapted[first : first + count].any())
 
 
 def _byte_views(

@@ -1,17 +1,22 @@
 """LoRA layers: wrap the model's base linears so each adds the step's adapter deltas.
 
-The model stays plain nn.Modules; ``attach_lora`` replaces its fused projections with
-``LoraLinear`` from outside. All wrappers share one ``LoraContext``, owned by the model
-runner, whose ``batch`` it sets before each forward (None = no adapter in this step).
+The model stays plain nn.Modules; ``attach_lora`` replaces the projections its ``lora_sites``
+names (each with its layer and ``Slot``: the role, not a module path) with ``LoraLinear`` from
+outside. All wrappers share one ``LoraContext``, owned by the model runner, whose ``batch`` it
+sets before each forward (None = no adapter in this step).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from loraplex import kernels
-from loraplex.inference_server.lora.batch import LoraBatch, ProjGroup
+from loraplex.adapter_store.format.architectures import Slot
+from loraplex.inference_server.lora.batch import LoraBatch
+from loraplex.inference_server.model.layers import LoraSite
 
 
 class LoraContext:
@@ -24,7 +29,7 @@ class LoraContext:
 class LoraLinear(nn.Module):
     """y = base(x), then y += the LoRA delta of each row's adapter (all slices in one call)."""
 
-    def __init__(self, base: nn.Linear, layer: int, group: ProjGroup, ctx: LoraContext) -> None:
+    def __init__(self, base: nn.Linear, layer: int, group: Slot, ctx: LoraContext) -> None:
         super().__init__()
         self.base = base
         self.layer = layer
@@ -42,20 +47,16 @@ class LoraLinear(nn.Module):
         return kernels.linear(x, base.weight, base.bias) if type(base) is nn.Linear else base(x)
 
 
-_TARGETS = {
-    "self_attn.qkv_proj": ProjGroup.QKV,
-    "self_attn.o_proj": ProjGroup.O,
-    "mlp.gate_up_proj": ProjGroup.GATE_UP,
-    "mlp.down_proj": ProjGroup.DOWN,
-}
+def wrap_sites(sites: Iterable[LoraSite], ctx: LoraContext,
+               wrapper: Callable[[nn.Module], type[LoraLinear]] = lambda base: LoraLinear) -> None:
+    """Replace each site's base projection with its LoRA wrapper (``wrapper(base)`` picks the
+    class; sites already wrapped are left as they are)."""
+    for site in sites:
+        base = getattr(site.owner, site.attr)
+        if not isinstance(base, LoraLinear):
+            setattr(site.owner, site.attr, wrapper(base)(base, site.layer, site.slot, ctx))
 
 
 def attach_lora(model: nn.Module, ctx: LoraContext) -> None:
-    """Wrap every decoder layer's projections of ``model`` (a Llama-family module tree)."""
-    for index, layer in enumerate(model.layers):
-        for path, group in _TARGETS.items():
-            parent_name, child = path.split(".")
-            parent = getattr(layer, parent_name)
-            base = getattr(parent, child)
-            if not isinstance(base, LoraLinear):
-                setattr(parent, child, LoraLinear(base, index, group, ctx))
+    """Wrap every projection ``model.lora_sites()`` names (a DecoderLM of any family)."""
+    wrap_sites(model.lora_sites(), ctx)

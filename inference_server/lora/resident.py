@@ -7,21 +7,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from loraplex.adapter_store.format.peft_format import PROJECTIONS
-
-NUM_PROJECTIONS = len(PROJECTIONS)
-
 
 @dataclass(frozen=True, slots=True)
 class AdapterLayout:
-    """Where each projection's A and B start (elements, relative to the adapter's base)."""
+    """Where each LoRA target's A and B start (elements, relative to the adapter's base), one
+    entry a target of the base family, in its table order (architectures.py)."""
 
-    ranks: tuple[int, ...]  # [7], 0 = projection not adapted
-    scales: tuple[float, ...]  # [7]
-    a_offsets: tuple[int, ...]  # [7]
-    b_offsets: tuple[int, ...]  # [7]
+    ranks: tuple[int, ...]  # [P], 0 = target not adapted
+    scales: tuple[float, ...]  # [P]
+    a_offsets: tuple[int, ...]  # [P]
+    b_offsets: tuple[int, ...]  # [P]
     num_elements: int
-
 
 
 @dataclass(eq=False, slots=True)

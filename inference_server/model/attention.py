@@ -13,7 +13,7 @@ and every span on the CPU use the portable SDPA path below, the reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,29 +45,33 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [T]: cache slot for each row's new key/value
     spans: list[SequenceSpan]  # the sequences the portable path serves
     decode: DecodeRows | None = None  # the sequences the decode kernel serves (CUDA)
-    padded: tuple[torch.Tensor, ...] | None = None  # portable decode tables, built by the first layer
+    # portable decode tables by sliding window (None: all keys), built by the first layer that needs them
+    padded: dict[int | None, tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
 
 def paged_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached keys (GQA aware).
 
-    q: [T, Hq, D] -> out [T, Hq, D]. Portable (CPU and CUDA); the reference for faster
-    backends. Decode rows (one query per sequence) go through one padded, masked call;
-    prefill chunks one call per sequence.
+    q: [T, Hq, D] -> out [T, Hq, D]. ``window``: a query at position p sees the keys at
+    positions (p - window, p] only (a sliding-window layer); ``softcap``: scores become
+    softcap * tanh(scores / softcap) before the softmax. Portable (CPU and CUDA); the reference
+    for faster backends. Decode rows (one query per sequence) go through one padded, masked
+    call; prefill chunks one call per sequence.
     """
     out = torch.empty_like(q)
     if meta.decode is not None:
-        _decode_kernel(q, kv_cache, meta.decode, scale, out)
+        _decode_kernel(q, kv_cache, meta.decode, scale, window, softcap, out)
     heads_kv, dim = kv_cache.shape[3], kv_cache.shape[4]
     keys = kv_cache[0].view(-1, heads_kv, dim)
     values = kv_cache[1].view(-1, heads_kv, dim)
     decodes = [s for s in meta.spans if s.q_len == 1]
     if len(decodes) > 1:
-        if meta.padded is None:  # the same for every layer of the step: built once
-            meta.padded = _padded_decode_tables(decodes, q.device)
-        _decode_batch(q, keys, values, meta.padded, scale, out)
+        if window not in meta.padded:  # the same for every layer of the step with this window
+            meta.padded[window] = _padded_decode_tables(decodes, q.device, window)
+        _decode_batch(q, keys, values, meta.padded[window], scale, softcap, out)
     else:
         decodes = []
     for span in meta.spans:
@@ -78,23 +82,44 @@ def paged_attention(
         v = values.index_select(0, span.kv_slots).transpose(0, 1)
         qs = q[rows].transpose(0, 1)  # [Hq, q_len, D]
         # a whole prompt on CUDA: the built-in causal mask (flash kernels); else explicit
-        causal = q.is_cuda and span.q_len == span.ctx_len
-        mask = _causal_mask(span, q.device) if span.q_len > 1 and not causal else None
-        o = F.scaled_dot_product_attention(
-            qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale,
-            is_causal=causal and span.q_len > 1, enable_gqa=qs.shape[0] != k.shape[0],
-        )
+        causal = q.is_cuda and span.q_len == span.ctx_len and (window is None or span.ctx_len <= window)
+        mask = _causal_mask(span, q.device, window) if not causal and (span.q_len > 1 or window) else None
+        o = _attend(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale, softcap,
+                    causal=causal and span.q_len > 1)
         out[rows] = o[0].transpose(0, 1)
     return out
 
 
-def _decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeRows, scale: float, out: torch.Tensor) -> None:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+            softcap: float | None, causal: bool = False) -> torch.Tensor:
+    """softmax(scale q k^T [soft-capped], masked) v for [B, H, L, D] operands (k, v with the kv
+    heads: query head h reads kv head h // (Hq / Hkv)). Soft-capping needs the scores, so it
+    computes them as transformers' eager attention does; otherwise PyTorch's SDPA."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def _decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, d: DecodeRows, scale: float, window: int | None,
+                   softcap: float | None, out: torch.Tensor) -> None:
     paged_decode.decode_attention(out, q, kv_cache[0], kv_cache[1], d.rows, d.block_tables, d.context_lens,
-                                     scale, d.num_splits, d.workspace)
+                                  scale, d.num_splits, d.workspace, window=window, softcap=softcap)
 
 
-def _padded_decode_tables(spans: list[SequenceSpan], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(slots [B, longest], mask [B, 1, 1, longest], rows [B]) of single-query sequences.
+def _padded_decode_tables(spans: list[SequenceSpan], device: torch.device,
+                          window: int | None) -> tuple[torch.Tensor, ...]:
+    """(slots [B, longest], mask [B, 1, 1, longest], rows [B]) of single-query sequences; with a
+    window, each sequence sees its last ``window`` keys.
 
     A shorter sequence's padding repeats its own first slot, never another sequence's: a masked
     position's weight is 0, but 0 x inf or NaN in the values it gathers is NaN, so padding with a
@@ -105,25 +130,28 @@ def _padded_decode_tables(spans: list[SequenceSpan], device: torch.device) -> tu
     for i, span in enumerate(spans):
         slots[i, : span.ctx_len] = span.kv_slots
         slots[i, span.ctx_len :] = span.kv_slots[0]
-        mask[i, ..., : span.ctx_len] = True
+        mask[i, ..., max(0, span.ctx_len - window) if window else 0 : span.ctx_len] = True
     return slots, mask, torch.tensor([s.q_start for s in spans], device=device)
 
 
 def _decode_batch(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, padded: tuple[torch.Tensor, ...], scale: float,
-    out: torch.Tensor,
+    softcap: float | None, out: torch.Tensor,
 ) -> None:
-    """One SDPA call for many single-query sequences: keys padded to the longest context."""
+    """One attention call for many single-query sequences: keys padded to the longest context."""
     slots, mask, rows = padded
     k = keys[slots].transpose(1, 2)  # [B, Hkv, ctx, D]
     v = values[slots].transpose(1, 2)
     qs = q[rows].unsqueeze(2)  # [B, Hq, 1, D]
-    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=qs.shape[1] != k.shape[1])
-    out[rows] = o[:, :, 0]
+    out[rows] = _attend(qs, k, v, mask, scale, softcap)[:, :, 0]
 
 
-def _causal_mask(span: SequenceSpan, device: torch.device) -> torch.Tensor:
-    """Query i sits at position ctx_len - q_len + i and sees keys 0..that position."""
+def _causal_mask(span: SequenceSpan, device: torch.device, window: int | None = None) -> torch.Tensor:
+    """Query i sits at position ctx_len - q_len + i and sees keys 0..that position (with a
+    window, the last ``window`` of them)."""
     q_pos = torch.arange(span.ctx_len - span.q_len, span.ctx_len, device=device)
     k_pos = torch.arange(span.ctx_len, device=device)
-    return k_pos[None, :] <= q_pos[:, None]
+    seen = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        seen &= k_pos[None, :] > q_pos[:, None] - window
+    return seen

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from loraplex.adapter_store.format.architectures import Slot
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.registry import family_of
 
 if TYPE_CHECKING:
     from loraplex.inference_server.model.tokenizer import Tokenizer
@@ -116,18 +118,22 @@ def detect_format(path: str) -> str:
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of ``config`` holds, HF name -> HF shape, in HF order."""
+    """Every tensor a checkpoint of ``config`` holds, HF name -> HF shape: its family's norms and
+    linear projections (the checkpoint's linears are the family's LoRA targets), biases where the
+    config has them."""
     h, v = config.hidden_size, config.vocab_size
+    norms = family_of(config.model_type).weights.norms(config)
+    biased = {Slot.QKV: config.attention_bias, Slot.O: config.o_proj_bias}
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        for proj, (fan_in, fan_out) in config.projection_shapes().items():
-            group = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            shapes[f"{p}{group}.{proj}.weight"] = (fan_out, fan_in)
-            if config.attention_bias and proj in ("q_proj", "k_proj", "v_proj"):
-                shapes[f"{p}{group}.{proj}.bias"] = (fan_out,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        for norm in norms:
+            shapes[f"{p}{norm}.weight"] = (config.head_dim,) if norm.endswith(("q_norm", "k_norm")) else (h,)
+        for target in config.lora_targets:
+            fan_in, fan_out = target.shape(config.dims)
+            shapes[f"{p}{target.parent}.{target.module}.weight"] = (fan_out, fan_in)
+            if biased.get(target.slot, False):
+                shapes[f"{p}{target.parent}.{target.module}.bias"] = (fan_out,)
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, h)

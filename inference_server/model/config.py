@@ -1,16 +1,22 @@
-"""The base model's architecture, as one typed, validated config."""
+"""The base model's architecture, as one typed, validated config.
+
+The fields every decoder has come first; then each family's quirks, with Llama's values as the
+defaults (a Llama config sets none of them). Each family's file reads its config.json into this
+(``read_config`` in inference_server/model/<family>.py, chosen by registry.py), refusing by name
+any field that would change results and is not implemented.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraplex.adapter_store.format.base_shapes import (
-    MODEL_TYPES,
-    SUPPORTED_ARCHITECTURES,
-    llama_projection_shapes,
-    model_type_of,
-)
+from loraplex.adapter_store.format.architectures import Architecture, Dims, LoraTarget, for_model_type, model_type_of
+
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's: SiLU (Llama), GELU's tanh form (Gemma)
+ROPE_TYPES = ("default", "linear", "llama3")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -27,17 +33,24 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v biases (Qwen2)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "model"
+    # -- family quirks (Llama's values by default) --
+    o_proj_bias: bool = False  # a bias on the attention's output projection (Llama/Qwen3 attention_bias)
+    hidden_act: str = "silu"  # one of ACTIVATIONS
+    qk_norm: bool = False  # an RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+    embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(hidden_size))
+    attn_scale: float | None = None  # the query scale (None: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits (Gemma 2)
+    layer_windows: tuple[int | None, ...] = ()  # per layer: the sliding window (keys seen), None: all; ()
+    local_rope_theta: float | None = None  # the RoPE base of the windowed layers (Gemma 3), unscaled
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(
-                f"unsupported model type {self.model_type!r}; supported: {sorted(MODEL_TYPES)}"
-            )
+        for_model_type(self.model_type)  # ValueError listing the supported model types
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "max_position_embeddings"):
             if getattr(self, name) <= 0:
@@ -47,6 +60,24 @@ class ModelConfig:
                 f"model config: num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"model config: hidden_act {self.hidden_act!r} is not supported; supported: {ACTIVATIONS}")
+        kind = rope_type(self.rope_scaling)
+        if kind not in ROPE_TYPES:
+            raise ValueError(f"model config: rope_scaling type {kind!r} is not supported; supported: {ROPE_TYPES}")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ValueError(f"model config: {len(self.layer_windows)} layer windows for {self.num_layers} layers")
+        if any(w is not None and w <= 0 for w in self.layer_windows):
+            raise ValueError(f"model config: sliding windows must be > 0, got {self.layer_windows}")
+        for name in ("attn_softcap", "final_softcap", "attn_scale", "embed_scale", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"model config: {name} must be > 0, got {value}")
+
+    @property
+    def architecture(self) -> Architecture:
+        """The family's entry in the table of LoRA targets and shapes (adapter_store/format)."""
+        return for_model_type(self.model_type)
 
     @property
     def q_size(self) -> int:
@@ -56,40 +87,30 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def projection_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in_features, out_features) of the 7 LoRA-targetable projections, by PEFT name."""
-        return llama_projection_shapes(self.hidden_size, self.intermediate_size, self.q_size, self.kv_size)
+    @property
+    def dims(self) -> Dims:
+        return Dims(num_layers=self.num_layers, hidden=self.hidden_size, intermediate=self.intermediate_size,
+                    q=self.q_size, kv=self.kv_size)
 
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any], name: str = "model") -> "ModelConfig":
-        """Build from a Hugging Face config.json dict; an unknown architecture is a clear error."""
-        model_type = model_type_of(cfg)
-        heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        return cls(
-            model_type=model_type,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling") or _scaling_from_rope_parameters(cfg.get("rope_parameters")),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", model_type == "qwen2"),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            name=name,
-        )
+    @property
+    def lora_targets(self) -> tuple[LoraTarget, ...]:
+        """The projections an adapter may adapt, in the LoRA tables' row order."""
+        return self.architecture.targets
+
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of the LoRA-targetable projections, by PEFT name, in table order."""
+        return self.architecture.shapes(self.dims)
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window (the keys a query sees, itself included), or None."""
+        return self.layer_windows[layer] if self.layer_windows else None
 
     def to_hf(self) -> dict[str, Any]:
-        """The config.json dict transformers would read for this model."""
-        arch = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}[self.model_type]
+        """The config.json dict transformers would read for this model (Llama-family models only:
+        tests and dummies build transformers peers from it)."""
+        if self.architecture.family != "llama":
+            raise ValueError(f"to_hf covers the llama family, not {self.model_type}")
+        arch = {m: c for m, c in zip(self.architecture.model_types, self.architecture.hf_classes)}[self.model_type]
         out = {
             "architectures": [arch],
             "model_type": self.model_type,
@@ -114,8 +135,85 @@ class ModelConfig:
         return out
 
 
-def _scaling_from_rope_parameters(params: dict[str, Any] | None) -> dict[str, Any] | None:
-    """transformers >= 5 writes theta and scaling as one ``rope_parameters`` dict."""
-    if not params or params.get("rope_type", params.get("type", "default")) == "default":
+def rope_type(scaling: Mapping[str, Any] | None) -> str:
+    """The rope_scaling dict's type ("default" when there is none)."""
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+def common_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The ModelConfig fields every family reads the same way from a config.json, model_type
+    included (its architectures first). Raises ValueError naming a missing required field or an
+    unimplemented feature every family refuses (a quantized checkpoint, an unknown RoPE scaling)."""
+    if cfg.get("quantization_config") is not None:
+        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
+        raise ValueError(f"quantization_config: quantized checkpoints ({method}) are not supported; "
+                         "serve the unquantized (float16/bfloat16/float32) weights")
+    try:
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        params = rope_parameters(cfg)
+        fields = dict(
+            model_type=model_type_of(cfg),
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_scaling=_scaling(params),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()),
+            name=name,
+        )
+    except KeyError as exc:
+        raise ValueError(f"missing required field {exc.args[0]!r}") from exc
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor {partial}: RoPE over part of each head is not supported (only 1.0)")
+    kind = rope_type(fields["rope_scaling"])
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling: type {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
+    return fields
+
+
+def rope_parameters(cfg: Mapping[str, Any], layer_type: str = "full_attention") -> dict[str, Any]:
+    """The RoPE settings of ``layer_type`` layers: transformers >= 5 writes theta and scaling as one
+    ``rope_parameters`` dict (per layer type where layers differ, as Gemma 3's), older configs
+    ``rope_theta`` and ``rope_scaling``."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    if isinstance(params, dict) and not any(isinstance(v, dict) for v in params.values()):
+        return dict(params)
+    out = dict(cfg.get("rope_scaling") or {})
+    if "rope_theta" in cfg:
+        out["rope_theta"] = cfg["rope_theta"]
+    return out
+
+
+def _scaling(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    if rope_type(params) == "default":
         return None
-    return {k: v for k, v in params.items() if k != "rope_theta"}
+    return {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+
+
+def sliding_layers(cfg: Mapping[str, Any], window: int | None, every_layer: bool) -> tuple[int | None, ...]:
+    """Per-layer windows from ``layer_types`` ("sliding_attention" / "full_attention"), or every
+    layer windowed (``every_layer``: Mistral, Phi-3), or none. A layer type the engine does not
+    implement is refused by name."""
+    if window is None:
+        return ()
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        return (window,) * layers if every_layer else ()
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if unknown or len(types) != layers:
+        raise ValueError(f"layer_types: {unknown or types} not supported (one of sliding_attention, full_attention "
+                         f"per layer, {layers} layers)")
+    return tuple(window if t == "sliding_attention" else None for t in types)

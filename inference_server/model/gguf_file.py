@@ -1,11 +1,13 @@
 """Read a GGUF file (llama.cpp's format): config and tokenizer from its metadata, tensors
 dequantized at load and mapped back to Hugging Face names and layout.
 
-Two things differ from a HF checkpoint. (1) GGUF lists a tensor's shape innermost-first
+What differs from a HF checkpoint. (1) GGUF lists a tensor's shape innermost-first
 (``[in, out]``); the numpy view the ``gguf`` package gives is already row-major
 ``[out, in]``, i.e. the HF layout. (2) llama.cpp's converter permutes the rows of q_proj and
 k_proj of Llama-architecture models (per head: interleaved rotary pairs instead of halves);
-we undo it exactly as transformers' GGUF loader does (``LlamaTensorProcessor``).
+we undo it exactly as transformers' GGUF loader does (``LlamaTensorProcessor``). (3) Its Gemma
+converters store norm weights as 1 + w; we take the 1 off again (``Gemma2TensorProcessor``).
+Which names and metadata a family's files use is its ``GgufMap`` (family.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,25 @@ import torch
 
 from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource, check_names_and_shapes
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.family import Family
+from loraplex.inference_server.model.registry import gguf_family
 from loraplex.inference_server.model.tokenizer import Tokenizer
 
-# GGUF general.architecture -> our model_type; q/k un-permute applies to "llama" only
-# (llama.cpp converts Mistral as "llama" too; its Qwen2 converter does not permute).
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
-_PERMUTED_ARCHITECTURES = frozenset({"llama"})
+# GGUF metadata every family names alike: {arch}.<key> -> the config.json field
+_SHARED_METADATA = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "rope.freq_base": "rope_theta",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# GGUF block tensors every family names alike (a family's GgufMap.blocks adds or overrides)
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -47,8 +61,10 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
     """Parse the metadata now (config, tokenizer, names and shapes); dequantize tensors later."""
     path = os.fspath(source.path)
     reader = _reader(path)
+    arch, family = _family(reader, path)
     config = read_config(reader, path)
-    shapes = {hf_name(t.name, path): tuple(int(d) for d in reversed(t.shape))
+    blocks = {**_BLOCK_NAMES, **family.gguf.blocks}
+    shapes = {hf_name(t.name, path, blocks): tuple(int(d) for d in reversed(t.shape))
               for t in reader.tensors if t.name != _ROPE_FREQS}
     check_names_and_shapes(shapes, config, path)
     tokenizer = Tokenizer.from_gguf(path, extra_eos_ids=config.eos_token_ids)
@@ -58,7 +74,6 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
         from gguf.quants import dequantize
 
         reader = _reader(path)
-        arch = _architecture(reader, path)
         for t in reader.tensors:
             if t.name == _ROPE_FREQS:
                 continue
@@ -66,9 +81,11 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
                 weights = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
             except NotImplementedError as exc:
                 raise ValueError(f"{path}: tensor {t.name}: unsupported GGUF type {t.tensor_type.name}") from exc
-            name = hf_name(t.name, path)
-            if arch in _PERMUTED_ARCHITECTURES:
+            name = hf_name(t.name, path, blocks)
+            if arch in family.gguf.permute_qk:
                 weights = _unpermute_qk(weights, name, config)
+            if family.gguf.norm_offset and name.endswith("norm.weight"):
+                weights = weights - family.gguf.norm_offset  # transformers' GGUF reader does the same
             yield name, weights.to(dtype)
 
     return Checkpoint(config=config, tokenizer=tokenizer, tensors=stream, num_tensors=len(shapes),
@@ -76,41 +93,39 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
 
 
 def read_config(reader: Any, path: str) -> ModelConfig:
-    """ModelConfig from the ``{arch}.*`` and ``tokenizer.ggml.*`` metadata keys."""
-    arch = _architecture(reader, path)
-    meta = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
-    hidden, heads = meta("embedding_length"), meta("attention.head_count")
-    if hidden is None or heads is None or meta("block_count") is None:
-        raise ValueError(f"{path}: GGUF metadata lacks {arch}.embedding_length/block_count/attention.head_count")
-    vocab = meta("vocab_size") or _array_len(reader, "tokenizer.ggml.tokens")
-    if not vocab:
+    """ModelConfig from the ``{arch}.*`` and ``tokenizer.ggml.*`` metadata keys: translated to the
+    config.json fields they stand for (as transformers' GGUF reader does), then read by the family."""
+    arch, family = _family(reader, path)
+    cfg: dict[str, Any] = {}
+    for key, hf_field in {**_SHARED_METADATA, **family.gguf.metadata}.items():
+        value = _field(reader, f"{arch}.{key}")
+        if value is not None:
+            cfg[hf_field] = value
+    for required in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
+        if required not in cfg:
+            raise ValueError(f"{path}: GGUF metadata lacks {arch}.embedding_length/block_count/attention.head_count")
+    cfg.setdefault("vocab_size", _array_len(reader, "tokenizer.ggml.tokens"))
+    if not cfg["vocab_size"]:
         raise ValueError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    head_dim = meta("attention.key_length") or (meta("rope.dimension_count") if arch == "llama" else None)
+    if "head_dim" not in cfg and arch == "llama" and _field(reader, f"{arch}.rope.dimension_count"):
+        cfg["head_dim"] = _field(reader, f"{arch}.rope.dimension_count")
+    cfg.setdefault("intermediate_size", 0)
     title = str(_field(reader, "general.name", os.path.basename(path)))
-    model_type = GGUF_ARCHITECTURES[arch]
+    model_type = family.gguf.architectures[arch]
     if model_type == "llama" and "mistral" in f"{title} {os.path.basename(path)}".lower():
         model_type = "mistral"  # what transformers does; the module tree is the same
     tensor_names = {t.name for t in reader.tensors}
     eos = [_field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
-    return ModelConfig(
-        model_type=model_type,
-        vocab_size=int(vocab),
-        hidden_size=int(hidden),
-        intermediate_size=int(meta("feed_forward_length", 0)),
-        num_layers=int(meta("block_count")),
-        num_heads=int(heads),
-        num_kv_heads=int(meta("attention.head_count_kv") or heads),
-        head_dim=int(head_dim or hidden // heads),
-        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(meta("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(reader, arch, path),
-        max_position_embeddings=int(meta("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
-        name=served_name(path),
-    )
+    eos_ids = list(dict.fromkeys(int(e) for e in eos if e is not None))
+    cfg.update(model_type=model_type, rope_scaling=_rope_scaling(reader, arch, path),
+               tie_word_embeddings="output.weight" not in tensor_names,
+               attention_bias="blk.0.attn_q.bias" in tensor_names,
+               bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+               eos_token_id=eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None))
+    try:
+        return family.read_config(cfg, served_name(path))
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 # a quantization or precision label at the end of a GGUF file's stem: .Q4_1, -Q4_K_M, .IQ3_XS, .f16
@@ -126,15 +141,17 @@ def served_name(path: str) -> str:
     return _QUANT_SUFFIX.sub("", stem) or stem
 
 
-def hf_name(gguf_name: str, path: str = "GGUF") -> str:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+def hf_name(gguf_name: str, path: str = "GGUF", blocks: dict[str, str] | None = None) -> str:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (``blocks``: the
+    family's block names; the shared ones by default)."""
+    blocks = _BLOCK_NAMES if blocks is None else blocks
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES and kind == "weight":
         return f"{_GLOBAL_NAMES[base]}.weight"
     m = _BLOCK.match(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
-        raise ValueError(f"{path}: unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
-    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    if m is None or m.group(2) not in blocks:
+        raise ValueError(f"{path}: unexpected GGUF tensor {gguf_name!r} for this model family")
+    return f"model.layers.{m.group(1)}.{blocks[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -162,13 +179,13 @@ def _reader(path: str) -> Any:
         raise ValueError(f"{path}: not a readable GGUF file: {exc}") from exc
 
 
-def _architecture(reader: Any, path: str) -> str:
+def _family(reader: Any, path: str) -> tuple[str, Family]:
+    """The file's ``general.architecture`` and the family whose GGUF files it names."""
     arch = _field(reader, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(
-            f"{path}: unsupported GGUF architecture {arch!r}; supported: {sorted(GGUF_ARCHITECTURES)}"
-        )
-    return arch
+    try:
+        return arch, gguf_family(arch)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

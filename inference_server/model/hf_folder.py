@@ -11,6 +11,7 @@ import torch
 
 from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource, check_names_and_shapes
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.registry import config_from_hf
 from loraplex.inference_server.model.tokenizer import Tokenizer
 
 # Buffers some old checkpoints carry that are recomputed, never loaded.
@@ -54,9 +55,10 @@ def read_config(folder: str) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: expected a JSON object")
     try:
-        return ModelConfig.from_hf(cfg, name=os.path.basename(os.path.normpath(folder)))
-    except KeyError as exc:
-        raise ValueError(f"{path}: missing required field {exc.args[0]!r}") from exc
+        return config_from_hf(cfg, name=os.path.basename(os.path.normpath(folder)))
+    except (ValueError, KeyError, TypeError) as exc:
+        what = f"missing required field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"{path}: {what}") from exc
 
 
 def weight_files(folder: str) -> list[str]:

@@ -3,11 +3,14 @@ embedding, and the wrapper whose logits are gathered over the vocabulary shards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.layers import LoraSite
 from loraplex.inference_server.parallel.group import TPGroup
 
 
@@ -80,6 +83,9 @@ class TensorParallelLM(nn.Module):
     @property
     def layers(self) -> nn.ModuleList:
         return self.model.layers
+
+    def lora_sites(self) -> Iterator[LoraSite]:
+        return self.model.lora_sites()
 
     def forward(self, input_ids: torch.Tensor, batch) -> torch.Tensor:
         return self.model(input_ids, batch)

@@ -24,17 +24,14 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from loraplex.adapter_store.format.architectures import COLUMN_PARALLEL
 from loraplex.adapter_store.format.peft_format import AdapterSpec
-from loraplex.inference_server.lora.batch import ProjGroup
-from loraplex.inference_server.lora.layers import LoraContext, LoraLinear
+from loraplex.inference_server.lora.layers import LoraContext, LoraLinear, wrap_sites
 from loraplex.inference_server.lora.pool.packing import pack_adapter, plan_layout
 from loraplex.inference_server.lora.resident import AdapterLayout
 from loraplex.inference_server.model.config import ModelConfig
 from loraplex.inference_server.parallel.layers import RowParallelLinear
 from loraplex.inference_server.parallel.shard import local_config
-
-_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROW = ("o_proj", "down_proj")
 
 
 class RowParallelLoraLinear(LoraLinear):
@@ -48,44 +45,33 @@ class RowParallelLoraLinear(LoraLinear):
         return self.base.group.all_reduce(y)
 
 
-_TARGETS = {
-    "self_attn.qkv_proj": ProjGroup.QKV,
-    "self_attn.o_proj": ProjGroup.O,
-    "mlp.gate_up_proj": ProjGroup.GATE_UP,
-    "mlp.down_proj": ProjGroup.DOWN,
-}
-
-
 def attach_tp_lora(model: nn.Module, ctx: LoraContext) -> None:
     """Wrap a sharded model's projections: plain LoraLinear on column-parallel ones, the
     reduce-sharing wrapper on row-parallel ones (the ModelRunner's ``lora_attach`` hook)."""
-    for index, layer in enumerate(model.layers):
-        for path, group in _TARGETS.items():
-            parent_name, child = path.split(".")
-            parent = getattr(layer, parent_name)
-            base = getattr(parent, child)
-            if isinstance(base, LoraLinear):
-                continue
-            wrapper = RowParallelLoraLinear if isinstance(base, RowParallelLinear) else LoraLinear
-            setattr(parent, child, wrapper(base, index, group, ctx))
+    wrap_sites(model.lora_sites(), ctx,
+               lambda base: RowParallelLoraLinear if isinstance(base, RowParallelLinear) else LoraLinear)
 
 
 def shard_adapter_tensors(
     spec: AdapterSpec, tensors: Mapping[str, torch.Tensor], cfg: ModelConfig, rank: int, world_size: int
 ) -> dict[str, torch.Tensor]:
-    """Rank's PEFT tensors (A [r, in], B [out, r]): column projections slice B's rows, row
-    projections slice A's columns; the other matrix is replicated."""
-    local = local_config(cfg, world_size)
-    width = {"q_proj": local.q_size, "k_proj": local.kv_size, "v_proj": local.kv_size, "o_proj": local.q_size,
-             "gate_proj": local.intermediate_size, "up_proj": local.intermediate_size,
-             "down_proj": local.intermediate_size}
+    """Rank's PEFT tensors (A [r, in], B [out, r]): column-parallel targets slice each output part
+    of B (q, k, v of a fused qkv_proj each), row-parallel ones A's columns; the other matrix is
+    replicated."""
+    dims, local = cfg.dims, local_config(cfg, world_size).dims
     out: dict[str, torch.Tensor] = {}
     for mod in spec.modules:
         a, b = tensors[mod.a_name], tensors[mod.b_name]
-        size = width[mod.module]
-        if mod.module in _COLUMN:
-            out[mod.a_name], out[mod.b_name] = a, b.narrow(0, rank * size, size)
+        target = cfg.architecture.target(mod.module)
+        if target.slot in COLUMN_PARALLEL:
+            rows, start = [], 0
+            for part in target.parts:
+                size = local.size(part)
+                rows.append(b.narrow(0, start + rank * size, size))
+                start += dims.size(part)
+            out[mod.a_name], out[mod.b_name] = a, torch.cat(rows) if len(rows) > 1 else rows[0]
         else:
+            size = local.size(target.fan_in)
             out[mod.a_name], out[mod.b_name] = a.narrow(1, rank * size, size), b
     return out
 

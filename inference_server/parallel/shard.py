@@ -2,6 +2,10 @@
 
 Megatron layout over W ranks (rank r):
 
+Every family's model has the same fused modules (model/layers.py); the checkpoint's tensors are
+sliced by the family's LoRA target table (a fused ``qkv_proj`` in the checkpoint, as Phi-3's,
+part by part):
+
 - q/k/v (fused ``qkv_proj``) column-parallel: rank r keeps query heads
   [r*Hq/W, (r+1)*Hq/W) and kv heads [r*Hkv/W, (r+1)*Hkv/W), fused as [q_r; k_r; v_r].
   GQA groups stay whole: query head j uses kv head j // (Hq/Hkv), on the same rank.
@@ -24,9 +28,9 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from loraplex.adapter_store.format.architectures import COLUMN_PARALLEL
 from loraplex.inference_server.model.config import ModelConfig
-from loraplex.inference_server.model.llama import MODEL_REGISTRY
-from loraplex.inference_server.model.weights import fuse_hf_tensors
+from loraplex.inference_server.model.weights import fuse_hf_tensors, load_state, new_model
 from loraplex.inference_server.parallel.group import TPGroup
 from loraplex.inference_server.parallel.layers import RowParallelLinear, TensorParallelLM, VocabParallelEmbedding
 
@@ -76,18 +80,15 @@ def shard_hf_tensor(name: str, t: torch.Tensor, cfg: ModelConfig, rank: int, wor
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return _vocab_rows(t, rank, world_size)
     m = _HF_PROJ.match(name)
-    if m is None:
-        return t  # norms: replicated
+    if m is None or m.group(1) not in cfg.architecture.target_modules:
+        return t  # norms (q/k norms too, per head): replicated
     proj, kind = m.groups()
-    local = local_config(cfg, world_size)
-    out_rows = {"q_proj": local.q_size, "k_proj": local.kv_size, "v_proj": local.kv_size,
-                "gate_proj": local.intermediate_size, "up_proj": local.intermediate_size}
-    if proj in out_rows:
-        return _rows(t, 0, out_rows[proj], rank).clone()
-    in_cols = {"o_proj": local.q_size, "down_proj": local.intermediate_size}
-    if proj in in_cols and kind == "weight":
-        return _rows(t, 1, in_cols[proj], rank).clone()
-    raise ValueError(f"no tensor-parallel rule for checkpoint tensor {name!r}")
+    target = cfg.architecture.target(proj)
+    if target.slot in COLUMN_PARALLEL:  # each output part (q, k, v of a fused qkv_proj) split by rows
+        return _fused_rows(t, [cfg.dims.size(part) for part in target.parts], rank, world_size).clone()
+    if kind == "weight":
+        return _rows(t, 1, local_config(cfg, world_size).dims.size(target.fan_in), rank).clone()
+    raise ValueError(f"no tensor-parallel rule for checkpoint tensor {name!r} (a row-parallel projection's bias)")
 
 
 def shard_hf_tensors(
@@ -152,17 +153,10 @@ def load_sharded_model(
 ) -> TensorParallelLM:
     """Build on the meta device, shard from outside, then load only this rank's slices
     (each full tensor is read, sliced and dropped; the rank never holds the whole model)."""
-    with torch.device("meta"):
-        model = MODEL_REGISTRY[cfg.model_type](cfg)
+    model = new_model(cfg)
     tp = shard_model(model, group)
-    state = fuse_hf_tensors(shard_hf_tensors(tensors, cfg, group.rank, group.world_size), device, dtype)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    want = model.state_dict()
-    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.load_state_dict(state, assign=True, strict=True)
+    state = fuse_hf_tensors(shard_hf_tensors(tensors, cfg, group.rank, group.world_size), device, dtype, cfg)
+    load_state(model, state, cfg)
     model.init_rotary(device)
     model.eval().requires_grad_(False)
     return tp.eval()

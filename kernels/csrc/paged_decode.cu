@@ -3,7 +3,10 @@
 //
 // Cache of one layer: K and V each [num_blocks, block_size, Hkv, D], token t of sequence b
 // at slot block_tables[b][t / block_size] * block_size + t % block_size. Query row
-// q_rows[b] of q [T, Hq, D] attends to tokens [0, context_lens[b]) of sequence b.
+// q_rows[b] of q [T, Hq, D] attends to tokens [0, context_lens[b]) of sequence b, or with a
+// sliding window W > 0 to its last W tokens [context_lens[b] - W, context_lens[b]) (the splits
+// before them write an empty partial). softcap > 0 caps each score s (already scaled) to
+// softcap * tanh(s / softcap) before the softmax (Gemma 2); 0 leaves it as it is.
 //
 // paged_decode<DT, D, G, U>: grid (B, Hkv, num_splits), PD_THREADS threads. One block serves
 // the G = Hq / Hkv query heads that share kv head blockIdx.y, over PD_SPLIT tokens of the
@@ -57,7 +60,8 @@ __global__ void __launch_bounds__(PD_THREADS) paged_decode(
     const char* __restrict__ q, long long q_row_stride, const int* __restrict__ q_rows,
     const char* __restrict__ k_cache, const char* __restrict__ v_cache, int num_kv_heads, int block_size,
     const int* __restrict__ block_tables, int bt_stride, const int* __restrict__ context_lens,
-    float scale, float* __restrict__ part_out, float* __restrict__ part_ml, int num_splits) {
+    float scale, int window, float softcap, float* __restrict__ part_out, float* __restrict__ part_ml,
+    int num_splits) {
   constexpr int ES = PdElem<DT>::bytes;
   constexpr int VEC = 16 / ES;            // elements per lane per token
   constexpr int TG = D / VEC;             // lanes per token
@@ -69,7 +73,7 @@ __global__ void __launch_bounds__(PD_THREADS) paged_decode(
   const int b = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int hq0 = h * G, num_q_heads = num_kv_heads * G;
   const int ctx = context_lens[b];
-  const int t0 = split * PD_SPLIT, t1 = min(ctx, t0 + PD_SPLIT);
+  const int t0 = max(split * PD_SPLIT, window > 0 ? ctx - window : 0), t1 = min(ctx, split * PD_SPLIT + PD_SPLIT);
   const long long part = ((long long)b * num_q_heads + hq0) * num_splits + split;  // of head g: + g * num_splits
   const int tid = threadIdx.x, lane = tid % TG, grp = tid / TG;
   if (t0 >= t1) {
@@ -132,6 +136,7 @@ __global__ void __launch_bounds__(PD_THREADS) paged_decode(
         for (int i = 0; i < VEC; ++i) d += qv[g][i] * kf[i];
 #pragma unroll
         for (int o = TG / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (softcap > 0.f) d = softcap * tanhf(d / softcap);
         s[u][g] = valid[u] ? d : PD_NEG_INF;
       }
     }
@@ -212,11 +217,13 @@ __global__ void paged_decode_combine(
 
 #ifdef PD_INSTANTIATE_FOR_TEST
 template __global__ void paged_decode<0, 128, 1, 4>(const char*, long long, const int*, const char*, const char*, int, int,
-                                                 const int*, int, const int*, float, float*, float*, int);
+                                                 const int*, int, const int*, float, int, float, float*, float*, int);
 template __global__ void paged_decode<1, 64, 3, 2>(const char*, long long, const int*, const char*, const char*, int, int,
-                                                const int*, int, const int*, float, float*, float*, int);
+                                                const int*, int, const int*, float, int, float, float*, float*, int);
 template __global__ void paged_decode<2, 64, 4, 2>(const char*, long long, const int*, const char*, const char*, int, int,
-                                                const int*, int, const int*, float, float*, float*, int);
+                                                const int*, int, const int*, float, int, float, float*, float*, int);
+template __global__ void paged_decode<0, 256, 4, 2>(const char*, long long, const int*, const char*, const char*, int, int,
+                                                 const int*, int, const int*, float, int, float, float*, float*, int);
 template __global__ void paged_decode_combine<0>(const float*, const float*, int, const int*, const int*, char*,
                                                  long long, int);
 #endif

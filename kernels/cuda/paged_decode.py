@@ -90,17 +90,21 @@ def _check(out, q, k_cache, v_cache, rows, block_tables, context_lens, num_split
 def paged_decode_attention(
     out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, num_splits: int, ws: DecodeWorkspace,
-    unroll: int | None = None,
+    unroll: int | None = None, window: int | None = None, softcap: float | None = None,
 ) -> None:
-    """out[rows[b]] = softmax(scale * q[rows[b]] K_b^T) V_b for each sequence b (in place).
+    """out[rows[b]] = softmax(cap(scale * q[rows[b]] K_b^T)) V_b for each sequence b (in place).
 
     q, out: [T, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; rows,
     context_lens: int32 [B]; block_tables: int32 [B, max_blocks]; every context must be
     <= num_splits * SPLIT tokens and covered by its block table (not checked: it would
     need a host sync). Rows of sequences with context 0 get zeros. unroll: tokens in flight
     per lane, one of UNROLLS (None: ``default_unroll``; other values are for benchmarks).
+    window: only the last ``window`` keys of each sequence (None: all). softcap: scores become
+    softcap * tanh(s / softcap) before the softmax (None: as they are).
     """
     _check(out, q, k_cache, v_cache, rows, block_tables, context_lens, num_splits, ws)
+    if window is not None and window <= 0 or softcap is not None and not softcap > 0:
+        raise ValueError(f"window and softcap must be > 0 (or None), got {window} and {softcap}")
     group = q.shape[1] // k_cache.shape[2]
     unroll = default_unroll(group) if unroll is None else unroll
     if unroll not in UNROLLS:
@@ -118,7 +122,7 @@ def paged_decode_attention(
         main((b, heads_kv, num_splits), (THREADS,), (
             _ptr(q), i64(q.stride(0)), _ptr(rows), _ptr(k_cache), _ptr(v_cache), i32(heads_kv), i32(k_cache.shape[1]),
             _ptr(block_tables), i32(block_tables.stride(0)), _ptr(context_lens), np.float32(scale),
-            _ptr(ws.out), _ptr(ws.ml), i32(num_splits)))
+            i32(window or 0), np.float32(softcap or 0.0), _ptr(ws.out), _ptr(ws.ml), i32(num_splits)))
         combine((b, heads), (dim,), (
             _ptr(ws.out), _ptr(ws.ml), i32(num_splits), _ptr(context_lens), _ptr(rows), _ptr(out),
             i64(out.stride(0)), i32(dim)))

@@ -13,7 +13,8 @@ import torch
 
 from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_test_adapters, run_all, tokens_of
 
-from loraplex.inference_server.lora.batch import LoraBatchBuilder, ProjGroup
+from loraplex.adapter_store.format.architectures import Slot
+from loraplex.inference_server.lora.batch import LoraBatchBuilder
 from loraplex.inference_server.lora.pool.copier import PoolCopier
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]
@@ -143,12 +144,12 @@ def test_lora_tables_stay_valid_under_graph_replay(tiny_llama_dir: Path, adapter
     names = list(ADAPTER_CONFIGS)
     first = [mgr.acquire(n) for n in names[:2]]
     batch = builder.build([(3, first[0]), (5, first[1])])
-    batch.active = frozenset(ProjGroup)  # capture the launch even if a slot skips q/k/v
+    batch.active = frozenset(Slot)  # capture the launch even if a slot skips q/k/v
     graph = torch.cuda.CUDAGraph()
-    batch.add(y, x, 0, ProjGroup.QKV)  # warm-up: compiles kernels, sizes scratch
+    batch.add(y, x, 0, Slot.QKV)  # warm-up: compiles kernels, sizes scratch
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        batch.add(y, x, 0, ProjGroup.QKV)
+        batch.add(y, x, 0, Slot.QKV)
     for ra in first:
         mgr.release(ra)
         mgr.invalidate(ra.adapter_id)  # gone from the pool: new places on reload
@@ -158,7 +159,7 @@ def test_lora_tables_stay_valid_under_graph_replay(tiny_llama_dir: Path, adapter
     graph.replay()
     expected = torch.zeros_like(y)
     fresh = builder.build([(6, second[0]), (2, second[1])])
-    fresh.add(expected, x, 0, ProjGroup.QKV)
+    fresh.add(expected, x, 0, Slot.QKV)
     torch.cuda.synchronize()
     assert torch.equal(y, expected)
     assert y.abs().sum() > 0

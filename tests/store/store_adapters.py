@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.registry import config_from_hf
 
 TINY_LLAMA = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -27,7 +28,7 @@ CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 def tiny_base() -> ModelConfig:
     from transformers import LlamaConfig  # noqa: PLC0415
 
-    return ModelConfig.from_hf(LlamaConfig(**TINY_LLAMA).to_dict(), name="tiny-llama")
+    return config_from_hf(LlamaConfig(**TINY_LLAMA).to_dict(), name="tiny-llama")
 
 
 def make_adapters(out: Path, hidden_size: int = 64) -> dict[str, dict[str, bytes]]:

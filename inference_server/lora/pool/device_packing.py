@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.adapter_store.errors import AdapterValidationError
-from loraplex.adapter_store.format.peft_format import PROJECTIONS, WEIGHTS_FILE, AdapterSpec, LoraModuleSpec
+from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec, LoraModuleSpec
 from loraplex.adapter_store.format.safetensors_header import TensorInfo
 from loraplex.inference_server.lora.pool.packing import fold_ratio
 from loraplex.inference_server.lora.pool.tensor_views import TORCH_DTYPES
@@ -43,7 +43,7 @@ _TABLE_ALIGN = 64  # bytes: the table starts aligned after the data section
 class TensorGroup:
     """The modules of one projection that share one rank, in layer order."""
 
-    proj: int  # index into PROJECTIONS
+    proj: int  # index into the family's LoRA targets (table order)
     rank: int
     layers: tuple[int, ...]
     start: int  # element offset of the group's A tensors in the gathered buffer; its B tensors follow
@@ -64,7 +64,7 @@ class DevicePackPlan:
     table_offset: int  # bytes, into the staged buffer
     table_len: int  # int64 elements
     num_layers: int
-    shapes: tuple[tuple[int, int], ...]  # (fan_in, fan_out) per projection
+    shapes: tuple[tuple[int, int], ...]  # (fan_in, fan_out) per LoRA target
     groups: tuple[TensorGroup, ...]
     zero_ranges: tuple[tuple[int, int], ...]  # pool elements no group writes (padding, partial projections)
 
@@ -83,9 +83,10 @@ def plan_device_pack(
     dtype = TORCH_DTYPES[spec.dtype]
     elem = dtype.itemsize
     shapes = cfg.projection_shapes()
+    names = list(shapes)
     by_group: dict[tuple[int, int], list[LoraModuleSpec]] = {}
     for mod in spec.modules:
-        by_group.setdefault((PROJECTIONS.index(mod.module), mod.rank), []).append(mod)
+        by_group.setdefault((names.index(mod.module), mod.rank), []).append(mod)
     order: list[TensorInfo] = []
     groups: list[TensorGroup] = []
     tables: list[torch.Tensor] = []
@@ -112,7 +113,7 @@ def plan_device_pack(
     plan = DevicePackPlan(
         dtype=dtype, data_start=data_start, data_bytes=pos, chunk=chunk, num_chunks=index.numel(),
         table_offset=-(-pos // _TABLE_ALIGN) * _TABLE_ALIGN, table_len=table.numel(),
-        num_layers=cfg.num_layers, shapes=tuple(shapes[p] for p in PROJECTIONS), groups=tuple(groups),
+        num_layers=cfg.num_layers, shapes=tuple(shapes.values()), groups=tuple(groups),
         zero_ranges=_zero_ranges(layout, groups, cfg.num_layers, shapes),
     )
     return plan, table
@@ -138,8 +139,7 @@ def _zero_ranges(
     whole A/B blocks of projections some group writes only partly (rank or layer subsets)."""
     partial = {g.proj for g in groups if not g.whole}
     written: list[tuple[int, int]] = []
-    for p, proj in enumerate(PROJECTIONS):
-        fan_in, fan_out = shapes[proj]
+    for p, (fan_in, fan_out) in enumerate(shapes.values()):
         rank = layout.ranks[p]
         if rank and p not in partial:
             written.append((layout.a_offsets[p], layout.a_offsets[p] + num_layers * fan_in * rank))

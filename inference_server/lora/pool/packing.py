@@ -1,8 +1,9 @@
 """Pack a validated PEFT adapter into the flat layout the LoRA kernels read.
 
-For each of the 7 projections p that the adapter targets, with rank r_p (the largest rank
-of p over layers; layers with a smaller rank from ``rank_pattern`` are zero-padded, layers
-without p are zero):
+For each LoRA target p of the base family (architectures.py: the 7 projections of most
+families, Phi-3's 4 fused ones) that the adapter adapts, with rank r_p (the largest rank of p
+over layers; layers with a smaller rank from ``rank_pattern`` are zero-padded, layers without p
+are zero):
 
     A_p: [num_layers, in_p, r_p]   (PEFT's lora_A.weight [r, in], transposed)
     B_p: [num_layers, r_p, out_p]  (PEFT's lora_B.weight [out, r], transposed)
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 import torch
 
 from loraplex.adapter_store.errors import AdapterValidationError
-from loraplex.adapter_store.format.peft_format import PROJECTIONS, AdapterSpec, LoraModuleSpec
+from loraplex.adapter_store.format.peft_format import AdapterSpec, LoraModuleSpec
 from loraplex.inference_server.lora.resident import AdapterLayout
 from loraplex.inference_server.model.config import ModelConfig
 
@@ -40,7 +41,7 @@ def plan_layout(spec: AdapterSpec, cfg: ModelConfig) -> AdapterLayout:
     shapes = cfg.projection_shapes()
     ranks, scales, a_offs, b_offs = [], [], [], []
     pos = 0
-    for proj in PROJECTIONS:
+    for proj in shapes:  # the family's LoRA targets, in table order
         mods = [m for m in spec.modules if m.module == proj]
         rank = max((m.rank for m in mods), default=0)
         fan_in, fan_out = shapes[proj]
@@ -73,7 +74,7 @@ def pack_adapter(
     layout = plan_layout(spec, cfg)
     flat = torch.zeros(layout.num_elements, dtype=dtype) if out is None else out[: layout.num_elements]
     shapes = cfg.projection_shapes()
-    for p, proj in enumerate(PROJECTIONS):
+    for p, proj in enumerate(shapes):
         mods = [m for m in spec.modules if m.module == proj]
         if mods and _uniform(mods, layout, p, cfg.num_layers):
             _write_projection(flat, layout, p, mods, tensors, shapes[proj], cfg.num_layers)
