@@ -126,12 +126,12 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
-def _peft_reference(hf_model, adapter_dir: Path, prompts: list[list[int]]) -> dict[tuple[int, str | None], list[int]]:
+def _peft_reference(hf_model, adapter_dir: Path, prompts: list[list[int]],
+                    names: list[str]) -> dict[tuple[int, str | None], list[int]]:
     """transformers + PEFT greedy tokens for every (prompt, adapter) pair."""
     from peft import PeftModel
 
     expected = {(i, None): hf_greedy(hf_model, p, NEW_TOKENS) for i, p in enumerate(prompts)}
-    names = list(ADAPTER_CONFIGS)
     peft_model = PeftModel.from_pretrained(hf_model, adapter_dir / names[0], adapter_name=names[0])
     for name in names[1:]:
         peft_model.load_adapter(adapter_dir / name, adapter_name=name)
@@ -142,15 +142,17 @@ def _peft_reference(hf_model, adapter_dir: Path, prompts: list[list[int]]) -> di
     return expected
 
 
-def check_exact_against_peft(model_dir: Path, hf_model, tmp_path: Path, std: float, **engine_config) -> None:
+def check_exact_against_peft(model_dir: Path, hf_model, tmp_path: Path, std: float,
+                             adapters: dict[str, dict] = ADAPTER_CONFIGS, **engine_config) -> None:
     """loraplex's greedy tokens (engine built with ``engine_config``) equal transformers + PEFT's
-    for PROMPTS x (base + the ADAPTER_CONFIGS adapters), all in one engine, mixed in batches."""
+    for PROMPTS x (base + the ``adapters``: name -> LoraConfig kwargs), all in one engine, mixed
+    in batches."""
     adapter_dir = tmp_path / "adapters"
-    for seed, (name, kwargs) in enumerate(ADAPTER_CONFIGS.items()):
+    for seed, (name, kwargs) in enumerate(adapters.items()):
         make_peft_adapter(hf_model, adapter_dir / name, kwargs, seed=seed, std=std)
     engine = load_engine(model_dir, adapter_dir, **engine_config)
     prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
-    expected = _peft_reference(hf_model, adapter_dir, prompts)
+    expected = _peft_reference(hf_model, adapter_dir, prompts, list(adapters))
     requests = [
         greedy_request(f"{i}-{name}", prompts[i], name, NEW_TOKENS) for (i, name) in expected
     ]
@@ -158,5 +160,5 @@ def check_exact_against_peft(model_dir: Path, hf_model, tmp_path: Path, std: flo
     mismatches = [r.request_id for r, key in zip(requests, expected) if tokens_of(got[r.request_id]) != expected[key]]
     assert not mismatches, f"tokens differ from transformers + PEFT for {mismatches}"
     # the adapters must matter: each changes the output of at least one prompt
-    for name in ADAPTER_CONFIGS:
+    for name in adapters:
         assert any(expected[(i, name)] != expected[(i, None)] for i in range(len(prompts))), name
