@@ -8,6 +8,7 @@ streaming.py's; admission, tenants, metrics and aborts are the gRPC edge's own
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -30,17 +31,19 @@ from loraplex.inference_server.http import convert
 from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
-from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat
+from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
 from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest
 from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
 from loraplex.inference_server.server.convert import RequestLimits
-from loraplex.inference_server.server.generation import generation
+from loraplex.inference_server.server.generation import generation, interleaved
 from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.state import ServingState
 from loraplex.inference_server.server.tenancy import Tenancy
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+IGNORED_FIELDS_HEADER = "X-Loraplex-Ignored-Fields"
 
 _INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
 Handler = Callable[[Request], Awaitable[Response]]
@@ -116,22 +119,26 @@ class OpenAIRoutes:
         heavy = isinstance(body, ChatCompletionRequest) or (
             isinstance(body, CompletionRequest) and len(str(body.prompt)) > _INLINE_TOKENIZE_CHARS)
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
-        fmt = fmt_type(model=decoded.model, decode=engine.tokenizer.decode, logprobs=decoded.logprobs)
-        events = generation(self._state, self._metrics, self._tenancy, caller, engine, decoded.request)
-        first = await _unless_disconnected(request, _first(events))
-        if first is None:
-            await events.aclose()  # type: ignore[attr-defined]  (also if the wait never started)
+        headers = _ignored_header(request, decoded.ignored)
+        fmt = _format(fmt_type, decoded, engine.tokenizer.decode)
+        streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
+        firsts = await _unless_disconnected(request, _firsts(streams))
+        if firsts is None:
+            await _close_all(streams)  # also if the wait never started
             return Response(status_code=499)  # the client left before its first token
+        events = interleaved(streams, firsts)
         if decoded.stream:
-            return EventStreamResponse(sse_events(first, events, fmt, decoded.include_usage))
-        answer = await _unless_disconnected(request, _collect(first, events))
+            return EventStreamResponse(sse_events(events, fmt, decoded.include_usage), headers)
+        answer = await _unless_disconnected(request, _collect(events, len(streams)))
         if answer is None:
-            await events.aclose()  # type: ignore[attr-defined]  (also if the collection never started)
+            await _close_all(streams)  # also if the collection never started
             return Response(status_code=499)  # the client left; nobody reads this
-        if answer[-1].finish_reason is FinishReason.ERROR:
+        if any(events[-1].finish_reason is FinishReason.ERROR for events in answer):
             return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
                                            None, "internal_error"), status_code=500)
-        return JSONResponse(fmt.response(answer))
+        if len(answer) > decoded.n:
+            answer = best_of(answer, decoded.n)
+        return JSONResponse(fmt.response(answer), headers=headers)
 
     # -- models, health, metrics -----------------------------------------------------------
     async def _cards(self, request: Request) -> list[dict[str, Any]]:
@@ -171,6 +178,25 @@ def _adapter_card(info: AdapterInfo, base: str) -> dict[str, Any]:
             "owned_by": policy.adapter_owner(info.adapter_id) or "shared", "root": info.adapter_id, "parent": base}
 
 
+def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: convert.DecodedRequest, decode
+            ) -> CompletionFormat | ChatFormat:
+    common = dict(model=decoded.model, decode=decode, logprobs=decoded.logprobs,
+                  prompt_tokens=len(decoded.prompt_ids), continuous_usage=decoded.continuous_usage)
+    if fmt_type is CompletionFormat:
+        return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompt_ids)
+    return fmt_type(**common)
+
+
+def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str]:
+    """Fields the body held that this edge does not know: logged (as vLLM logs them) and named
+    in the response's X-Loraplex-Ignored-Fields header."""
+    if not ignored:
+        return {}
+    log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
+                ", ".join(ignored))
+    return {IGNORED_FIELDS_HEADER: ",".join(ignored)}
+
+
 async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
     """The stream's first event (refusals raise here, before any header is sent)."""
     try:
@@ -180,9 +206,28 @@ async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
         raise
 
 
-async def _collect(first: TokenEvent, events: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
+async def _firsts(streams: list[AsyncIterator[TokenEvent]]) -> list[TokenEvent]:
+    """Every stream's first event; the first refusal is raised, with every stream closed."""
+    results = await asyncio.gather(*(_first(s) for s in streams), return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        await _close_all(streams)
+        raise failed
+    return list(results)  # type: ignore[arg-type]
+
+
+async def _close_all(streams: list[AsyncIterator[TokenEvent]]) -> None:
+    for stream in streams:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _collect(events: AsyncIterator[tuple[int, TokenEvent]], n: int) -> list[list[TokenEvent]]:
+    """Each choice's events, in order."""
+    out: list[list[TokenEvent]] = [[] for _ in range(n)]
     async with aclosing(events):  # type: ignore[type-var]
-        return [first] + [event async for event in events]
+        async for index, event in events:
+            out[index].append(event)
+    return out
 
 
 async def _disconnected(request: Request) -> None:
