@@ -338,7 +338,7 @@ def test_router_gauges_move_while_requests_run(served, tmp_path: Path) -> None:
     assert busy["vllm:num_requests_running"].samples[0].value == 3
     assert busy["vllm:kv_cache_usage_perc"].samples[0].value == pytest.approx(3 / FakeEngine.TOTAL_BLOCKS)
     info = busy["vllm:lora_requests_info"].samples[0]
-    assert info.labels == {"running_lora_adapters": "acme/pirate", "waiting_lora_adapters": "", "max_lora": "4"}
+    assert info.labels == {"running_lora_adapters": "acme/pirate", "waiting_lora_adapters": "", "max_lora": "2"}
     assert info.value == pytest.approx(time.time(), abs=30)
     done = {(s.labels["route"], s.labels["status"]): s.value for s in _families(url)["loraplex_http_requests"].samples
             if s.name.endswith("_total")}
