@@ -64,6 +64,12 @@ class FakeAdapters:
     def residency(self) -> dict[str, tuple[bool, bool]]:
         return {}
 
+    def files(self, adapter_id: str) -> Mapping[str, bytes]:
+        return self.source.resolve(adapter_id).files
+
+    def load(self, adapter_id: str) -> None:
+        self.source.get(adapter_id)  # no pool: a stored adapter is as loaded as it gets
+
 
 class ByteTokenizer:
     """Token = byte + 3 (ids 0-2 are special); chat = 'role: content' lines + 'assistant:'."""

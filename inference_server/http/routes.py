@@ -18,11 +18,12 @@ from typing import Any, TypeVar
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from loraplex.adapter_store.errors import AdapterNotFoundError
 from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.engine.api import ServingEngine
@@ -33,9 +34,12 @@ from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
 from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
-from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.inference_server.http.lora_loading import lora_files
+from loraplex.inference_server.http.schemas import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
+                                                    UnloadLoraRequest)
 from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
 from loraplex.inference_server.server.convert import RequestLimits
+from loraplex.inference_server.server.auth_interceptor import principal_of
 from loraplex.inference_server.server.generation import generation, interleaved
 from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.state import ServingState
@@ -55,9 +59,11 @@ class RouteConfig:
 
     default_max_new_tokens: int = 256
     max_body_bytes: int = 8 * 1024 * 1024
+    max_upload_bytes: int = 512 * 1024 * 1024  # an adapter loaded by /v1/load_lora_adapter, all files
+    runtime_lora_updating: bool = False  # serve /v1/load_lora_adapter and /v1/unload_lora_adapter
 
     def __post_init__(self) -> None:
-        for name in ("default_max_new_tokens", "max_body_bytes"):
+        for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -81,6 +87,9 @@ class OpenAIRoutes:
             ("/v1/models", self.models, "GET"), ("/v1/models/{model:path}", self.model, "GET"),
             ("/health", self.health, "GET"), ("/metrics", self.prometheus, "GET"),
         ]
+        if self._config.runtime_lora_updating:  # off: 404, as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            table += [("/v1/load_lora_adapter", self.load_lora, "POST"),
+                      ("/v1/unload_lora_adapter", self.unload_lora, "POST")]
         return [Route(path, self._counted(path, handler), methods=[method]) for path, handler, method in table]
 
     def _counted(self, route: str, handler: Handler) -> Handler:
@@ -139,6 +148,48 @@ class OpenAIRoutes:
         if len(answer) > decoded.n:
             answer = best_of(answer, decoded.n)
         return JSONResponse(fmt.response(answer), headers=headers)
+
+    # -- runtime LoRA loading (vLLM's endpoints) --------------------------------------------
+    async def load_lora(self, request: Request) -> Response:
+        """Store ``lora_path``'s adapter as ``lora_name`` (validated as an upload is) and load it
+        into the device pool; ``lora_path`` naming ``lora_name`` itself only loads it."""
+        caller = self._caller(request)
+        body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes)
+        name = validate_adapter_id(body.lora_name, "lora_name")
+        async with self._state.work() as engine:
+            try:
+                self._tenancy.check_write(caller, name, "upload")
+                adapters = self._tenancy.adapters_for(caller, engine)
+                principal = principal_of(caller)
+                found = await asyncio.to_thread(lora_files, body.lora_path, adapters,
+                                                principal is None or principal.is_admin, self._config.max_upload_bytes)
+                if found != name:
+                    files = await asyncio.to_thread(adapters.files, found) if isinstance(found, str) else found
+                    async with self._tenancy.quota_held(name):
+                        await self._tenancy.check_upload_quota(caller, engine, name, dict(files))
+                        await asyncio.to_thread(adapters.put, name, files, False)
+                await asyncio.to_thread(adapters.load, name)
+            except Exception as exc:
+                self._tenancy.audit(caller, "upload", name, exc)
+                raise
+            self._tenancy.audit(caller, "upload", name, None)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: Request) -> Response:
+        """Stop serving ``lora_name``: deleted from the store and the listing, dropped from the
+        pool (its bytes freed once the requests still running on it end)."""
+        caller = self._caller(request)
+        body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes)
+        name = validate_adapter_id(body.lora_name, "lora_name")
+        async with self._state.work() as engine:
+            try:
+                self._tenancy.check_write(caller, name, "delete")
+                await asyncio.to_thread(self._tenancy.adapters_for(caller, engine).delete, name)
+            except Exception as exc:
+                self._tenancy.audit(caller, "delete", name, exc)
+                raise
+            self._tenancy.audit(caller, "delete", name, None)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     # -- models, health, metrics -----------------------------------------------------------
     async def _cards(self, request: Request) -> list[dict[str, Any]]:

@@ -103,3 +103,18 @@ def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:
                 if isinstance(item, BaseModel):
                     out += ignored_fields(item, f"{prefix}{name}[{i}].")
     return sorted(out)
+
+
+class LoadLoraRequest(_Body):
+    """POST /v1/load_lora_adapter (vLLM's): serve ``lora_path``'s adapter as ``lora_name``."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraRequest(_Body):
+    """POST /v1/unload_lora_adapter (vLLM's): stop serving ``lora_name`` (``lora_int_id`` is vLLM's
+    own numbering, accepted and ignored)."""
+
+    lora_name: str
+    lora_int_id: int | None = None
