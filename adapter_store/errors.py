@@ -18,6 +18,11 @@ class InvalidRequestError(LoraplexError, ValueError):
         self.field = field
 
 
+class ContextLengthExceededError(InvalidRequestError):
+    """A prompt, or a prompt plus the tokens asked for, does not fit the context window
+    (INVALID_ARGUMENT; OpenAI's ``context_length_exceeded`` on the HTTP edge)."""
+
+
 class AdapterNotFoundError(LoraplexError, LookupError):
     """The adapter id does not name a stored adapter (NOT_FOUND)."""
 

@@ -87,6 +87,10 @@ class ServerSettings:
     prefix_caching: str = _opt("on", "reuse the KV blocks of a prompt prefix already computed for the same adapter "
                                      "version (system prompts, few-shot examples); off = every prompt computed "
                                      "in full", str, ("on", "off"))
+    allow_runtime_lora_updating: str = _opt("off", "on: the HTTP edge serves vLLM's POST /v1/load_lora_adapter and "
+                                                  "/v1/unload_lora_adapter (lora_path: a folder on the server, "
+                                                  "s3://bucket/prefix, or a stored adapter id); off: they are 404, "
+                                                  "as in vLLM", str, ("on", "off"))
     # edge limits
     max_concurrent_streams: int = _opt(4096, "open Generate streams at once; beyond it RESOURCE_EXHAUSTED", int)
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)

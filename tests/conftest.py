@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,16 @@ def redis_url():
     redis = RedisProcess(binary).start()
     yield redis.url
     redis.kill()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    """One line counting the skipped tests by reason, so a run that skipped more than tests/gpu
+    (no GPU here) says what it missed and why."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        summary = "; ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        terminalreporter.write_line(f"skipped by reason: {summary}")

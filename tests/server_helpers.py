@@ -64,6 +64,12 @@ class FakeAdapters:
     def residency(self) -> dict[str, tuple[bool, bool]]:
         return {}
 
+    def files(self, adapter_id: str) -> Mapping[str, bytes]:
+        return self.source.resolve(adapter_id).files
+
+    def load(self, adapter_id: str) -> None:
+        self.source.get(adapter_id)  # no pool: a stored adapter is as loaded as it gets
+
 
 class ByteTokenizer:
     """Token = byte + 3 (ids 0-2 are special); chat = 'role: content' lines + 'assistant:'."""
@@ -84,6 +90,7 @@ class FakeEngine:
     max_new_tokens, a running limit (RESOURCE_EXHAUSTED) and one 'KV block' per running request."""
 
     TOTAL_BLOCKS = 64
+    MAX_LORA = 2  # the adapters its (imaginary) pool holds at once
 
     def __init__(self, adapter_dir: Path, step_s: float = 0.005, max_running: int = 64) -> None:
         self.info = FAKE_INFO
@@ -107,7 +114,7 @@ class FakeEngine:
         adapters = tuple(sorted({a for a in self.running_adapters.values() if a is not None}))
         return EngineStats(num_running=len(self.running), num_waiting=0,
                            free_kv_blocks=self.TOTAL_BLOCKS - len(self.running), total_kv_blocks=self.TOTAL_BLOCKS,
-                           resident_adapters=0, preemptions=0, running_adapters=adapters)
+                           resident_adapters=0, preemptions=0, running_adapters=adapters, max_lora=self.MAX_LORA)
 
     def pool_stats(self) -> None:
         return None

@@ -43,7 +43,7 @@ def test_breaking_out_of_the_stream_cancels_on_the_server(served) -> None:
 
     async def go() -> None:
         async with AsyncLoraplexClient(srv.address) as client:
-            stream = client.generate("x", max_new_tokens=500)
+            stream = client.generate("x", max_new_tokens=250)
             async for _ in stream:
                 break
             await stream.aclose()
@@ -68,7 +68,7 @@ def test_errors_and_deadline(served) -> None:
                 await client.generate_text("x", repetition_penalty=0.0)
             assert info.value.field == "sampling.repetition_penalty"
             with pytest.raises(DeadlineExceededError):
-                await client.generate_text("x", max_new_tokens=500, timeout=0.2)
+                await client.generate_text("x", max_new_tokens=250, timeout=0.2)
 
     asyncio.run(go())
 

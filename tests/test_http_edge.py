@@ -130,10 +130,16 @@ def test_adapters_by_id_and_base_colon_adapter_and_listed_at_once(served, tmp_pa
 
 
 BAD_COMPLETIONS = [
-    ({"n": 2}, "n"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"seed": -1}, "seed"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 100_000}, "max_tokens"),
     ({"max_tokens": "8"}, "max_tokens"), ({"stop": [""]}, "stop"), ({"logprobs": 30}, "logprobs"),
-    ({"presence_penalty": 1.0}, "presence_penalty"), ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 3, "stream": True}, "best_of"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"999": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"min_p": 2}, "min_p"), ({"min_tokens": -1}, "min_tokens"),
+    ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"), ({"stop_token_ids": [999]}, "stop_token_ids"),
+    ({"response_format": {"type": "json_object"}}, "response_format.type"), ({"suffix": "x"}, "suffix"),
+    ({"stream_options": {"continuous_usage_stats": "yes"}, "stream": True}, "stream_options.continuous_usage_stats"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [999]}, "prompt"), ({"prompt": ""}, "prompt"),
     ({"prompt": "x" * 300}, "prompt"), ({"model": "a b"}, "model"), ({"stream_options": {"include_usage": True}},
                                                                      "stream_options"),
@@ -143,7 +149,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "user"}]}, "messages[0].content"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
-    ({"tools": [{"type": "function"}]}, "tools"), ({"extra_field": 1}, "extra_field"),
+    ({"tools": [{"type": "function"}]}, "tools"), ({"n": 2, "stream_options": {}}, "stream_options"),
 ]
 
 
@@ -267,7 +273,7 @@ def _open_stream(url: str, body: dict) -> tuple[http.client.HTTPConnection, http
 
 def test_disconnect_mid_stream_aborts_the_request(served) -> None:
     _, engine, _, url = served
-    conn, response = _open_stream(url, {"model": BASE, "prompt": "hi", "max_tokens": 400, "stream": True})
+    conn, response = _open_stream(url, {"model": BASE, "prompt": "hi", "max_tokens": 240, "stream": True})
     assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
     assert response.readline().startswith(b"data: {")
     conn.sock.shutdown(socket.SHUT_RDWR)
@@ -279,7 +285,7 @@ def test_disconnect_mid_stream_aborts_the_request(served) -> None:
 def test_disconnect_while_waiting_for_a_whole_answer_aborts_it(served) -> None:
     _, engine, _, url = served
     host, port = url.split("//")[1].split("/")[0].split(":")
-    body = json.dumps({"model": BASE, "prompt": "hi", "max_tokens": 400}).encode()
+    body = json.dumps({"model": BASE, "prompt": "hi", "max_tokens": 240}).encode()
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -332,7 +338,7 @@ def test_router_gauges_move_while_requests_run(served, tmp_path: Path) -> None:
     assert busy["vllm:num_requests_running"].samples[0].value == 3
     assert busy["vllm:kv_cache_usage_perc"].samples[0].value == pytest.approx(3 / FakeEngine.TOTAL_BLOCKS)
     info = busy["vllm:lora_requests_info"].samples[0]
-    assert info.labels == {"running_lora_adapters": "acme/pirate", "waiting_lora_adapters": "", "max_lora": "4"}
+    assert info.labels == {"running_lora_adapters": "acme/pirate", "waiting_lora_adapters": "", "max_lora": "2"}
     assert info.value == pytest.approx(time.time(), abs=30)
     done = {(s.labels["route"], s.labels["status"]): s.value for s in _families(url)["loraplex_http_requests"].samples
             if s.name.endswith("_total")}

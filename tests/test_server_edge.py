@@ -136,7 +136,7 @@ def test_unknown_adapter_is_not_found_never_base_model(served) -> None:
 def test_cancel_mid_stream_aborts_in_engine_and_frees_blocks(served) -> None:
     srv, engine, client = served
     engine.step_s = 0.02
-    stream = client.generate("x", max_new_tokens=500)
+    stream = client.generate("x", max_new_tokens=250)
     next(stream)
     assert engine.stats().free_kv_blocks == engine.TOTAL_BLOCKS - 1
     stream.close()  # leaving the loop early cancels the call
@@ -151,7 +151,7 @@ def test_deadline_exceeded_aborts_in_engine(served) -> None:
     engine.step_s = 0.02
     start = time.monotonic()
     with pytest.raises(DeadlineExceededError):
-        list(client.generate("x", max_new_tokens=500, timeout=0.3))
+        list(client.generate("x", max_new_tokens=250, timeout=0.3))
     assert time.monotonic() - start < 3
     wait_for(lambda: engine.aborted == [engine.requests[0].request_id] and not engine.running)
 
@@ -171,7 +171,7 @@ def test_a_deadline_before_the_first_token_aborts_at_once(served) -> None:
 def test_full_queue_is_resource_exhausted(served) -> None:
     srv, engine, client = served
     engine.max_running, engine.step_s = 1, 0.02
-    first = client.generate("x", max_new_tokens=500)
+    first = client.generate("x", max_new_tokens=250)
     next(first)
     with pytest.raises(ResourceExhaustedError, match="queue is full"):
         client.generate_text("y")
@@ -184,7 +184,7 @@ def test_edge_stream_limit_is_resource_exhausted(tmp_path: Path) -> None:
     srv.attach(engine)
     try:
         with LoraplexClient(srv.address) as client:
-            first = client.generate("x", max_new_tokens=500)
+            first = client.generate("x", max_new_tokens=250)
             next(first)
             with pytest.raises(ResourceExhaustedError, match="concurrent streams"):
                 client.generate_text("y")
@@ -288,7 +288,7 @@ def test_shutdown_drains_open_streams_and_refuses_new_ones(served) -> None:
 def test_shutdown_aborts_streams_that_outlive_the_grace_period(served) -> None:
     srv, engine, client = served
     engine.step_s = 0.02
-    stream = client.generate("x", max_new_tokens=500)
+    stream = client.generate("x", max_new_tokens=250)
     next(stream)
     srv.call(srv.server.shutdown(0.2))
     events = list(stream)

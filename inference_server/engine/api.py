@@ -49,6 +49,14 @@ class EdgeAdapters(Protocol):
         """{adapter id: (in the device pool, in the host tier)} for every held adapter."""
         ...
 
+    def files(self, adapter_id: str) -> Mapping[str, bytes]:
+        """A stored adapter's files, as uploaded (what a copy under another id stores)."""
+        ...
+
+    def load(self, adapter_id: str) -> None:
+        """Bring a stored adapter into the device pool now (blocking: call it in a thread)."""
+        ...
+
 
 class ServingEngine(Protocol):
     """An engine as the edges use it: fixed facts, a tokenizer, adapters, streams, counters."""

@@ -22,6 +22,7 @@ from loraplex.inference_server.engine.admission import Admission
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.info import EngineInfo, EngineStats
 from loraplex.inference_server.engine.llm_engine import LLMEngine
+from loraplex.inference_server.engine.lora_capacity import LoraCapacity
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
 from loraplex.inference_server.engine.token_stream import TokenStream
 from loraplex.inference_server.lora.managed_adapters import ManagedAdapters
@@ -33,10 +34,13 @@ log = logging.getLogger(__name__)
 
 class AsyncEngine:
     def __init__(
-        self, core: LLMEngine, manager: AdapterPool, adapters: ManagedAdapters, info: EngineInfo, config: EngineConfig
+        self, core: LLMEngine, manager: AdapterPool, adapters: ManagedAdapters, info: EngineInfo, config: EngineConfig,
+        capacity: LoraCapacity,
     ) -> None:
         self._core = core
         self._manager = manager
+        self._capacity = capacity
+        self._acquiring: dict[str, str] = {}  # request id -> the adapter it waits for (not in the pool yet)
         self.adapters = adapters
         self.info = info
         self.tokenizer = core.tokenizer
@@ -127,12 +131,15 @@ class AsyncEngine:
             return resident
         cancel = threading.Event()
         loading = self._loader.submit(self._manager.acquire, request.adapter_id, cancel)
+        self._acquiring[request.request_id] = request.adapter_id
         try:
             return await asyncio.wrap_future(loading)
         except asyncio.CancelledError:  # the caller left: stop waiting for pool space
             self._manager.cancel_wait(cancel)
             loading.add_done_callback(self._release_unclaimed)
             raise
+        finally:
+            self._acquiring.pop(request.request_id, None)
 
     def _release_unclaimed(self, loading: Future) -> None:
         """An acquisition that completed after its caller left: give the reference back."""
@@ -161,17 +168,21 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         running_adapters, waiting_adapters = self._core.adapters_in_flight()
+        loading = set(self._acquiring.values())  # waiting for the pool: waiting too, as routers read it
+        pool = self._manager.stats()
+        self._capacity.note(self._manager.resident_footprints())
         return EngineStats(
             num_running=self._core.num_running,
             num_waiting=self._core.num_waiting,
             free_kv_blocks=self._core.blocks.num_free,
             total_kv_blocks=self._core.blocks.num_blocks,
-            resident_adapters=self._manager.stats().resident,
+            resident_adapters=pool.resident,
             preemptions=self._core.num_preemptions,
             running_adapters=running_adapters,
-            waiting_adapters=waiting_adapters,
+            waiting_adapters=tuple(sorted(loading.union(waiting_adapters))),
             prefix_queried_tokens=self._core.blocks.prefix_queried_tokens,
             prefix_hit_tokens=self._core.blocks.prefix_hit_tokens,
+            max_lora=self._capacity.max_lora(pool.capacity_bytes),
         )
 
     # -- the step loop (engine thread) -----------------------------------------------------

@@ -20,8 +20,9 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decoder: Decoder, prompt_ids: Sequence[int]) -> None:
+    def __init__(self, decoder: Decoder, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
         self._decoder = decoder
+        self._skip_special = skip_special_tokens
         self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._prefix = 0
         self._read = len(self._ids)
@@ -44,7 +45,7 @@ class IncrementalDetokenizer:
         return after[len(before) :] if after.startswith(before) else ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self._decoder.decode(ids, skip_special_tokens=True)
+        return self._decoder.decode(ids, skip_special_tokens=self._skip_special)
 
 
 class StopStringMatcher:
@@ -73,6 +74,13 @@ class StopStringMatcher:
             self.stopped = True
             return self._release(len(self._text))
         return self._release(len(self._text) - self._held_back())
+
+    def feed_unchecked(self, delta: str) -> str:
+        """Add text that no stop string may end (before ``min_tokens``): all of it is released."""
+        if self.stopped:
+            return ""
+        self._text += delta
+        return self._release(len(self._text))
 
     def finish(self) -> str:
         """Release everything still held back (generation ended for another reason)."""

@@ -14,6 +14,7 @@ from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.cuda_graphs import default_sizes
 from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.llm_engine import LLMEngine
+from loraplex.inference_server.engine.lora_capacity import LoraCapacity, largest_adapter_bytes
 from loraplex.inference_server.engine.model_runner import ModelRunner, RunnerOptions
 from loraplex.inference_server.engine.scheduler import SchedulerConfig
 from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
@@ -88,7 +89,10 @@ def assemble(
         vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)), max_lora_rank=config.max_lora_rank,
         max_prompt_chars=tokenizer.max_chars_for(max_len),
     )
-    return cls(core, manager, ManagedAdapters(source, manager, model_config, config.max_lora_rank), info, config)
+    capacity = LoraCapacity(largest_adapter_bytes(model_config.projection_shapes(), model_config.num_layers,
+                                                  config.max_lora_rank, elem))
+    adapters = ManagedAdapters(source, manager, model_config, config.max_lora_rank)
+    return cls(core, manager, adapters, info, config, capacity)
 
 
 def runner_options(config: EngineConfig, max_len: int) -> RunnerOptions:

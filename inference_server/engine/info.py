@@ -29,6 +29,9 @@ class EngineStats:
     resident_adapters: int
     preemptions: int
     running_adapters: tuple[str, ...] = ()  # adapter ids with a running request (sorted; no base model)
-    waiting_adapters: tuple[str, ...] = ()  # adapter ids with a queued request
+    waiting_adapters: tuple[str, ...] = ()  # adapter ids with a queued request, or one waiting for pool space
     prefix_queried_tokens: int = 0  # prompt tokens of admitted requests, looked up in the prefix cache
     prefix_hit_tokens: int = 0  # of those, served from cached KV blocks (not computed)
+    # distinct adapters of the served rank the device pool holds at once (engine/lora_capacity.py);
+    # 0: an engine without a pool
+    max_lora: int = 0

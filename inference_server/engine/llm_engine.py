@@ -12,6 +12,7 @@ the step launched after it; that row's token is dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -21,7 +22,7 @@ from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.engine.block_manager import BlockManager
 from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
 from loraplex.inference_server.engine.launched import LaunchedStep
-from loraplex.inference_server.engine.model_runner import ModelRunner, StepOutput
+from loraplex.inference_server.engine.model_runner import ModelRunner, PromptLogprobs, StepOutput
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
 from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
 from loraplex.inference_server.engine.sequence import PLACEHOLDER, SeqStatus, Sequence
@@ -68,14 +69,18 @@ class LLMEngine:
             raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab})", "prompt_token_ids")
         if request.request_id in self._seqs:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
+        if request.sampling.prompt_logprobs is not None and not getattr(self.runner, "prompt_logprobs", True):
+            raise InvalidRequestError("is not available with tensor parallelism", "prompt_logprobs")
 
     def add_request(self, request: GenerationRequest, adapter: object | None) -> None:
         """Queue a checked request; ``adapter`` is a resident adapter reference (or None)."""
         self.check(request)
         seed = request.sampling.seed if request.sampling.seed is not None else self._rng.getrandbits(63)
         generator = None if request.sampling.greedy else self.runner.make_generator(seed)
-        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, request.skip_special_tokens)
         seq = Sequence.create(request, adapter, detok, generator)
+        stopping = request.stopping
+        seq.stop_ids = tuple(sorted(set(stopping.stop_token_ids) | (set() if stopping.ignore_eos else self.eos_token_ids)))
         self._seqs[request.request_id] = seq
         self.scheduler.add(seq)
 
@@ -208,6 +213,8 @@ class LLMEngine:
         now = time.monotonic()
         results = {id(s): i for i, s in enumerate(out.sampled_seqs)}
         for seq, n, token in zip(seqs, num_tokens, out.sampled):
+            if id(seq) in out.prompt_logprobs:
+                _keep_prompt_logprobs(seq, out.prompt_logprobs[id(seq)])
             seq.num_computed += n
             self.scheduler.computed(seq)
             if token is None:
@@ -227,19 +234,23 @@ class LLMEngine:
         reason = self._stop_reason(seq, token, length)
         text = ""
         if reason is None or reason is FinishReason.LENGTH:  # a stop/EOS token adds no text
-            text = seq.stops.feed(seq.detokenizer.push(token))
+            delta = seq.detokenizer.push(token)
+            early = length - seq.num_prompt < seq.request.stopping.min_tokens
+            text = seq.stops.feed_unchecked(delta) if early else seq.stops.feed(delta)
         if reason is not None and not seq.stops.stopped:
             text += seq.stops.feed(seq.detokenizer.flush())
             text += seq.stops.finish()
         if seq.stops.stopped:
             reason = FinishReason.STOP
         if reason is None:
-            return TokenEvent(seq.request_id, (token,), text, logprobs, tops)
-        return self._finish(seq, reason, (token,), text, logprobs, tops)
+            event = TokenEvent(seq.request_id, (token,), text, logprobs, tops)
+        else:
+            event = self._finish(seq, reason, (token,), text, logprobs, tops)
+        return _with_prompt_logprobs(seq, event)
 
     def _stop_reason(self, seq: Sequence, token: int, length: int) -> FinishReason | None:
         stopping = seq.request.stopping
-        if (token in self.eos_token_ids and not stopping.ignore_eos) or token in stopping.stop_token_ids:
+        if token in seq.stop_ids and length - seq.num_prompt > stopping.min_tokens:
             return FinishReason.STOP
         if length - seq.num_prompt >= stopping.max_new_tokens or length >= self.max_model_len:
             return FinishReason.LENGTH
@@ -269,3 +280,21 @@ class LLMEngine:
         )
         usage = Usage(seq.num_prompt, seq.num_output)
         return TokenEvent(seq.request_id, token_ids, text, logprobs, tops, reason, usage, timings)
+
+
+def _keep_prompt_logprobs(seq: Sequence, computed: PromptLogprobs) -> None:
+    """Store what a prefill chunk computed of the prompt's log-probabilities (a preempted
+    sequence computes its prompt again: the same positions, written again)."""
+    for j, (chosen, top) in enumerate(zip(computed.chosen, computed.top)):
+        seq.prompt_logprobs[computed.start + j] = (chosen, top)
+
+
+def _with_prompt_logprobs(seq: Sequence, event: TokenEvent) -> TokenEvent:
+    """``event`` with the prompt's log-probabilities if the request asked and they were not sent
+    yet (its first token's event)."""
+    if seq.prompt_logprobs is None or seq.prompt_logprobs_sent:
+        return event
+    seq.prompt_logprobs_sent = True
+    entries = seq.prompt_logprobs
+    return dataclasses.replace(event, prompt_logprobs=tuple(None if e is None else e[0] for e in entries),
+                               prompt_top_logprobs=tuple(None if e is None else e[1] for e in entries))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphSh
 from loraplex.inference_server.engine.launched import LaunchedLogprobs, LaunchedStep
 from loraplex.inference_server.engine.sampler import (SampleResult, SampleRow, apply_penalties, choose,
                                                        logprobs_on_device, sample, to_device)
-from loraplex.inference_server.engine.seen_tokens import SeenTokens
+from loraplex.inference_server.engine.seen_tokens import OutputCounts, SeenTokens
 from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
 from loraplex.inference_server.engine.step_plan import plan_step, run_forward
 from loraplex.inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
@@ -46,16 +46,33 @@ class RunnerOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """Log-probabilities of prompt tokens ``start``, ``start + 1``, ... (each given the tokens
+    before it), computed by one prefill chunk, and ``top``: their alternatives (None: none asked)."""
+
+    start: int
+    chosen: list[float]
+    top: list[dict[int, float] | None]
+
+
+@dataclass(frozen=True, slots=True)
 class StepOutput:
     """For each scheduled sequence (in the scheduler's order): its new token, or None when
-    this step only advanced a chunked prefill."""
+    this step only advanced a chunked prefill; ``prompt_logprobs``: id(seq) -> what this step's
+    chunk computed of its prompt's log-probabilities, for the sequences that asked."""
 
     sampled: list[int | None]
     result: SampleResult | None
     sampled_seqs: list[Sequence]
+    prompt_logprobs: dict[int, PromptLogprobs] = field(default_factory=dict)
+
+
+_PROMPT_LOGPROB_ROWS = 256  # rows of a prompt chunk whose logits are made at once (V floats each)
 
 
 class ModelRunner:
+    prompt_logprobs = True  # can compute a prompt's own log-probabilities (eager steps)
+
     def __init__(
         self,
         model: nn.Module,
@@ -82,7 +99,8 @@ class ModelRunner:
                         dtype=self.dtype, device=self.device)
             for _ in range(config.num_layers)
         ]
-        self.seen_tokens = SeenTokens(max_num_seqs)  # penalized rows' seen tokens, on the device
+        self.seen_tokens = SeenTokens(max_num_seqs)  # repetition-penalized rows' seen tokens, on the device
+        self.output_counts = OutputCounts(max_num_seqs)  # presence/frequency-penalized rows' output counts
         self.lora_ctx = LoraContext()
         lora_attach(model, self.lora_ctx)  # tensor parallelism passes its own (parallel/lora.py)
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
@@ -111,7 +129,7 @@ class ModelRunner:
         placeholder that ``feed`` (the step still running) does not sample. Placeholder inputs
         are copied on the device from ``feed.tokens``; sampling, penalties and log-probabilities
         run on the device as ``sample`` does them, nothing read back."""
-        if self.graphs is None:
+        if self.graphs is None or _wants_prompt_logprobs(seqs):
             return None
         plan = plan_step(seqs, num_tokens, self.blocks.block_size)
         size = self.graphs.size_for(plan)
@@ -121,7 +139,7 @@ class ModelRunner:
         sample_seqs = [seqs[i] for i in plan.sampled]
         logits = self.graphs.replay(plan, size, fed).float()
         rows = self._sample_rows(sample_seqs)
-        tokens = choose(apply_penalties(logits, rows, self._seen(sample_seqs, logits, feed)), rows)
+        tokens = choose(apply_penalties(logits, rows, *self._history(sample_seqs, logits, feed)), rows)
         host = self._token_host[self._token_turn][: len(sample_seqs)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=True)
@@ -134,30 +152,72 @@ class ModelRunner:
     def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
         plan = plan_step(seqs, num_tokens, self.blocks.block_size)
         sample_seqs = [seqs[i] for i in plan.sampled]
-        size = self.graphs.size_for(plan) if self.graphs is not None else None
+        eager = self.graphs is None or _wants_prompt_logprobs(seqs)  # prompt log-probabilities need every row
+        size = None if eager else self.graphs.size_for(plan)
         if size is not None:
             logits = self.graphs.replay(plan, size)
-            result = sample(logits, self._sample_rows(sample_seqs), self._seen(sample_seqs, logits))
-        else:
-            hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device,
-                                 self.decode_workspace)
-            result = self._sample(hidden, plan.sample_rows, sample_seqs)
+            result = sample(logits, self._sample_rows(sample_seqs), *self._history(sample_seqs, logits))
+            by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids)}
+            return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
+        hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device,
+                             self.decode_workspace)
+        return self.outputs(plan, hidden, seqs)
+
+    def outputs(self, plan, hidden: torch.Tensor, seqs: Seq[Sequence]) -> StepOutput:
+        """The StepOutput of an eager step: its sampled rows' tokens, and the prompt
+        log-probabilities its chunks computed for the sequences that asked."""
+        sample_seqs = [seqs[i] for i in plan.sampled]
+        result = self._sample(hidden, plan.sample_rows, sample_seqs)
         by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids if result else [])}
-        return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
+        prompt = self._prompt_logprobs(hidden, plan, seqs) if _wants_prompt_logprobs(seqs) else {}
+        return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs, prompt)
 
     def _sample(self, hidden: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> SampleResult | None:
         if not rows:
             return None
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        return sample(logits, self._sample_rows(seqs), self._seen(seqs, logits))
+        return sample(logits, self._sample_rows(seqs), *self._history(seqs, logits))
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, plan, seqs: Seq[Sequence]) -> dict[int, PromptLogprobs]:
+        """Per sequence that asked, the log-probabilities of the prompt tokens its chunk's rows
+        predict (row at position p predicts prompt token p + 1), with its top alternatives."""
+        out = {}
+        for span, i in zip(plan.spans, plan.span_seqs):
+            seq, k = seqs[i], seqs[i].request.sampling.prompt_logprobs
+            first = span.ctx_len - span.q_len
+            last = min(span.ctx_len, seq.num_prompt - 1)
+            if k is None or last <= first:
+                continue
+            chosen: list[float] = []
+            top: list[dict[int, float] | None] = []
+            for lo in range(first, last, _PROMPT_LOGPROB_ROWS):
+                hi = min(last, lo + _PROMPT_LOGPROB_ROWS)
+                rows = torch.arange(span.q_start + lo - first, span.q_start + hi - first, device=self.device)
+                logp = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), dim=-1)
+                targets = torch.tensor(seq.token_ids[lo + 1 : hi + 1], device=self.device)
+                chosen += logp.gather(1, targets[:, None])[:, 0].tolist()
+                if k:
+                    values, ids = logp.topk(k, dim=-1)
+                    top += [dict(zip(r_ids, r_values)) for r_ids, r_values in zip(ids.tolist(), values.tolist())]
+                else:
+                    top += [None] * (hi - lo)
+            out[id(seq)] = PromptLogprobs(first + 1, chosen, top)
+        return out
 
     def _sample_rows(self, seqs: list[Sequence]) -> list[SampleRow]:
-        return [SampleRow(s.request.sampling, s.token_ids, s.generator) for s in seqs]
+        return [SampleRow(s.request.sampling, s.token_ids, s.generator,
+                          s.stop_ids if s.num_output < s.request.stopping.min_tokens else (), s.num_prompt)
+                for s in seqs]
 
-    def _seen(self, seqs: list[Sequence], logits: torch.Tensor, feed: LaunchedStep | None = None):
-        """The penalized rows' seen-token mask (``SeenTokens.mask``): each step adds only its
-        new tokens, so the host's work is O(rows), not O(the sequences' lengths)."""
-        return self.seen_tokens.mask(seqs, logits.shape[-1], logits.device, _newest_on_device(seqs, feed))
+    def _history(self, seqs: list[Sequence], logits: torch.Tensor, feed: LaunchedStep | None = None):
+        """(the repetition-penalized rows' seen-token mask, the presence/frequency-penalized
+        rows' output counts), each None when no row needs it (``SeenTokens`` / ``OutputCounts``):
+        each step adds only its new tokens, so the host's work is O(rows), not O(the
+        sequences' lengths)."""
+        vocab, device = logits.shape[-1], logits.device
+        newest = _newest_on_device(seqs, feed)
+        return (self.seen_tokens.mask(seqs, vocab, device, newest),
+                self.output_counts.mask(seqs, vocab, device, newest))
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -191,11 +251,20 @@ def _to_pinned(rows: list[SampleRow], wanted) -> LaunchedLogprobs | None:
     return LaunchedLogprobs(rows, *copies)
 
 
+def _wants_prompt_logprobs(seqs: Seq[Sequence]) -> bool:
+    """Whether a sequence of the step computes prompt rows whose log-probabilities it asked for."""
+    return any(s.request.sampling.prompt_logprobs is not None and s.num_computed < s.num_prompt - 1 for s in seqs)
+
+
+def _penalized(seq: Sequence) -> bool:
+    sampling = seq.request.sampling
+    return sampling.repetition_penalty != 1.0 or sampling.counts_output
+
+
 def _newest_on_device(seqs: list[Sequence], feed: LaunchedStep | None):
     """(rows, token ids on the device) of the penalized rows whose newest token is a
     placeholder: it is in ``feed.tokens`` (``_fed_rows`` found every placeholder there)."""
-    penalized = [i for i, s in enumerate(seqs)
-                 if s.request.sampling.repetition_penalty != 1.0 and s.token_ids and s.token_ids[-1] == PLACEHOLDER]
+    penalized = [i for i, s in enumerate(seqs) if _penalized(s) and s.token_ids and s.token_ids[-1] == PLACEHOLDER]
     if not penalized or feed is None:
         return None
     index = feed.index_of()

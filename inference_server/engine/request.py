@@ -13,6 +13,10 @@ MAX_STOP_CHARS = 256  # per stop string: matching runs on the engine's step thre
 GREEDY_BELOW = 1e-5  # temperatures under it choose greedily (SamplingParams.greedy)
 # repetition penalties a float32 logit can be divided or multiplied by without overflowing
 PENALTY_RANGE = (1e-6, 1e6)
+ADDITIVE_PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI bounds them
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # as OpenAI bounds it
+MAX_LOGIT_BIAS = 1024  # entries per request (each is host work per step)
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +29,14 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int | None = None
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # divides (or multiplies) the logits of every token seen, prompt included
+    presence_penalty: float = 0.0  # subtracted from the logit of every token generated so far
+    frequency_penalty: float = 0.0  # times each token's count in the output so far, subtracted
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one; 0 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), before everything else
     logprobs: bool = False  # return the chosen token's log-probability
     top_logprobs: int = 0  # and this many alternatives
+    prompt_logprobs: int | None = None  # the prompt tokens' log-probabilities, with this many alternatives
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -40,14 +49,43 @@ class SamplingParams:
         if not (math.isfinite(self.repetition_penalty) and lo <= self.repetition_penalty <= hi):
             raise InvalidRequestError(f"must be in [{lo:g}, {hi:g}] (1 = off), got {self.repetition_penalty}",
                                       "repetition_penalty")
-        if not (0 <= self.top_logprobs <= 20):
-            raise InvalidRequestError(f"must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
+        lo, hi = ADDITIVE_PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and lo <= value <= hi):
+                raise InvalidRequestError(f"must be in [{lo:g}, {hi:g}] (0 = off), got {value}", name)
+        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p <= 1.0):
+            raise InvalidRequestError(f"must be in [0, 1] (0 = off), got {self.min_p}", "min_p")
+        self._check_logit_bias()
+        if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}", "top_logprobs")
+        if self.prompt_logprobs is not None and not (0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
+                                      "prompt_logprobs")
         if self.seed is not None and not (0 <= self.seed < 2**63):
             raise InvalidRequestError(f"must be in [0, 2^63), got {self.seed}", "seed")
+
+    def _check_logit_bias(self) -> None:
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}", "logit_bias")
+        lo, hi = LOGIT_BIAS_RANGE
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise InvalidRequestError(f"token ids must be >= 0, got {token}", "logit_bias")
+            if not (math.isfinite(bias) and lo <= bias <= hi):
+                raise InvalidRequestError(f"biases must be in [{lo:g}, {hi:g}], got {bias} for token {token}",
+                                          "logit_bias")
+        if len({t for t, _ in self.logit_bias}) != len(self.logit_bias):
+            raise InvalidRequestError("a token id appears twice", "logit_bias")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def counts_output(self) -> bool:
+        """Whether the output tokens' counts matter (presence or frequency penalty)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +96,14 @@ class StoppingCriteria:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # before this many tokens, EOS and stop_token_ids are never chosen, stop strings never match
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise InvalidRequestError(f"must be >= 1, got {self.max_new_tokens}", "max_new_tokens")
+        if not (0 <= self.min_tokens <= self.max_new_tokens):
+            raise InvalidRequestError(f"must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens}",
+                                      "min_tokens")
         if any(not s for s in self.stop_strings):
             raise InvalidRequestError("stop strings must be non-empty", "stop_strings")
         if len(self.stop_strings) > 16:
@@ -82,6 +124,10 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stopping: StoppingCriteria = field(default_factory=StoppingCriteria)
     tenant: str | None = None
+    skip_special_tokens: bool = True  # special tokens (EOS, chat markers) add no text
+    # requests of one group share a prompt (``n`` choices of one prompt): the engine admits the
+    # others once one has computed it, so they take its KV blocks from the prefix cache
+    prompt_group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -128,3 +174,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     timings: Timings | None = None
+    # on the first event of a request that asked for them: per prompt token, its log-probability
+    # given the tokens before it (None for the first) and its top alternatives
+    prompt_logprobs: tuple[float | None, ...] | None = None
+    prompt_top_logprobs: tuple[dict[int, float] | None, ...] | None = None

@@ -1,9 +1,12 @@
 """Next-token choice for a batch of rows, each with its own sampling parameters.
 
-Order of processing, as in transformers' generate: repetition penalty, temperature,
-top-k, top-p, then a draw from the row's own generator (seeded requests reproduce).
-Greedy rows are one batched argmax. Log-probabilities are of the model's raw
-distribution (before penalties and temperature).
+Order of processing, as vLLM's: tokens a row may not choose yet (EOS and stop ids before
+``min_tokens``) and ``logit_bias``, then the repetition penalty (every token seen, prompt
+included), the presence and frequency penalties (the output's tokens and their counts), then
+temperature, min-p, top-k and top-p, then a draw from the row's own generator (seeded requests
+reproduce). Greedy rows are one batched argmax of the adjusted logits. Log-probabilities are
+of the model's raw distribution (before any of this). Nothing is read back to the host before
+the tokens: every per-row figure reaches the device through pinned memory (``to_device``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from loraplex.inference_server.engine.request import SamplingParams
 @dataclass(frozen=True, slots=True)
 class SampleRow:
     params: SamplingParams
-    seen_ids: Sequence[int]  # prompt + output so far, for the repetition penalty
+    seen_ids: Sequence[int]  # prompt + output so far, for the penalties
     generator: torch.Generator | None
+    banned: tuple[int, ...] = ()  # token ids this step may not choose (EOS and stop ids before min_tokens)
+    num_prompt: int = 0  # seen_ids[num_prompt:] is the output, which presence and frequency penalties count
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +36,12 @@ class SampleResult:
     top_logprobs: list[dict[int, float] | None]
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None) -> SampleResult:
-    """logits: [N, V] (any float dtype) for N rows -> one token id per row. ``seen``: as
-    ``apply_penalties`` takes it (the runner keeps it on the device: ``SeenTokens``)."""
+def sample(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None,
+           counts: torch.Tensor | None = None) -> SampleResult:
+    """logits: [N, V] (any float dtype) for N rows -> one token id per row. ``seen``, ``counts``:
+    as ``apply_penalties`` takes them (the runner keeps them on the device: ``TokenRows``)."""
     logits = logits.float()
-    tokens = choose(apply_penalties(logits, rows, seen), rows)
+    tokens = choose(apply_penalties(logits, rows, seen, counts), rows)
     wanted = logprobs_on_device(logits, tokens, rows)
     token_list = tokens.tolist()  # the step's read-back
     if wanted is None:
@@ -65,19 +71,66 @@ def to_device(values: list[int] | list[float], device: torch.device) -> torch.Te
     return host.to(device, non_blocking=True)
 
 
-def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None
-                    ) -> torch.Tensor:
-    """``logits`` (float32 [N, V]) with each row's repetition penalty applied to the tokens it
-    has seen (each token once, whatever its count). ``seen``: bool [N, V], the tokens each
-    penalized row has seen (``SeenTokens.mask``, kept on the device across steps); without it,
-    built from the rows' ``seen_ids`` (``seen_mask``). Nothing is read back to the host."""
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None,
+                    counts: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits`` (float32 [N, V]) adjusted by each row's banned tokens, logit bias and penalties
+    (a new tensor; ``logits`` itself, which log-probabilities read, is left as it is; returned
+    as it is when no row adjusts anything). ``seen``: bool [N, V], the tokens each
+    repetition-penalized row has seen (``TokenRows.seen``'s, kept on the device across steps);
+    ``counts``: int32 [N, V], each presence- or frequency-penalized row's output token counts
+    (``TokenRows.counts``'); each is built from the rows' ``seen_ids`` when not given. Nothing is
+    read back to the host."""
+    out = _biased(logits, rows)
     penalties = [r.params.repetition_penalty for r in rows]
-    if all(p == 1.0 for p in penalties):
+    if any(p != 1.0 for p in penalties):
+        if seen is None:
+            seen = seen_mask(rows, logits.shape[-1], logits.device)
+        penalty = to_device(penalties, logits.device)[:, None]
+        out = torch.where(seen, torch.where(out < 0, out * penalty, out / penalty), out)
+    if any(r.params.counts_output for r in rows):
+        if counts is None:
+            counts = output_counts(rows, logits.shape[-1], logits.device)
+        frequency = to_device([r.params.frequency_penalty for r in rows], logits.device)[:, None]
+        presence = to_device([r.params.presence_penalty for r in rows], logits.device)[:, None]
+        out = out - frequency * counts - presence * (counts > 0)
+    return out
+
+
+def _biased(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    """``logits`` plus each row's logit_bias, with its banned tokens at -inf (a copy when any
+    row has either; ``logits`` otherwise)."""
+    vocab = logits.shape[-1]
+    where: list[int] = []
+    bias: list[float] = []
+    banned: list[int] = []
+    for i, row in enumerate(rows):
+        for token, value in row.params.logit_bias:
+            where.append(i * vocab + token)
+            bias.append(value)
+        banned += [i * vocab + t for t in row.banned]
+    if not where and not banned:
         return logits
-    if seen is None:
-        seen = seen_mask(rows, logits.shape[-1], logits.device)
-    penalty = to_device(penalties, logits.device)[:, None]
-    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+    out = logits.clone()
+    flat = out.view(-1)
+    if where:
+        flat.index_add_(0, to_device(where, out.device), to_device(bias, out.device).float())
+    if banned:
+        flat.index_fill_(0, to_device(banned, out.device), float("-inf"))
+    return out
+
+
+def output_counts(rows: Sequence[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:
+    """int32 [N, vocab]: how often each token occurs in each counting row's output (its
+    ``seen_ids`` past ``num_prompt``; placeholders, -1, are not tokens), from scratch: for
+    callers that keep no ``TokenRows``."""
+    flat: list[int] = []
+    for i, row in enumerate(rows):
+        if row.params.counts_output:
+            flat += [i * vocab + t for t in row.seen_ids[row.num_prompt :] if t >= 0]
+    counts = torch.zeros(len(rows) * vocab, dtype=torch.int32, device=device)
+    if flat:
+        counts.index_add_(0, to_device(flat, device), torch.ones(len(flat), dtype=torch.int32, device=device))
+    return counts.view(len(rows), vocab)
 
 
 def seen_mask(rows: Sequence[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:
@@ -97,11 +150,14 @@ def seen_mask(rows: Sequence[SampleRow], vocab: int, device: torch.device) -> to
 
 def _draw(scores: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     """One token per row of ``scores`` (float32 [n, V]), each row with its own temperature,
-    top-k and top-p. The draw is the exponential race: argmax(p / q), q ~ Exp(1) from the
+    min-p, top-k and top-p. The draw is the exponential race: argmax(p / q), q ~ Exp(1) from the
     row's generator, picks token t with probability p_t; it is what torch.multinomial does for
     one sample, without multinomial's check of p, which reads a value back to the host."""
     device, vocab = scores.device, scores.shape[-1]
     scores = scores / to_device([r.params.temperature for r in rows], device)[:, None]
+    if any(r.params.min_p > 0 for r in rows):  # p < min_p * p_max  <=>  score < max score + log(min_p)
+        floor = to_device([math.log(r.params.min_p) if r.params.min_p > 0 else -math.inf for r in rows], device)
+        scores = scores.masked_fill(scores < scores.amax(dim=-1, keepdim=True) + floor[:, None], float("-inf"))
     top_k = [min(r.params.top_k, vocab) or vocab for r in rows]
     top_p = [r.params.top_p if r.params.top_p < 1.0 else math.inf for r in rows]
     if min(top_k) < vocab or min(top_p) < 1.0:

@@ -10,7 +10,9 @@ to be recomputed later (never dropped).
 A sequence admitted with nothing computed starts from the longest prompt prefix already in the
 KV cache for the same adapter version (prefix caching, engine/prefix_cache.py): only the rest
 of its prompt is computed. Each step's computed full prompt blocks are named for later prompts
-(``computed``).
+(``computed``). Requests of one prompt group (the ``n`` choices of one prompt) take turns: while
+one of them is computing the shared prompt, the next waits at the head of the queue, then starts
+from that prompt's cached blocks.
 """
 
 from __future__ import annotations
@@ -108,7 +110,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             fresh = seq.num_computed == 0 and not seq.block_table
-            if fresh:
+            if fresh and self._sibling_computing_prompt(seq):
+                break  # one step or a few: then its prompt's blocks are cached for it
+            if fresh and seq.reuses_prefix:
                 seq.num_computed = self.blocks.match_prefix(seq.block_table, self._digests(seq), seq.num_prompt)
             chunk = min(seq.num_pending, budget)
             if not self.blocks.can_grow(seq.block_table, seq.num_computed + chunk):
@@ -125,6 +129,14 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_tokens.append(chunk)
             budget -= chunk
+
+    def _sibling_computing_prompt(self, seq: Sequence) -> bool:
+        """Whether a running request of ``seq``'s prompt group is still computing that prompt
+        (only with prefix caching, which is how the others share it)."""
+        group = seq.request.prompt_group
+        if group is None or not self.blocks.prefix_caching or not seq.reuses_prefix:
+            return False
+        return any(s.request.prompt_group == group and s.num_computed < s.num_prompt for s in self.running)
 
     def computed(self, seq: Sequence) -> None:
         """``seq.num_computed`` grew: name its newly computed full prompt blocks for reuse."""

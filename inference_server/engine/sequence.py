@@ -40,12 +40,24 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     first_scheduled: float | None = None
     first_token: float | None = None
+    stop_ids: tuple[int, ...] = ()  # the tokens that end it (EOS unless ignored, stop ids): banned before min_tokens
+    # per prompt token, (its log-probability, its alternatives) once computed (prompt_logprobs asked)
+    prompt_logprobs: list[tuple[float, dict[int, float] | None] | None] | None = None
+    prompt_logprobs_sent: bool = False
 
     @classmethod
     def create(cls, request: GenerationRequest, adapter: Any, detok: IncrementalDetokenizer, generator: Any) -> "Sequence":
         seq = cls(request, adapter, detok, StopStringMatcher(request.stopping.stop_strings), generator)
         seq.token_ids = list(request.prompt_token_ids)
+        if request.sampling.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None] * len(request.prompt_token_ids)
         return seq
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether its prompt may start from cached KV blocks (not when the prompt's own
+        log-probabilities were asked for: every prompt row must be computed)."""
+        return self.request.sampling.prompt_logprobs is None
 
     @property
     def request_id(self) -> str:

@@ -49,6 +49,7 @@ class StepPlan:
     lora_rows: list[tuple[int, AdapterTables | None]]  # (rows, adapter) per sequence
     sample_rows: list[int]  # rows whose next token is sampled this step
     sampled: list[int]  # the sequences (indices in the scheduler's list) those rows belong to
+    span_seqs: list[int]  # per span, its sequence (index in the scheduler's list)
 
 
 def plan_step(seqs: Seq[Sequence], num_tokens: Seq[int], block_size: int) -> StepPlan:
@@ -72,7 +73,7 @@ def plan_step(seqs: Seq[Sequence], num_tokens: Seq[int], block_size: int) -> Ste
         if start + n == len(seq.token_ids):
             sample_rows.append(row - 1)
             sampled.append(i)
-    return StepPlan(ids, positions, spans, block_size, lora_rows, sample_rows, sampled)
+    return StepPlan(ids, positions, spans, block_size, lora_rows, sample_rows, sampled, order)
 
 
 def _slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:

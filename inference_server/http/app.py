@@ -48,7 +48,9 @@ class HttpOptions:
     def from_settings(cls, settings: Any) -> "HttpOptions":
         return cls(host=settings.host, port=settings.http_port,
                    routes=RouteConfig(default_max_new_tokens=settings.default_max_new_tokens,
-                                      max_body_bytes=settings.max_message_bytes))
+                                      max_body_bytes=settings.max_message_bytes,
+                                      max_upload_bytes=settings.max_upload_bytes,
+                                      runtime_lora_updating=settings.allow_runtime_lora_updating == "on"))
 
 
 class _Uvicorn(uvicorn.Server):

@@ -3,11 +3,14 @@
 The prompt, chat, max_new_tokens and token-id checks are server/convert.py's, called with
 OpenAI's parameter names; SamplingParams and StoppingCriteria validate the rest, and their
 field names are renamed to the parameter the caller sent (``stop_strings`` -> ``stop``,
-``max_new_tokens`` -> ``max_tokens``), so every 400 names a parameter of this API.
+``max_new_tokens`` -> ``max_tokens``), so every 400 names a parameter of this API. A request
+for ``n`` choices (or ``best_of``) is that many engine requests of one prompt group, which share
+the prompt's KV blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,7 +20,7 @@ from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestEr
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
-from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, ignored_fields
 from loraplex.inference_server.server import convert as edge
 from loraplex.inference_server.server.convert import RequestLimits
 
@@ -48,16 +51,33 @@ class ModelNames:
         return validate_adapter_id(model, "model")
 
 
+MAX_CHOICES = 16  # n and best_of: each choice is a request of its own in the engine
+
+
 @dataclass(frozen=True, slots=True)
 class DecodedRequest:
-    """A validated HTTP generation request: the engine request and how to answer it."""
+    """A validated HTTP generation request: the engine requests (one per choice; ``best_of`` of
+    them when it is larger than ``n``) and how to answer them."""
 
-    request: GenerationRequest
+    requests: tuple[GenerationRequest, ...]
     model: str  # echoed in every response, as the caller named it
     stream: bool
     include_usage: bool
     logprobs: bool
     top_logprobs: int
+    n: int = 1
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats
+    echo: str | None = None  # completions with echo: the prompt's text, put before each choice's
+    ignored: tuple[str, ...] = ()  # body fields this edge does not know (accepted, ignored)
+
+    @property
+    def request(self) -> GenerationRequest:
+        """The first choice's request (every choice has the same prompt and adapter)."""
+        return self.requests[0]
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.requests[0].prompt_token_ids
 
 
 def _renamed(build: Callable[[], T], names: Mapping[str, str]) -> T:
@@ -68,39 +88,54 @@ def _renamed(build: Callable[[], T], names: Mapping[str, str]) -> T:
         if exc.field not in names:
             raise
         message = str(exc).removeprefix(f"{exc.field}: ")
-        raise InvalidRequestError(message, names[exc.field]) from None
+        raise type(exc)(message, names[exc.field]) from None
 
 
 def _check_supported(body: _Sampling) -> None:
     """400 for parameters accepted by the API but not honoured here, rather than ignoring them."""
-    if body.n != 1:
-        raise InvalidRequestError(f"only n=1 is supported, got {body.n}", "n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name) != 0:
-            raise InvalidRequestError("is not supported (use repetition_penalty)", name)
-    if body.logit_bias:
-        raise InvalidRequestError("is not supported", "logit_bias")
+    if not 1 <= body.n <= MAX_CHOICES:
+        raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {body.n}", "n")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("is only allowed with stream=true", "stream_options")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise InvalidRequestError(f"type {body.response_format.type!r} is not supported yet (only 'text')",
+                                  "response_format.type")
 
 
-def _sampling(body: _Sampling, logprobs: bool, top_logprobs: int, top_logprobs_param: str) -> SamplingParams:
+def _logit_bias(body: _Sampling, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as (id, bias) pairs, ids checked against the vocabulary."""
+    out = []
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.isdigit():
+            raise InvalidRequestError(f"keys must be token ids, got {key!r}", "logit_bias")
+        out.append((int(key), bias))
+    edge.check_token_ids([t for t, _ in out], vocab_size, "logit_bias")
+    return tuple(out)
+
+
+def _sampling(body: _Sampling, limits: RequestLimits, logprobs: bool, top_logprobs: int, top_logprobs_param: str,
+              prompt_logprobs: int | None = None) -> SamplingParams:
     defaults = SamplingParams()
     top_k = body.top_k if body.top_k is not None and body.top_k != -1 else 0  # vLLM's -1 = off
     temperature = body.temperature if body.temperature is not None else OPENAI_DEFAULT_TEMPERATURE
+    logit_bias = _logit_bias(body, limits.vocab_size)
     return _renamed(lambda: SamplingParams(
         temperature=temperature, top_k=top_k, top_p=body.top_p if body.top_p is not None else defaults.top_p,
-        seed=body.seed,
+        min_p=body.min_p or 0.0, seed=body.seed,
         repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None
         else defaults.repetition_penalty,
-        logprobs=logprobs, top_logprobs=top_logprobs,
-    ), {"top_logprobs": top_logprobs_param})
+        presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=logit_bias, logprobs=logprobs, top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs,
+    ), {"top_logprobs": top_logprobs_param, "prompt_logprobs": top_logprobs_param})
 
 
-def _stopping(body: _Sampling, requested: int | None, max_param: str, limits: RequestLimits) -> StoppingCriteria:
-    max_new = edge.max_new_tokens_checked(requested, limits, max_param)
+def _stopping(body: _Sampling, requested: int | None, max_param: str, limits: RequestLimits,
+              prompt: tuple[int, ...], prompt_param: str) -> StoppingCriteria:
+    max_new = edge.fitted_max_new_tokens(requested, len(prompt), limits, max_param, prompt_param)
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return _renamed(lambda: StoppingCriteria(max_new_tokens=max_new, stop_strings=stops, ignore_eos=body.ignore_eos),
+    stop_ids = edge.check_token_ids(body.stop_token_ids or (), limits.vocab_size, "stop_token_ids")
+    return _renamed(lambda: StoppingCriteria(max_new_tokens=max_new, stop_strings=stops, stop_token_ids=stop_ids,
+                                             ignore_eos=body.ignore_eos, min_tokens=body.min_tokens),
                     {"max_new_tokens": max_param, "stop_strings": "stop"})
 
 
@@ -131,47 +166,80 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     return out
 
 
-def _request(body: _Sampling, prompt: tuple[int, ...], adapter: str | None, sampling: SamplingParams,
-             stopping: StoppingCriteria, logprobs: bool, top_logprobs: int) -> DecodedRequest:
-    request = GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter,
-                                sampling=sampling, stopping=stopping, tenant=edge.tenant_of(adapter))
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return DecodedRequest(request=request, model=body.model, stream=body.stream, include_usage=include_usage,
-                          logprobs=logprobs, top_logprobs=top_logprobs)
+def _choices(body: _Sampling, best_of: int | None) -> int:
+    """How many engine requests answer ``body``: n, or best_of when it is larger."""
+    if best_of is None:
+        return body.n
+    if not body.n <= best_of <= MAX_CHOICES:
+        raise InvalidRequestError(f"must be in [n={body.n}, {MAX_CHOICES}], got {best_of}", "best_of")
+    if best_of > body.n and body.stream:
+        raise InvalidRequestError("cannot be larger than n when streaming", "best_of")
+    return best_of
+
+
+def _requests(body: _Sampling, prompt: tuple[int, ...], adapter: str | None, sampling: SamplingParams,
+              stopping: StoppingCriteria, count: int) -> tuple[GenerationRequest, ...]:
+    """``count`` requests of one prompt: one prompt group (they share its KV blocks), each seeded
+    choice with its own seed (seed + its index, as vLLM does)."""
+    group = uuid.uuid4().hex if count > 1 else None
+    out = []
+    for i in range(count):
+        params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
+        out.append(GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter,
+                                     sampling=params, stopping=stopping, tenant=edge.tenant_of(adapter),
+                                     skip_special_tokens=body.skip_special_tokens, prompt_group=group))
+    return tuple(out)
+
+
+def _decoded(body: _Sampling, requests: tuple[GenerationRequest, ...], logprobs: bool, top_logprobs: int,
+             echo: str | None = None) -> DecodedRequest:
+    options = body.stream_options
+    return DecodedRequest(requests=requests, model=body.model, stream=body.stream,
+                          include_usage=options is not None and options.include_usage,
+                          logprobs=logprobs, top_logprobs=top_logprobs, n=body.n,
+                          continuous_usage=options is not None and options.continuous_usage_stats,
+                          echo=echo, ignored=tuple(ignored_fields(body)))
 
 
 def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limits: RequestLimits,
                        names: ModelNames) -> DecodedRequest:
     """Validate and tokenize a /v1/completions body (``logprobs`` = the alternatives per token)."""
     _check_supported(body)
-    if body.echo:
-        raise InvalidRequestError("is not supported", "echo")
-    if body.best_of not in (None, 1):
-        raise InvalidRequestError(f"only best_of=1 is supported, got {body.best_of}", "best_of")
     if body.suffix is not None:
         raise InvalidRequestError("is not supported", "suffix")
+    count = _choices(body, body.best_of)
     adapter = names.adapter_of(body.model)
     want_logprobs = body.logprobs is not None
-    sampling = _sampling(body, want_logprobs, body.logprobs or 0, "logprobs")
-    stopping = _stopping(body, body.max_tokens, "max_tokens", limits)
+    ranked = count > body.n  # best_of: the choices are ranked by their tokens' log-probabilities
+    prompt_logprobs = body.logprobs if body.echo and want_logprobs else None
+    sampling = _sampling(body, limits, want_logprobs or ranked, body.logprobs or 0, "logprobs", prompt_logprobs)
     prompt = _completion_prompt(body.prompt, tokenizer, limits)
-    return _request(body, prompt, adapter, sampling, stopping, want_logprobs, body.logprobs or 0)
+    stopping = _stopping(body, body.max_tokens, "max_tokens", limits, prompt, "prompt")
+    echo = None
+    if body.echo:
+        text = body.prompt if isinstance(body.prompt, str) else body.prompt[0] if body.prompt and isinstance(
+            body.prompt[0], str) else None
+        echo = text if text is not None else tokenizer.decode(list(prompt))
+    requests = _requests(body, prompt, adapter, sampling, stopping, count)
+    return _decoded(body, requests, want_logprobs, body.logprobs or 0, echo)
 
 
 def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits: RequestLimits,
                  names: ModelNames) -> DecodedRequest:
     """Validate a /v1/chat/completions body and apply the tokenizer's chat template."""
     _check_supported(body)
+    if body.tools and body.tool_choice != "none":
+        raise InvalidRequestError("tool calling is not supported yet (tool_choice 'none' is)", "tools")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("needs logprobs=true", "top_logprobs")
     adapter = names.adapter_of(body.model)
     top = body.top_logprobs or 0
-    sampling = _sampling(body, body.logprobs, top, "top_logprobs")
+    sampling = _sampling(body, limits, body.logprobs, top, "top_logprobs")
     requested, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
                         is not None else (body.max_tokens, "max_tokens"))
-    stopping = _stopping(body, requested, param, limits)
     messages = _chat_messages(body)
     edge.check_text_length("".join(m["content"] for m in messages), limits, "messages")
     ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages")
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
-    return _request(body, prompt, adapter, sampling, stopping, body.logprobs, top)
+    stopping = _stopping(body, requested, param, limits, prompt, "messages")
+    return _decoded(body, _requests(body, prompt, adapter, sampling, stopping, body.n), body.logprobs, top)

@@ -2,7 +2,8 @@
 
 The body is ``{"error": {"message", "type", "param", "code"}}``, what the openai clients
 parse: a 400 names the offending parameter in ``param`` (from InvalidRequestError's
-``field``), an unknown adapter is a 404 with ``param`` "model" (never a fallback to the base
+``field``; a prompt or a request past the context window has ``code`` context_length_exceeded,
+as OpenAI's), an unknown adapter is a 404 with ``param`` "model" (never a fallback to the base
 model), a full queue or quota a 429, not ready or draining a 503. The mapping follows the
 gRPC interceptor's (server/interceptor.py), status for status.
 """
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse
 
 from loraplex.adapter_store.errors import (
     AdapterNotFoundError,
+    ContextLengthExceededError,
     DataLossError,
     InvalidRequestError,
     PermissionDeniedError,
@@ -38,6 +40,7 @@ class HttpError(Exception):
 
 # (exception class, HTTP status, OpenAI error type, code); the first match wins
 _STATUSES: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
+    (ContextLengthExceededError, 400, "invalid_request_error", "context_length_exceeded"),
     (InvalidRequestError, 400, "invalid_request_error", None),
     (AdapterNotFoundError, 404, "invalid_request_error", "model_not_found"),
     (ResourceExhaustedError, 429, "rate_limit_error", "rate_limit_exceeded"),
@@ -99,8 +102,6 @@ def invalid_body(exc: ValidationError) -> InvalidRequestError:
     if kind == "json_invalid":
         return InvalidRequestError(f"the body is not valid JSON ({first['msg']})", None)
     param = _param_of(tuple(first["loc"]))
-    if kind == "extra_forbidden":
-        return InvalidRequestError("unknown or unsupported parameter", param)
     if kind == "missing":
         return InvalidRequestError("is required", param)
     if kind == "model_type" and param is None:

@@ -34,16 +34,26 @@ def _ranked(alternatives: dict[int, float]) -> list[tuple[int, float]]:
     return sorted(alternatives.items(), key=lambda kv: kv[1], reverse=True)
 
 
+def total_usage(usages: dict[int, Usage]) -> Usage:
+    """The usage of a request's choices together: its prompt once, every choice's tokens."""
+    prompt = next(iter(usages.values())).prompt_tokens
+    return Usage(prompt, sum(u.completion_tokens for u in usages.values()))
+
+
 @dataclass(slots=True)
 class _Format:
-    """What every response of one request shares."""
+    """What every response of one request shares, and the running counts of a stream
+    (``continuous_usage_stats`` reports them on every chunk)."""
 
     model: str
     decode: Decode
     logprobs: bool
+    prompt_tokens: int = 0
+    continuous_usage: bool = False
     prefix: str = "cmpl"
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    generated: int = 0  # tokens streamed so far, every choice's
 
     def __post_init__(self) -> None:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
@@ -51,57 +61,92 @@ class _Format:
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
+    def _chunk_envelope(self, kind: str, choice: dict, event: TokenEvent) -> dict:
+        self.generated += len(event.token_ids)
+        out = self._envelope(kind, [choice])
+        if self.continuous_usage:
+            out["usage"] = usage_json(Usage(self.prompt_tokens, self.generated))
+        return out
 
-@dataclass(slots=True)
-class CompletionFormat(_Format):
-    """/v1/completions: ``text`` per choice, logprobs as tokens / token_logprobs / top_logprobs /
-    text_offset."""
-
-    offset: int = 0  # characters of completion text before the next chunk
-
-    def _logprobs(self, event: TokenEvent) -> dict | None:
-        if not self.logprobs:
-            return None
-        tokens = [self.decode([t]) for t in event.token_ids]
-        offsets = []
-        for text in tokens:
-            offsets.append(self.offset)
-            self.offset += len(text)
-        top = None
-        if event.top_logprobs is not None:
-            top = [{self.decode([t]): lp for t, lp in _ranked(alts)} for alts in event.top_logprobs]
-        return {"tokens": tokens, "token_logprobs": list(event.logprobs or ()), "top_logprobs": top,
-                "text_offset": offsets}
-
-    def chunk(self, event: TokenEvent) -> dict:
-        choice = {"index": 0, "text": event.text, "logprobs": self._logprobs(event), "finish_reason": _finish(event)}
-        return self._envelope("text_completion", [choice])
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        return {**self._envelope("text_completion", []), "usage": usage_json(usage)}
-
-    def response(self, events: list[TokenEvent]) -> dict:
-        """The whole answer of a non-streaming request."""
-        parts = [self._logprobs(e) for e in events]
-        logprobs = None
-        if self.logprobs:
-            logprobs = {key: [x for p in parts for x in (p[key] or ())] for key in
-                        ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-        choice = {"index": 0, "text": "".join(e.text for e in events), "logprobs": logprobs,
-                  "finish_reason": _finish(events[-1])}
-        out = self._envelope("text_completion", [choice])
-        if events[-1].usage is not None:
-            out["usage"] = usage_json(events[-1].usage)
+    def _whole(self, kind: str, choices: list[dict], usages: dict[int, Usage]) -> dict:
+        out = self._envelope(kind, choices)
+        if usages:
+            out["usage"] = usage_json(total_usage(usages))
         return out
 
 
 @dataclass(slots=True)
+class CompletionFormat(_Format):
+    """/v1/completions: ``text`` per choice, logprobs as tokens / token_logprobs / top_logprobs /
+    text_offset; with ``echo`` (the prompt's text) each choice starts with the prompt, and its
+    logprobs with the prompt tokens' (the first token's are null, as OpenAI's)."""
+
+    echo: str | None = None
+    prompt_ids: tuple[int, ...] = ()  # with echo and logprobs: the prompt's tokens, named in the logprobs
+    offsets: dict[int, int] = field(default_factory=dict)  # per choice: characters before its next chunk
+    echoed: set[int] = field(default_factory=set)  # the choices whose prompt went out
+
+    def _logprobs(self, index: int, event: TokenEvent) -> dict | None:
+        if not self.logprobs:
+            return None
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if event.prompt_logprobs is not None and self.echo is not None:
+            self._append(out, index, self.prompt_ids, event.prompt_logprobs, event.prompt_top_logprobs)
+        self._append(out, index, event.token_ids, event.logprobs or (), event.top_logprobs)
+        return out
+
+    def _append(self, out: dict, index: int, ids: tuple[int, ...], logprobs, tops) -> None:
+        """Add tokens ``ids`` with their log-probabilities and alternatives (where known)."""
+        for i, token in enumerate(ids):
+            text = self.decode([token])
+            top = tops[i] if tops is not None and i < len(tops) else None
+            out["tokens"].append(text)
+            out["token_logprobs"].append(logprobs[i] if i < len(logprobs) else None)
+            out["top_logprobs"].append(None if top is None else {self.decode([t]): v for t, v in _ranked(top)})
+            out["text_offset"].append(self.offsets.get(index, 0))
+            self.offsets[index] = self.offsets.get(index, 0) + len(text)
+
+    def _text(self, index: int, event: TokenEvent) -> str:
+        if self.echo is None or index in self.echoed:
+            return event.text
+        self.echoed.add(index)
+        if not self.logprobs:
+            self.offsets[index] = len(self.echo)
+        return self.echo + event.text
+
+    def chunk(self, event: TokenEvent, index: int = 0) -> dict:
+        text = self._text(index, event)
+        choice = {"index": index, "text": text, "logprobs": self._logprobs(index, event),
+                  "finish_reason": _finish(event)}
+        return self._chunk_envelope("text_completion", choice, event)
+
+    def usage_chunk(self, usage: Usage) -> dict:
+        return {**self._envelope("text_completion", []), "usage": usage_json(usage)}
+
+    def response(self, choices: list[list[TokenEvent]]) -> dict:
+        """The whole answer of a non-streaming request: one list of events per choice."""
+        out, usages = [], {}
+        for index, events in enumerate(choices):
+            parts = [self._logprobs(index, e) for e in events]
+            logprobs = None
+            if self.logprobs:
+                logprobs = {key: [x for p in parts for x in p[key]] for key in
+                            ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+            text = self._text(index, events[0]) + "".join(e.text for e in events[1:])
+            out.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": _finish(events[-1])})
+            if events[-1].usage is not None:
+                usages[index] = events[-1].usage
+        return self._whole("text_completion", out, usages)
+
+
+@dataclass(slots=True)
 class ChatFormat(_Format):
-    """/v1/chat/completions: ``delta`` chunks (the first names the role) or one ``message``;
-    logprobs as ``content`` entries of token, logprob, bytes and top_logprobs."""
+    """/v1/chat/completions: ``delta`` chunks (a choice's first names the role) or one
+    ``message`` per choice; logprobs as ``content`` entries of token, logprob, bytes and
+    top_logprobs."""
 
     prefix: str = "chatcmpl"
-    started: bool = False
+    started: set[int] = field(default_factory=set)
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         text = self.decode([token_id])
@@ -115,24 +160,35 @@ class ChatFormat(_Format):
             out.append({**self._entry(token_id, logprob), "top_logprobs": top})
         return out
 
-    def chunk(self, event: TokenEvent) -> dict:
+    def chunk(self, event: TokenEvent, index: int = 0) -> dict:
         delta = {"content": event.text}
-        if not self.started:
+        if index not in self.started:
             delta = {"role": "assistant", **delta}
-            self.started = True
+            self.started.add(index)
         logprobs = {"content": self._content(event)} if self.logprobs else None
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": _finish(event)}
-        return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": _finish(event)}
+        return self._chunk_envelope("chat.completion.chunk", choice, event)
 
     def usage_chunk(self, usage: Usage) -> dict:
         return {**self._envelope("chat.completion.chunk", []), "usage": usage_json(usage)}
 
-    def response(self, events: list[TokenEvent]) -> dict:
-        """The whole answer of a non-streaming request."""
-        logprobs = {"content": [c for e in events for c in self._content(e)]} if self.logprobs else None
-        message = {"role": "assistant", "content": "".join(e.text for e in events)}
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": _finish(events[-1])}
-        out = self._envelope("chat.completion", [choice])
-        if events[-1].usage is not None:
-            out["usage"] = usage_json(events[-1].usage)
-        return out
+    def response(self, choices: list[list[TokenEvent]]) -> dict:
+        """The whole answer of a non-streaming request: one list of events per choice."""
+        out, usages = [], {}
+        for index, events in enumerate(choices):
+            logprobs = {"content": [c for e in events for c in self._content(e)]} if self.logprobs else None
+            message = {"role": "assistant", "content": "".join(e.text for e in events)}
+            out.append({"index": index, "message": message, "logprobs": logprobs,
+                        "finish_reason": _finish(events[-1])})
+            if events[-1].usage is not None:
+                usages[index] = events[-1].usage
+        return self._whole("chat.completion", out, usages)
+
+
+def best_of(choices: list[list[TokenEvent]], n: int) -> list[list[TokenEvent]]:
+    """The ``n`` choices whose tokens are likeliest together (the sum of their log-probabilities),
+    in their original order: what ``best_of`` keeps."""
+    def score(events: list[TokenEvent]) -> float:
+        return sum(lp for e in events for lp in (e.logprobs or ()))
+    keep = sorted(sorted(range(len(choices)), key=lambda i: score(choices[i]), reverse=True)[:n])
+    return [choices[i] for i in keep]

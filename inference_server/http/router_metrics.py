@@ -5,13 +5,22 @@ server's queue (``vllm:num_requests_waiting``, ``vllm:num_requests_running``), i
 use (``vllm:kv_cache_usage_perc``, and the older ``vllm:gpu_cache_usage_perc``) and which
 adapters it serves (``vllm:lora_requests_info``: labels ``running_lora_adapters`` and
 ``waiting_lora_adapters``, comma-separated, and ``max_lora``; the value is the time of the
-scrape, as vLLM sets it). They are read from the engine at scrape time, like loraplex's own
-gauges, and cover requests from both edges. With tenants, adapter names follow
-ServerMetrics.adapter_label (``acme/*``): the metrics endpoint has no authentication.
+scrape, as vLLM sets it). ``max_lora`` is how many distinct adapters of the served rank the
+device pool holds at once (engine/lora_capacity.py), which is what the routers' "room for one
+more adapter" rule compares the running and waiting adapters with. ``waiting`` includes the
+adapters of requests waiting for pool space. Residency, for llm-d's residency scorer until
+vLLM settles its names: ``loraplex:lora_resident{adapter, tier}`` = 1 for each adapter in the
+device pool (``gpu``), the pinned host tier (``host``) and the adapter source (``store``: every
+adapter listed, read in the background at most every STORE_LIST_INTERVAL_S, never on the
+scrape). They are read at scrape time, like loraplex's own gauges, and cover requests from both
+edges. With tenants, adapter names follow ServerMetrics.adapter_label (``acme/*``): the metrics
+endpoint has no authentication.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,6 +33,32 @@ from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.state import ServingState
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STORE_LIST_INTERVAL_S = 5.0  # the store tier of the residency gauge is at most this old
+log = logging.getLogger(__name__)
+
+
+class _StoreListing:
+    """The adapter ids the engine's source lists, refreshed in a background thread when older
+    than STORE_LIST_INTERVAL_S (a scrape never waits for the store)."""
+
+    def __init__(self) -> None:
+        self._ids: tuple[str, ...] = ()
+        self._at = -STORE_LIST_INTERVAL_S
+        self._busy = threading.Lock()
+
+    def ids(self, engine: ServingEngine) -> tuple[str, ...]:
+        if time.monotonic() - self._at >= STORE_LIST_INTERVAL_S and self._busy.acquire(blocking=False):
+            threading.Thread(target=self._refresh, args=(engine,), name="metrics-store-list", daemon=True).start()
+        return self._ids
+
+    def _refresh(self, engine: ServingEngine) -> None:
+        try:
+            self._ids = tuple(sorted(i.adapter_id for i in engine.adapters.list()))
+        except Exception as exc:  # noqa: BLE001  (the store may be down: keep the last listing)
+            log.warning("metrics: cannot list the adapter store: %s", exc)
+        finally:
+            self._at = time.monotonic()
+            self._busy.release()
 
 
 class RouterCollector(Collector):
@@ -34,6 +69,7 @@ class RouterCollector(Collector):
         self._state = state
         self._metrics = metrics
         self._model_name = model_name
+        self._store = _StoreListing()
 
     def _gauge(self, name: str, doc: str, model: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["model_name"])
@@ -52,6 +88,7 @@ class RouterCollector(Collector):
         yield self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = full)", model, usage)
         yield self._gauge("vllm:gpu_cache_usage_perc", "KV cache usage (1 = full; the older name)", model, usage)
         yield self._lora_info(engine, stats)
+        yield self._residency(engine)
 
     def _lora_info(self, engine: ServingEngine | None, stats: object) -> GaugeMetricFamily:
         family = GaugeMetricFamily("vllm:lora_requests_info", "Adapters with running and waiting requests",
@@ -61,8 +98,23 @@ class RouterCollector(Collector):
         label = self._metrics.adapter_label
         running = ",".join(sorted({label(a) for a in stats.running_adapters}))
         waiting = ",".join(sorted({label(a) for a in stats.waiting_adapters}))
-        # every request of a batch may use its own adapter: the batch size bounds the adapters in one step
-        family.add_metric([running, waiting, str(engine.info.max_batch_size)], time.time())
+        family.add_metric([running, waiting, str(stats.max_lora)], time.time())
+        return family
+
+    def _residency(self, engine: ServingEngine | None) -> GaugeMetricFamily:
+        family = GaugeMetricFamily("loraplex:lora_resident", "1 for each adapter held in a tier: gpu (the device "
+                                   "pool), host (the pinned host tier), store (the adapter source)",
+                                   labels=["adapter", "tier"])
+        if engine is None:
+            return family
+        label = self._metrics.adapter_label
+        held = engine.adapters.residency()
+        tiers = {"gpu": {label(a) for a, (gpu, _) in held.items() if gpu},
+                 "host": {label(a) for a, (_, host) in held.items() if host},
+                 "store": {label(a) for a in self._store.ids(engine)}}
+        for tier, adapters in tiers.items():
+            for adapter in sorted(adapters):
+                family.add_metric([adapter, tier], 1.0)
         return family
 
 

@@ -8,6 +8,7 @@ streaming.py's; admission, tenants, metrics and aborts are the gRPC edge's own
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -17,11 +18,12 @@ from typing import Any, TypeVar
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from loraplex.adapter_store.errors import AdapterNotFoundError
 from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.engine.api import ServingEngine
@@ -30,17 +32,22 @@ from loraplex.inference_server.http import convert
 from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
-from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat
+from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
-from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.inference_server.http.lora_loading import lora_files
+from loraplex.inference_server.http.schemas import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
+                                                    UnloadLoraRequest)
 from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
 from loraplex.inference_server.server.convert import RequestLimits
-from loraplex.inference_server.server.generation import generation
+from loraplex.inference_server.server.auth_interceptor import principal_of
+from loraplex.inference_server.server.generation import generation, interleaved
 from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.state import ServingState
 from loraplex.inference_server.server.tenancy import Tenancy
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+IGNORED_FIELDS_HEADER = "X-Loraplex-Ignored-Fields"
 
 _INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
 Handler = Callable[[Request], Awaitable[Response]]
@@ -52,9 +59,11 @@ class RouteConfig:
 
     default_max_new_tokens: int = 256
     max_body_bytes: int = 8 * 1024 * 1024
+    max_upload_bytes: int = 512 * 1024 * 1024  # an adapter loaded by /v1/load_lora_adapter, all files
+    runtime_lora_updating: bool = False  # serve /v1/load_lora_adapter and /v1/unload_lora_adapter
 
     def __post_init__(self) -> None:
-        for name in ("default_max_new_tokens", "max_body_bytes"):
+        for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -78,6 +87,9 @@ class OpenAIRoutes:
             ("/v1/models", self.models, "GET"), ("/v1/models/{model:path}", self.model, "GET"),
             ("/health", self.health, "GET"), ("/metrics", self.prometheus, "GET"),
         ]
+        if self._config.runtime_lora_updating:  # off: 404, as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            table += [("/v1/load_lora_adapter", self.load_lora, "POST"),
+                      ("/v1/unload_lora_adapter", self.unload_lora, "POST")]
         return [Route(path, self._counted(path, handler), methods=[method]) for path, handler, method in table]
 
     def _counted(self, route: str, handler: Handler) -> Handler:
@@ -116,22 +128,68 @@ class OpenAIRoutes:
         heavy = isinstance(body, ChatCompletionRequest) or (
             isinstance(body, CompletionRequest) and len(str(body.prompt)) > _INLINE_TOKENIZE_CHARS)
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
-        fmt = fmt_type(model=decoded.model, decode=engine.tokenizer.decode, logprobs=decoded.logprobs)
-        events = generation(self._state, self._metrics, self._tenancy, caller, engine, decoded.request)
-        first = await _unless_disconnected(request, _first(events))
-        if first is None:
-            await events.aclose()  # type: ignore[attr-defined]  (also if the wait never started)
+        headers = _ignored_header(request, decoded.ignored)
+        fmt = _format(fmt_type, decoded, engine.tokenizer.decode)
+        streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
+        firsts = await _unless_disconnected(request, _firsts(streams))
+        if firsts is None:
+            await _close_all(streams)  # also if the wait never started
             return Response(status_code=499)  # the client left before its first token
+        events = interleaved(streams, firsts)
         if decoded.stream:
-            return EventStreamResponse(sse_events(first, events, fmt, decoded.include_usage))
-        answer = await _unless_disconnected(request, _collect(first, events))
+            return EventStreamResponse(sse_events(events, fmt, decoded.include_usage), headers)
+        answer = await _unless_disconnected(request, _collect(events, len(streams)))
         if answer is None:
-            await events.aclose()  # type: ignore[attr-defined]  (also if the collection never started)
+            await _close_all(streams)  # also if the collection never started
             return Response(status_code=499)  # the client left; nobody reads this
-        if answer[-1].finish_reason is FinishReason.ERROR:
+        if any(events[-1].finish_reason is FinishReason.ERROR for events in answer):
             return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
                                            None, "internal_error"), status_code=500)
-        return JSONResponse(fmt.response(answer))
+        if len(answer) > decoded.n:
+            answer = best_of(answer, decoded.n)
+        return JSONResponse(fmt.response(answer), headers=headers)
+
+    # -- runtime LoRA loading (vLLM's endpoints) --------------------------------------------
+    async def load_lora(self, request: Request) -> Response:
+        """Store ``lora_path``'s adapter as ``lora_name`` (validated as an upload is) and load it
+        into the device pool; ``lora_path`` naming ``lora_name`` itself only loads it."""
+        caller = self._caller(request)
+        body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes)
+        name = validate_adapter_id(body.lora_name, "lora_name")
+        async with self._state.work() as engine:
+            try:
+                self._tenancy.check_write(caller, name, "upload")
+                adapters = self._tenancy.adapters_for(caller, engine)
+                principal = principal_of(caller)
+                found = await asyncio.to_thread(lora_files, body.lora_path, adapters,
+                                                principal is None or principal.is_admin, self._config.max_upload_bytes)
+                if found != name:
+                    files = await asyncio.to_thread(adapters.files, found) if isinstance(found, str) else found
+                    async with self._tenancy.quota_held(name):
+                        await self._tenancy.check_upload_quota(caller, engine, name, dict(files))
+                        await asyncio.to_thread(adapters.put, name, files, False)
+                await asyncio.to_thread(adapters.load, name)
+            except Exception as exc:
+                self._tenancy.audit(caller, "upload", name, exc)
+                raise
+            self._tenancy.audit(caller, "upload", name, None)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: Request) -> Response:
+        """Stop serving ``lora_name``: deleted from the store and the listing, dropped from the
+        pool (its bytes freed once the requests still running on it end)."""
+        caller = self._caller(request)
+        body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes)
+        name = validate_adapter_id(body.lora_name, "lora_name")
+        async with self._state.work() as engine:
+            try:
+                self._tenancy.check_write(caller, name, "delete")
+                await asyncio.to_thread(self._tenancy.adapters_for(caller, engine).delete, name)
+            except Exception as exc:
+                self._tenancy.audit(caller, "delete", name, exc)
+                raise
+            self._tenancy.audit(caller, "delete", name, None)
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     # -- models, health, metrics -----------------------------------------------------------
     async def _cards(self, request: Request) -> list[dict[str, Any]]:
@@ -171,6 +229,25 @@ def _adapter_card(info: AdapterInfo, base: str) -> dict[str, Any]:
             "owned_by": policy.adapter_owner(info.adapter_id) or "shared", "root": info.adapter_id, "parent": base}
 
 
+def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: convert.DecodedRequest, decode
+            ) -> CompletionFormat | ChatFormat:
+    common = dict(model=decoded.model, decode=decode, logprobs=decoded.logprobs,
+                  prompt_tokens=len(decoded.prompt_ids), continuous_usage=decoded.continuous_usage)
+    if fmt_type is CompletionFormat:
+        return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompt_ids)
+    return fmt_type(**common)
+
+
+def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str]:
+    """Fields the body held that this edge does not know: logged (as vLLM logs them) and named
+    in the response's X-Loraplex-Ignored-Fields header."""
+    if not ignored:
+        return {}
+    log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
+                ", ".join(ignored))
+    return {IGNORED_FIELDS_HEADER: ",".join(ignored)}
+
+
 async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
     """The stream's first event (refusals raise here, before any header is sent)."""
     try:
@@ -180,9 +257,28 @@ async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
         raise
 
 
-async def _collect(first: TokenEvent, events: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
+async def _firsts(streams: list[AsyncIterator[TokenEvent]]) -> list[TokenEvent]:
+    """Every stream's first event; the first refusal is raised, with every stream closed."""
+    results = await asyncio.gather(*(_first(s) for s in streams), return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        await _close_all(streams)
+        raise failed
+    return list(results)  # type: ignore[arg-type]
+
+
+async def _close_all(streams: list[AsyncIterator[TokenEvent]]) -> None:
+    for stream in streams:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _collect(events: AsyncIterator[tuple[int, TokenEvent]], n: int) -> list[list[TokenEvent]]:
+    """Each choice's events, in order."""
+    out: list[list[TokenEvent]] = [[] for _ in range(n)]
     async with aclosing(events):  # type: ignore[type-var]
-        return [first] + [event async for event in events]
+        async for index, event in events:
+            out[index].append(event)
+    return out
 
 
 async def _disconnected(request: Request) -> None:

@@ -1,25 +1,35 @@
 """The request bodies of the OpenAI-compatible endpoints, as pydantic models.
 
-Unknown fields are refused (``extra="forbid"``): a misspelt or unsupported parameter is a 400
-naming it, never silently ignored. Parameters loraplex accepts but cannot honour yet (``n`` > 1,
-penalties other than 0, ``echo``, ``best_of`` > 1, a non-empty ``logit_bias``) are checked in
-convert.py, which names them too. Beyond OpenAI's parameters, ``top_k``,
-``repetition_penalty`` and ``ignore_eos`` are accepted as vLLM accepts them.
+Fields the edge does not know are accepted and ignored, as vLLM does: ``ignored_fields`` names
+them, and the route logs them and names them in the ``X-Loraplex-Ignored-Fields`` response
+header, so a misspelt parameter is visible without failing the request. A known field with a
+bad value is a 400 naming it (``strict``: no silent coercion of types). Parameters accepted
+only in some forms (``response_format`` other than text, ``tools``, ``suffix``) are checked in
+convert.py, which names them. Beyond OpenAI's parameters, vLLM's sampling extensions are
+accepted as vLLM accepts them: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, and
+``stream_options.continuous_usage_stats``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage (so far) on every chunk
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class _Sampling(_Body):
@@ -30,17 +40,22 @@ class _Sampling(_Body):
     temperature: float | None = None  # None: OpenAI's default, 1.0
     top_p: float | None = None
     top_k: int | None = None  # vLLM extra; -1 or 0 = off
+    min_p: float | None = None  # vLLM extra; 0 = off
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM extra
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM extra
-    ignore_eos: bool = False  # vLLM extra
     logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False  # vLLM extra
+    min_tokens: int = 0  # vLLM extra
+    skip_special_tokens: bool = True  # vLLM extra
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -71,3 +86,35 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:
+    """The fields of ``body`` (and of the bodies it holds) that no model declares, as parameter
+    paths (``stream_options.foo``, ``messages[0].bar``), sorted."""
+    out = [f"{prefix}{name}" for name in (body.model_extra or {})]
+    for name in type(body).model_fields:
+        value = getattr(body, name)
+        if isinstance(value, BaseModel):
+            out += ignored_fields(value, f"{prefix}{name}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    out += ignored_fields(item, f"{prefix}{name}[{i}].")
+    return sorted(out)
+
+
+class LoadLoraRequest(_Body):
+    """POST /v1/load_lora_adapter (vLLM's): serve ``lora_path``'s adapter as ``lora_name``."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraRequest(_Body):
+    """POST /v1/unload_lora_adapter (vLLM's): stop serving ``lora_name`` (``lora_int_id`` is vLLM's
+    own numbering, accepted and ignored)."""
+
+    lora_name: str
+    lora_int_id: int | None = None

@@ -19,12 +19,13 @@ from starlette.types import Receive, Scope, Send
 from loraplex.adapter_store.errors import LoraplexError
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
 from loraplex.inference_server.http.errors import error_body, error_for
+from loraplex.inference_server.http.responses import total_usage
 
 DONE = b"data: [DONE]\n\n"
 
 
 class ChunkFormat(Protocol):
-    def chunk(self, event: TokenEvent) -> dict: ...
+    def chunk(self, event: TokenEvent, index: int = 0) -> dict: ...
 
     def usage_chunk(self, usage: Usage) -> dict: ...
 
@@ -34,26 +35,26 @@ def sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-async def sse_events(first: TokenEvent, events: AsyncIterator[TokenEvent], fmt: ChunkFormat,
+async def sse_events(events: AsyncIterator[tuple[int, TokenEvent]], fmt: ChunkFormat,
                      include_usage: bool) -> AsyncIterator[bytes]:
-    """The stream's bytes: ``first`` (already received), then the rest of ``events``, the usage
-    chunk when asked for (``stream_options.include_usage``), then [DONE]."""
-    usage = None
-    async with aclosing(events):
+    """The stream's bytes: each (choice index, event) of ``events`` as a chunk, the usage chunk
+    when asked for (``stream_options.include_usage``: every choice's tokens, the prompt once),
+    then [DONE]."""
+    usages: dict[int, Usage] = {}
+    async with aclosing(events):  # type: ignore[type-var]
         try:
-            event: TokenEvent | None = first
-            while event is not None:
+            async for index, event in events:
                 if event.finish_reason is FinishReason.ERROR:
                     yield sse(error_body("the engine failed this request; see the server log", "server_error",
                                          None, "internal_error"))
                     break
-                yield sse(fmt.chunk(event))
-                usage = event.usage or usage
-                event = await anext(events, None)
+                yield sse(fmt.chunk(event, index))
+                if event.usage is not None:
+                    usages[index] = event.usage
         except (LoraplexError, TimeoutError) as exc:
             yield sse(error_for(exc)[1])
-    if include_usage and usage is not None:
-        yield sse(fmt.usage_chunk(usage))
+    if include_usage and usages:
+        yield sse(fmt.usage_chunk(total_usage(usages)))
     yield DONE
 
 
@@ -64,8 +65,8 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncGenerator[bytes, None]) -> None:
-        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, content: AsyncGenerator[bytes, None], headers: dict[str, str] | None = None) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self._content = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -65,6 +65,14 @@ class ManagedAdapters:
     def resident_ids(self) -> list[str]:
         return self._manager.resident_ids()
 
+    def files(self, adapter_id: str) -> Mapping[str, bytes]:
+        """A stored adapter's files, as uploaded."""
+        return self.resolve(adapter_id).files
+
+    def load(self, adapter_id: str) -> None:
+        """Bring it into the device pool now (it stays there, LRU, until evicted or deleted)."""
+        self._manager.release(self._manager.acquire(validate_adapter_id(adapter_id)))
+
     def residency(self) -> dict[str, tuple[bool, bool]]:
         """{adapter id: (in the device pool, in the host tier)} for every held adapter."""
         device = set(self._manager.resident_ids())

@@ -27,6 +27,8 @@ class ParallelModelRunner(ModelRunner):
     """ModelRunner of rank 0 in a tensor-parallel group (``workers``: the other ranks' processes,
     None for world size 1)."""
 
+    prompt_logprobs = False  # the workers make logits for the sampled rows only
+
     def __init__(
         self, model: TensorParallelLM, blocks: BlockManager, manager: ParallelAdapterPool, max_num_seqs: int,
         max_num_batched_tokens: int, workers=None,
@@ -47,10 +49,7 @@ class ParallelModelRunner(ModelRunner):
         for load in loads:
             self._send_shards(load)
         hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device)
-        sample_seqs = [seqs[i] for i in plan.sampled]
-        result = self._sample(hidden, plan.sample_rows, sample_seqs)
-        by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids if result else [])}
-        return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
+        return self.outputs(plan, hidden, seqs)
 
     def _send_shards(self, load: ShardLoad) -> None:
         own = torch.empty(load.numel, dtype=load.shards.dtype)

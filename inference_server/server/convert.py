@@ -10,6 +10,8 @@ name it in the INVALID_ARGUMENT status.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.errors import ContextLengthExceededError, InvalidRequestError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.engine.api import PromptTokenizer
@@ -32,6 +34,7 @@ from loraplex.inference_server.engine.request import (
 from loraplex.v1 import inference_pb2 as pb
 
 MAX_REQUEST_ID_LEN = 128
+MAX_CHOICES = 16  # GenerateRequest.n: each choice is a request of its own in the engine
 T = TypeVar("T")
 
 FINISH_REASON_TO_PB = {
@@ -70,10 +73,16 @@ class RequestLimits:
 
 @dataclass(frozen=True, slots=True)
 class EdgeRequest:
-    """A decoded Generate call: the engine request and the id echoed to the client."""
+    """A decoded Generate call: the engine requests (one per choice, ``n``) and the id echoed
+    to the client."""
 
-    request: GenerationRequest
+    requests: tuple[GenerationRequest, ...]
     client_request_id: str
+
+    @property
+    def request(self) -> GenerationRequest:
+        """The first choice's request."""
+        return self.requests[0]
 
 
 def _refield(prefix: str, build: Callable[[], T]) -> T:
@@ -135,7 +144,7 @@ def check_text_length(text: str, limits: RequestLimits, field: str) -> None:
     it: megabytes of text cost the tokenizer seconds of CPU and hundreds of MiB. For a chat,
     ``text`` is its messages' contents, all of which its template's text holds."""
     if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:
-        raise InvalidRequestError(
+        raise ContextLengthExceededError(
             f"the prompt has {len(text)} characters; at most {limits.max_prompt_chars} can fit the context "
             f"window of {limits.max_context_len} tokens with this model's tokenizer",
             field,
@@ -147,7 +156,7 @@ def check_prompt_ids(ids: tuple[int, ...], limits: RequestLimits, field: str) ->
     if not ids:
         raise InvalidRequestError("the prompt has no tokens", field)
     if len(ids) >= limits.max_context_len:
-        raise InvalidRequestError(
+        raise ContextLengthExceededError(
             f"the prompt has {len(ids)} tokens; the context window is {limits.max_context_len} "
             "(prompt + generated tokens)",
             field,
@@ -181,30 +190,41 @@ def chat_prompt_ids(messages: list[dict[str, str]], tokenizer: PromptTokenizer, 
         raise InvalidRequestError(str(exc), template_field) from None
 
 
-def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
-    """SamplingParams; unset optional fields keep the domain defaults."""
+def sampling_from_pb(msg: pb.SamplingParams, vocab_size: int | None = None) -> SamplingParams:
+    """SamplingParams; unset optional fields keep the domain defaults. ``vocab_size``: the
+    bound of logit_bias's token ids (None: unchecked here, the engine's check)."""
     defaults = SamplingParams()
+    bias = tuple(sorted(msg.logit_bias.items()))
+    if vocab_size is not None:
+        check_token_ids([t for t, _ in bias], vocab_size, "sampling.logit_bias")
     return _refield("sampling", lambda: SamplingParams(
         temperature=msg.temperature,
         top_k=msg.top_k,
         top_p=msg.top_p if msg.HasField("top_p") else defaults.top_p,
         seed=msg.seed if msg.HasField("seed") else None,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else defaults.repetition_penalty,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        min_p=msg.min_p,
+        logit_bias=bias,
         logprobs=msg.logprobs or msg.top_logprobs > 0,
         top_logprobs=msg.top_logprobs,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     ))
 
 
-def stopping_from_pb(msg: pb.StoppingCriteria, limits: RequestLimits) -> StoppingCriteria:
-    """StoppingCriteria; max_new_tokens defaults to the server's default and is capped by its limit."""
-    max_new = max_new_tokens_checked(msg.max_new_tokens if msg.HasField("max_new_tokens") else None, limits,
-                                     "stopping.max_new_tokens")
+def stopping_from_pb(msg: pb.StoppingCriteria, limits: RequestLimits, prompt_len: int) -> StoppingCriteria:
+    """StoppingCriteria; max_new_tokens defaults to the server's default (cut to the room the
+    prompt leaves) and is refused above its limit or past the context window."""
+    max_new = fitted_max_new_tokens(msg.max_new_tokens if msg.HasField("max_new_tokens") else None, prompt_len,
+                                    limits, "stopping.max_new_tokens", "stopping.max_new_tokens")
     stop_ids = check_token_ids(msg.stop_token_ids, limits.vocab_size, "stopping.stop_token_ids")
     return _refield("stopping", lambda: StoppingCriteria(
         max_new_tokens=max_new,
         stop_token_ids=stop_ids,
         stop_strings=tuple(msg.stop_strings),
         ignore_eos=msg.ignore_eos,
+        min_tokens=msg.min_tokens,
     ))
 
 
@@ -213,6 +233,24 @@ def max_new_tokens_checked(requested: int | None, limits: RequestLimits, field: 
     max_new = limits.default_max_new_tokens if requested is None else requested
     if max_new > limits.max_new_tokens_limit:
         raise InvalidRequestError(f"{max_new} is above this server's limit of {limits.max_new_tokens_limit}", field)
+    return max_new
+
+
+def fitted_max_new_tokens(requested: int | None, prompt_len: int, limits: RequestLimits, field: str,
+                          window_field: str) -> int:
+    """max_new_tokens for a prompt of ``prompt_len`` tokens: the server's default cut to the room
+    the prompt leaves when none was asked for; one asked for that does not fit the context
+    window is refused (ContextLengthExceededError naming ``window_field``), as OpenAI and vLLM
+    refuse it, never cut silently."""
+    max_new = max_new_tokens_checked(requested, limits, field)
+    room = limits.max_context_len - prompt_len
+    if requested is None:
+        return max(1, min(max_new, room))
+    if max_new > room:
+        raise ContextLengthExceededError(
+            f"this model's maximum context length is {limits.max_context_len} tokens; you requested "
+            f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} to generate): reduce the prompt "
+            f"or {field}", window_field)
     return max_new
 
 
@@ -227,32 +265,41 @@ def generate_request_from_pb(
     """Validate and tokenize a GenerateRequest. The engine gets a server-unique request id."""
     client_id = client_request_id_from_pb(msg.request_id)
     adapter_id = adapter_id_from_pb(msg.adapter_id)
-    sampling = sampling_from_pb(msg.sampling)
-    stopping = stopping_from_pb(msg.stopping, limits)
+    sampling = sampling_from_pb(msg.sampling, limits.vocab_size)
+    n = msg.n or 1
+    if n > MAX_CHOICES:
+        raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {n}", "n")
     prompt = prompt_from_pb(msg, tokenizer, limits)
-    tenant = tenant_of(adapter_id)
-    request = GenerationRequest(
-        request_id=uuid.uuid4().hex,
-        prompt_token_ids=prompt,
-        adapter_id=adapter_id,
-        sampling=sampling,
-        stopping=stopping,
-        tenant=tenant,
-    )
-    return EdgeRequest(request=request, client_request_id=client_id)
+    stopping = stopping_from_pb(msg.stopping, limits, len(prompt))
+    group = uuid.uuid4().hex if n > 1 else None
+    requests = []
+    for i in range(n):
+        params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
+        requests.append(GenerationRequest(
+            request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter_id, sampling=params,
+            stopping=stopping, tenant=tenant_of(adapter_id),
+            skip_special_tokens=msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True,
+            prompt_group=group,
+        ))
+    return EdgeRequest(requests=tuple(requests), client_request_id=client_id)
 
 
-def token_event_to_pb(event: TokenEvent, client_request_id: str) -> pb.GenerateResponse:
-    """One streamed step; the last one carries finish reason, usage and timings."""
-    out = pb.GenerateResponse(request_id=client_request_id, text=event.text, token_ids=event.token_ids)
+def _add_tops(field: Any, tops: tuple[dict[int, float] | None, ...]) -> None:
+    for alternatives in tops:
+        ranked = sorted((alternatives or {}).items(), key=lambda kv: kv[1], reverse=True)
+        field.add().candidates.extend(pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in ranked)
+
+
+def token_event_to_pb(event: TokenEvent, client_request_id: str, index: int = 0) -> pb.GenerateResponse:
+    """One streamed step of choice ``index``; the last one carries finish reason, usage and timings."""
+    out = pb.GenerateResponse(request_id=client_request_id, text=event.text, token_ids=event.token_ids, index=index)
     if event.logprobs is not None:
         out.logprobs.extend(event.logprobs)
     if event.top_logprobs is not None:
-        for alternatives in event.top_logprobs:
-            ranked = sorted(alternatives.items(), key=lambda kv: kv[1], reverse=True)
-            out.top_logprobs.add().candidates.extend(
-                pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in ranked
-            )
+        _add_tops(out.top_logprobs, event.top_logprobs)
+    if event.prompt_logprobs is not None:
+        out.prompt_logprobs.extend(math.nan if lp is None else lp for lp in event.prompt_logprobs)
+        _add_tops(out.prompt_top_logprobs, event.prompt_top_logprobs or ())
     if event.finish_reason is not None:
         out.finish_reason = FINISH_REASON_TO_PB[event.finish_reason]
     if event.usage is not None:

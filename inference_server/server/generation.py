@@ -7,7 +7,9 @@ here once: an edge converts its request, iterates ``generation(...)`` and conver
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from loraplex.adapter_store.errors import LoraplexError
@@ -43,3 +45,46 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
             if not finished:  # cancelled, deadline passed, or failed mid-stream
                 engine.abort(req.request_id)
             await stream.aclose()
+
+
+async def interleaved(streams: Sequence[AsyncIterator[TokenEvent]], firsts: Sequence[TokenEvent] | None = None
+                      ) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """The events of several generations of one call (the ``n`` choices of a prompt) as they
+    come, each with its stream's index; ``firsts``: each stream's first event, already taken
+    (an edge that waited for them before answering). The first error of any stream is raised
+    (after the events before it). Closing this closes every stream, aborting what still runs."""
+    if firsts is not None:
+        for i, first in enumerate(firsts):
+            yield i, first
+    if len(streams) == 1:
+        async with aclosing(streams[0]):  # type: ignore[type-var]
+            async for event in streams[0]:
+                yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        try:
+            async for event in streams[i]:
+                await queue.put((i, event))
+        except Exception as exc:  # noqa: BLE001  (handed to the reader, which raises it)
+            await queue.put((i, exc))
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    try:
+        open_streams = len(streams)
+        while open_streams:
+            i, item = await queue.get()
+            if item is None:
+                open_streams -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]

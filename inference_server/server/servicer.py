@@ -13,7 +13,7 @@ from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server import convert
-from loraplex.inference_server.server.generation import generation
+from loraplex.inference_server.server.generation import generation, interleaved
 from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.state import ServingState
 from loraplex.inference_server.server.tenancy import Tenancy
@@ -68,10 +68,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         engine = self._state.engine_or_raise()
         edge = await self._decode(request, engine)
         client_id = edge.client_request_id
-        events = generation(self._state, self._metrics, self._tenancy, context, engine, edge.request)
-        async with aclosing(events):
-            async for event in events:
-                yield convert.token_event_to_pb(event, client_id)
+        streams = [generation(self._state, self._metrics, self._tenancy, context, engine, r) for r in edge.requests]
+        async with aclosing(interleaved(streams)) as events:
+            async for index, event in events:
+                yield convert.token_event_to_pb(event, client_id, index)
 
     async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
                             context: grpc.aio.ServicerContext) -> pb.Adapter:

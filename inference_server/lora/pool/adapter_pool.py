@@ -351,6 +351,12 @@ class AdapterPool:
         with self._cond:
             return [k for k, ra in self._resident.items() if ra.ready]
 
+    def resident_footprints(self) -> dict[str, int]:
+        """{adapter id: its bytes in the pool} of every ready resident adapter."""
+        elem = self.pool.element_size()
+        with self._cond:
+            return {k: ra.layout.num_elements * elem for k, ra in self._resident.items() if ra.ready}
+
     def stats(self) -> PoolStats:
         elem = self.pool.element_size()
         with self._cond:

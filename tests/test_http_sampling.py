@@ -1,0 +1,182 @@
+"""The parameters real OpenAI clients send, over the HTTP edge with the real openai client (#41
+item 3): against the fake engine, what reaches the engine and how answers are shaped (unknown
+fields accepted and named, ``n`` choices, continuous usage, echo, OpenAI's error codes); against
+the real engine on a tiny Llama, the same over real sampling: ``n`` seeded choices, echo with
+the prompt's log-probabilities, a prompt plus max_tokens past the window refused, and gRPC's
+fields (n, penalties, logit_bias, min_tokens, prompt_logprobs) giving the HTTP edge's answers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import urllib.request
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.server.app import ServerOptions
+from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
+from server_helpers import ServerThread
+from test_http_edge import BASE, _text, served  # noqa: F401  (fixture)
+
+
+def _post(url: str, body: dict):
+    """(status, headers (case-insensitive), JSON answer)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return r.status, r.headers, json.loads(r.read())
+
+
+def test_unknown_fields_are_accepted_ignored_named_and_logged(served, caplog) -> None:  # noqa: F811
+    _, engine, _, url = served
+    body = {"model": BASE, "prompt": "hi", "max_tokens": 3, "guided_whatever": 1, "stream_options": None,
+            "priority": 0}
+    with caplog.at_level(logging.WARNING):
+        status, headers, answer = _post(url + "/completions", body)
+    assert status == 200 and answer["choices"][0]["text"] == _text("hi", None, 3)
+    assert headers["X-Loraplex-Ignored-Fields"] == "guided_whatever,priority"
+    assert "guided_whatever, priority" in caplog.text
+    chat = {"model": BASE, "messages": [{"role": "user", "content": "hi", "weight": 2}], "max_tokens": 2,
+            "parallel_tool_calls": False}
+    assert _post(url + "/chat/completions", chat)[1]["X-Loraplex-Ignored-Fields"] == (
+        "messages[0].weight,parallel_tool_calls")
+    _, plain_headers, _ = _post(url + "/completions", {"model": BASE, "prompt": "hi", "max_tokens": 1})
+    assert plain_headers.get("X-Loraplex-Ignored-Fields") is None
+
+
+def test_vllm_and_openai_sampling_parameters_reach_the_engine(served) -> None:  # noqa: F811
+    _, engine, client, _ = served
+    client.completions.create(model=BASE, prompt="abc", max_tokens=6, presence_penalty=0.5, frequency_penalty=-0.5,
+                              logit_bias={"7": 5, "9": -100}, extra_body={
+                                  "min_p": 0.1, "min_tokens": 2, "stop_token_ids": [4, 5], "top_k": -1,
+                                  "skip_special_tokens": False, "response_format": {"type": "text"}})
+    r = engine.requests[-1]
+    assert (r.sampling.presence_penalty, r.sampling.frequency_penalty, r.sampling.min_p) == (0.5, -0.5, 0.1)
+    assert r.sampling.logit_bias == ((7, 5.0), (9, -100.0)) and r.sampling.top_k == 0
+    assert r.stopping.min_tokens == 2 and r.stopping.stop_token_ids == (4, 5) and not r.skip_special_tokens
+
+
+def test_n_choices_each_their_own_request_of_one_prompt_group(served) -> None:  # noqa: F811
+    _, engine, client, _ = served
+    out = client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                         n=3, seed=10, temperature=0.7)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    requests = engine.requests[-3:]
+    assert len({r.request_id for r in requests}) == 3 and len({r.prompt_group for r in requests}) == 1
+    assert sorted(r.sampling.seed for r in requests) == [10, 11, 12]
+    assert out.usage.completion_tokens == 12 and out.usage.prompt_tokens == len(requests[0].prompt_token_ids)
+    chunks = list(client.completions.create(model=BASE, prompt="hey", max_tokens=3, n=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts = {0: "", 1: ""}
+    for c in chunks[:-1]:
+        texts[c.choices[0].index] += c.choices[0].text
+    assert texts == {0: _text("hey", None, 3), 1: _text("hey", None, 3)}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+def test_continuous_usage_stats_put_usage_on_every_chunk(served) -> None:  # noqa: F811
+    _, _, client, _ = served
+    chunks = list(client.completions.create(model=BASE, prompt="hello", max_tokens=4, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counted = [c.usage.completion_tokens for c in chunks[:-1]]
+    assert counted == [1, 2, 3, 4] and all(c.usage.prompt_tokens == 5 for c in chunks)
+    assert chunks[-1].usage.total_tokens == 9
+
+
+def test_echo_puts_the_prompt_first(served) -> None:  # noqa: F811
+    _, _, client, _ = served
+    out = client.completions.create(model=BASE, prompt="hello", max_tokens=3, echo=True)
+    assert out.choices[0].text == "hello" + _text("hello", None, 3)
+    chunks = list(client.completions.create(model=BASE, prompt="hello", max_tokens=3, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
+
+
+def test_past_the_context_window_is_context_length_exceeded(served) -> None:  # noqa: F811
+    _, engine, client, _ = served
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "x" * 40}], max_tokens=230)
+    body = caught.value.body
+    assert body["code"] == "context_length_exceeded" and body["param"] == "messages"
+    assert "maximum context length is 256 tokens" in body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=BASE, prompt="x" * 300)
+    assert caught.value.body["code"] == "context_length_exceeded" and caught.value.body["param"] == "prompt"
+    count = len(engine.requests)
+    out = client.completions.create(model=BASE, prompt="x" * 250)  # no max_tokens: the default, cut to the room left
+    assert out.usage.completion_tokens <= 6 and len(engine.requests) == count + 1
+
+
+# -- the real engine ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=8))
+    url = srv.start_http(default_max_new_tokens=8)
+    config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=256)
+    engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
+                               progress=False)
+    srv.attach(engine)
+    yield srv, engine, url
+    srv.close()
+
+
+@pytest.mark.slow
+def test_real_engine_n_choices_and_echo_with_prompt_logprobs(live) -> None:
+    srv, engine, url = live
+    client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+    base = engine.info.model_name
+    many = client.completions.create(model=base, prompt="Once upon a time", max_tokens=6, n=3, temperature=1.0,
+                                     seed=21, extra_body={"ignore_eos": True})
+    one = client.completions.create(model=base, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=22,
+                                    extra_body={"ignore_eos": True})
+    assert many.choices[1].text == one.choices[0].text  # choice i is seeded seed + i
+    assert len({c.text for c in many.choices}) == 3 and many.usage.completion_tokens == 18
+    echo = client.completions.create(model=base, prompt="The sky is", max_tokens=2, echo=True, logprobs=2,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    lp = echo.choices[0].logprobs
+    prompt_ids = engine.tokenizer.encode("The sky is")
+    assert echo.choices[0].text.startswith("The sky is") and len(lp.tokens) == len(prompt_ids) + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v < 0 for v in lp.token_logprobs[1:]) and all(len(t) <= 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset[len(prompt_ids)] == len("The sky is")
+    best = client.completions.create(model=base, prompt="Hi", max_tokens=4, n=1, best_of=3, temperature=1.0, seed=1)
+    assert len(best.choices) == 1 and best.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=base, prompt="Hi", max_tokens=engine.info.max_context_len)
+    assert caught.value.body["code"] == "context_length_exceeded"
+
+
+@pytest.mark.slow
+def test_grpc_fields_give_the_http_answers(live) -> None:
+    srv, engine, url = live
+    client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+    base = engine.info.model_name
+    eos = engine.info.eos_token_ids[0]
+    http = client.completions.create(model=base, prompt="Rust or Go?", max_tokens=8, temperature=0.8, seed=9, n=2,
+                                     presence_penalty=0.4, frequency_penalty=0.7, logit_bias={str(eos): 100},
+                                     extra_body={"min_tokens": 5, "min_p": 0.05})
+    request = pb.GenerateRequest(
+        text="Rust or Go?", n=2,
+        sampling=pb.SamplingParams(temperature=0.8, seed=9, presence_penalty=0.4, frequency_penalty=0.7, min_p=0.05,
+                                   logit_bias={eos: 100.0}, prompt_logprobs=1),
+        stopping=pb.StoppingCriteria(max_new_tokens=8, min_tokens=5))
+    with grpc.insecure_channel(srv.address) as channel:
+        messages = list(pb_grpc.InferenceServiceStub(channel).Generate(request, timeout=60))
+    texts, finished = {0: "", 1: ""}, {}
+    for m in messages:
+        texts[m.index] += m.text
+        if m.finish_reason:
+            finished[m.index] = m.usage.completion_tokens
+    assert texts == {c.index: c.text for c in http.choices}
+    assert finished == {0: 6, 1: 6}  # EOS pushed up, held back for 5 tokens
+    firsts = [m for m in messages if m.prompt_logprobs]
+    assert len(firsts) == 2 and math.isnan(firsts[0].prompt_logprobs[0])
+    assert len(firsts[0].prompt_logprobs) == len(engine.tokenizer.encode("Rust or Go?"))
+    assert len(firsts[0].prompt_top_logprobs[1].candidates) == 1
