@@ -69,7 +69,9 @@ class AdapterSpec:
 
     @property
     def target_modules(self) -> tuple[str, ...]:
-        return tuple(p for p in ALL_TARGETS if any(m.module == p for m in self.modules))
+        """The modules it adapts, in the order of the base's table (of every family's, unchecked)."""
+        order = self.checked_base.architecture.target_modules if self.checked_base is not None else ALL_TARGETS
+        return tuple(p for p in order if any(m.module == p for m in self.modules))
 
     @property
     def max_rank(self) -> int:
