@@ -33,9 +33,13 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg: dict, extra_tensors=()) -> Path:
-    """A small GGUF as llama.cpp's converter writes it (q/k permuted for llama), byte-level vocab."""
+    """A small GGUF as llama.cpp's converter writes it (q/k permuted for llama, 1 added to Gemma's
+    norm weights), byte-level vocab."""
     import gguf
 
+    from loraplex.inference_server.model.registry import gguf_family
+
+    family = gguf_family(arch) if arch in ("llama", "qwen2", "qwen3", "gemma2", "gemma3") else None
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(cfg.get("name", "tiny"))
     if state is not None:
@@ -47,6 +51,11 @@ def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg
         w.add_rope_freq_base(cfg["rope_theta"])
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
         w.add_context_length(cfg["max_position_embeddings"])
+        if cfg.get("head_dim"):
+            w.add_key_length(cfg["head_dim"])
+            w.add_value_length(cfg["head_dim"])
+        if cfg.get("sliding_window"):
+            w.add_sliding_window(cfg["sliding_window"])
     w.add_tokenizer_model("gpt2")
     w.add_token_list(BYTE_TOKENS)
     w.add_token_types([1] * 257 + [3] * 3)
@@ -55,9 +64,11 @@ def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg
     w.add_eos_token_id(259)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
     names = {v: k for k, v in gguf_file._GLOBAL_NAMES.items()}
-    blocks = {v: k for k, v in gguf_file._BLOCK_NAMES.items()}
+    blocks = {v: k for k, v in {**gguf_file._BLOCK_NAMES, **(family.gguf.blocks if family else {})}.items()}
     for hf, t in (state or {}).items():
         a = t.numpy()
+        if family is not None and family.gguf.norm_offset and hf.endswith("norm.weight"):
+            a = a + family.gguf.norm_offset
         layer = re.match(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$", hf)
         if layer is not None:
             i, sub, kind = layer.groups()
@@ -80,14 +91,19 @@ def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg
 
 
 def tiny_hf_model(arch: str, seed: int = 0, **overrides):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
     cfg = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, vocab_size=len(BYTE_TOKENS), max_position_embeddings=256,
-               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=arch == "qwen2")
+               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=arch in ("qwen2", "gemma3"))
+    if arch in ("qwen3", "gemma3"):  # transformers' qwen3 GGUF reader takes Qwen3Config's head_dim, 128
+        cfg.update(head_dim=128 if arch == "qwen3" else 8)
+    if arch == "gemma3":
+        cfg.update(sliding_window=8, rope_theta=1_000_000.0, query_pre_attn_scalar=256)
     cfg.update(overrides)
-    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
-    config_cls, model_cls = classes[arch]
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma3": "Gemma3"}[arch]
+    config_cls = getattr(transformers, f"{prefix}TextConfig" if arch == "gemma3" else f"{prefix}Config")
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_cls(config_cls(**cfg)).float()
@@ -215,19 +231,25 @@ def test_unpermute_inverts_llamacpp_permute():
     assert torch.equal(gguf_file.unpermute(torch.from_numpy(llamacpp_permute(bias.numpy(), 6)), 6), bias)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_small_gguf_round_trip_recovers_hf_tensors(arch, tmp_path):
     model, cfg = tiny_hf_model(arch)
     state = {k: v for k, v in model.state_dict().items() if not (cfg["tie_word_embeddings"] and k == "lm_head.weight")}
     path = write_gguf(tmp_path / "tiny.gguf", arch, state, cfg)
     ckpt = load_checkpoint(ModelSource(path=str(path)), torch.float32)
     c = ckpt.config
-    assert (c.model_type, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (arch, 2, 4, 2, 8)
-    assert c.tie_word_embeddings == (arch == "qwen2") and c.attention_bias == (arch == "qwen2")
+    model_type, head_dim = {"gemma3": ("gemma3_text", 8), "qwen3": ("qwen3", 128)}.get(arch, (arch, 8))
+    assert (c.model_type, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (model_type, 2, 4, 2, head_dim)
+    assert c.tie_word_embeddings == (arch in ("qwen2", "gemma3")) and c.attention_bias == (arch == "qwen2")
+    assert c.qk_norm == (arch in ("qwen3", "gemma3"))
+    if arch == "gemma3":  # the window from the metadata, five windowed layers to one global
+        assert c.layer_windows == (8, 8) and (c.rope_theta, c.local_rope_theta) == (1_000_000.0, 10_000.0)
     ours = tensors_of(ckpt)
     assert set(ours) == set(state)
     for name, ref in state.items():
         want = ref.to(torch.float16).float() if ref.ndim == 2 and "embed" not in name and "lm_head" not in name else ref
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            want = (want + 1) - 1  # stored as 1 + w, read back as transformers reads it
         assert torch.equal(ours[name], want), name
     # transformers' own GGUF loader agrees on the same file
     from transformers import AutoModelForCausalLM
