@@ -179,5 +179,5 @@ stop() {
 case "$ACTION" in
     start) start ;;
     stop) stop ;;
-    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

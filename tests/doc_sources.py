@@ -117,9 +117,8 @@ def shell_lines(block: Block) -> list[tuple[int, str]]:
 
 def unit_lines(block: Block) -> list[tuple[int, str]]:
     """(line, command) of every Exec*= line of a systemd unit block (continuations joined)."""
-    joined = [(n, line) for n, line in shell_lines(block)]
     out = []
-    for n, line in joined:
+    for n, line in shell_lines(block):
         m = re.match(r"\s*Exec(?:Start|StartPre|StartPost|Reload|Stop|StopPost)=[-@+!:]*(.*)", line)
         if m is not None:
             out.append((n, m[1]))
