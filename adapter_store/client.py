@@ -35,6 +35,7 @@ from loraplex.adapter_store.errors import (
     LoraplexError,
     PermissionDeniedError,
     ResourceExhaustedError,
+    StoreRefusedError,
     UnavailableError,
 )
 from loraplex.adapter_store.format.base_shapes import BaseShapes
@@ -48,6 +49,9 @@ from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
+# What to do when the store refuses the server's calls (its --secret-file and ours differ).
+SECRET_FIX = ("the inference server's --adapter-store-secret-file (LORAPLEX_ADAPTER_STORE_SECRET_FILE) must hold the "
+              "secret of the store's --secret-file")
 
 
 def error_from_rpc(e: grpc.RpcError, adapter_id: str = "") -> LoraplexError:
@@ -67,6 +71,9 @@ def error_from_rpc(e: grpc.RpcError, adapter_id: str = "") -> LoraplexError:
         return ResourceExhaustedError(details)
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDeniedError(details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return StoreRefusedError(f"the adapter store refuses this server's calls (UNAUTHENTICATED: {details}): "
+                                 f"{SECRET_FIX}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return UnavailableError(f"adapter store: {details}")
     return LoraplexError(f"adapter store call failed ({code.name}): {details}")
@@ -128,6 +135,15 @@ class StoreClient:
                     continue
                 raise error_from_rpc(e, adapter_id) from None
         raise ValueError(f"retries must be >= 0, got {self._retries}")
+
+    def check_access(self, timeout_s: float = 5.0) -> None:
+        """Return once the store answers and accepts this client's secret (one List call of one
+        record, not retried); StoreRefusedError when it refuses the secret (waiting will not
+        help), UnavailableError when it does not answer."""
+        try:
+            self._stub.List(pb.StoreListRequest(page_size=1), timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from None
 
     # ---------------------------------------------------------------- AdapterSource
 

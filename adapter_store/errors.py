@@ -47,6 +47,12 @@ class UnavailableError(LoraplexError):
     """A dependency is down or the server is shutting down (UNAVAILABLE)."""
 
 
+class StoreRefusedError(UnavailableError):
+    """The adapter store refused the inference server's own calls (UNAUTHENTICATED at the store):
+    the shared secret is missing or wrong. The server is set up wrong, not its caller, so its
+    clients get UNAVAILABLE."""
+
+
 class UnauthenticatedError(LoraplexError):
     """No credentials, or credentials that name nobody (UNAUTHENTICATED)."""
 
@@ -64,12 +70,17 @@ class AdapterCorruptError(DataLossError):
 
 class BackendUnavailable(Exception):
     """A backend (Redis, S3, the local disk) could not be reached. Internal: the store either
-    falls back (and counts it) or turns it into UnavailableError with a message saying why."""
+    falls back (and counts it) or turns it into UnavailableError with a message saying why.
 
-    def __init__(self, backend: str, detail: str) -> None:
+    ``fix`` is set when the backend's answer says a setting is wrong rather than that it is down
+    (S3: no such bucket, no credentials, credentials refused): waiting will not help, so the
+    store refuses to start with it (Store.check_backends)."""
+
+    def __init__(self, backend: str, detail: str, fix: str | None = None) -> None:
         super().__init__(f"{backend} is unreachable: {detail}")
         self.backend = backend
         self.detail = detail
+        self.fix = fix
 
 
 class BlobMissing(LookupError):

@@ -5,6 +5,10 @@ dashes as underscores), e.g. LORAPLEX_STORE_S3_BUCKET. With no flags it serves a
 directory with an in-memory index: nothing external is needed. Giving an S3 bucket
 selects the S3 blob backend, giving a Redis URL the Redis index/cache; AWS credentials
 come from the standard AWS settings (AWS_ACCESS_KEY_ID, AWS_PROFILE, instance role...).
+
+At start, one rule for the backends (Store.check_backends): an answer that says a setting is
+wrong (no such bucket, no credentials, credentials refused) stops the store with exit code 1
+and the fix; a backend that does not answer (an outage) is a warning, and the store serves.
 """
 
 from __future__ import annotations
@@ -29,11 +33,19 @@ ENV_PREFIX = "LORAPLEX_STORE_"
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loraplex-store", description="Run the loraplex adapter store sidecar.")
+    p = argparse.ArgumentParser(
+        prog="loraplex-store", description="Run the loraplex adapter store sidecar.",
+        epilog="S3 credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+               "AWS_PROFILE or --s3-profile, an instance role or IRSA); the bucket must exist. At start the store "
+               "refuses to run when S3 says the settings are wrong (no such bucket, no credentials, credentials "
+               "refused) and only warns when S3 or Redis does not answer (an outage it waits out). Every flag can "
+               f"also be set with its {ENV_PREFIX}<FLAG> variable, shown in brackets; flags win.")
 
     def flag(name: str, help_: str, **kw: object) -> None:
         key = ENV_PREFIX + name.upper().replace("-", "_")
-        p.add_argument(f"--{name}", default=env.get(key, kw.pop("default", None)), help=f"{help_} [${key}]", **kw)
+        default = kw.pop("default", None)
+        shown = f" (default: {default})" if default not in (None, "") else ""
+        p.add_argument(f"--{name}", default=env.get(key, default), help=f"{help_}{shown} [${key}]", **kw)
 
     flag("listen", "host:port to serve on", default="127.0.0.1:50061")
     flag("blob-backend", "where adapters are kept (default: s3 if a bucket is given, else local)", choices=("local", "s3"))
@@ -54,7 +66,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("metrics-port", "Prometheus metrics HTTP port (0 = off)", default="0", type=int)
     flag("secret-file", "file holding the shared secret the inference server sends; without it, calls "
          "are not authenticated (keep --listen on localhost then)")
-    flag("log-level", "logging level", default="INFO")
+    flag("log-level", "logging level", default="INFO", type=str.upper,
+         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
 

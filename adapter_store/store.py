@@ -319,14 +319,15 @@ class Store:
         return {"blob-store": self.marker.lost} if self.marker.lost else {}
 
     def check_backends(self) -> None:
-        """At start: a warning for each backend that does not answer now (the store serves anyway,
-        and recovers when they do), and ValueError for an S3 bucket that does not exist (a setting
-        to fix, not an outage to wait out)."""
+        """At start, one rule: a backend whose answer says a setting is wrong (S3: no such
+        bucket, no credentials, credentials refused; ``BackendUnavailable.fix``) is a ValueError
+        naming the fix, since waiting will not mend it; a backend that does not answer (an outage)
+        is a warning, and the store serves anyway and recovers when it answers."""
         try:
             self.blobs.list_heads("", "", 1)
         except BackendUnavailable as e:
-            if e.detail.startswith("NoSuchBucket"):
-                raise ValueError(f"{e.backend} does not exist (check --s3-bucket and --s3-endpoint-url)") from None
+            if e.fix is not None:
+                raise ValueError(_misconfigured(e)) from None
             log.warning("at start: %s; serving, and the calls that need it fail with UNAVAILABLE until it answers", e)
         try:
             self.index.is_complete()
@@ -366,3 +367,10 @@ class Store:
         except BackendUnavailable as e:
             log.warning("%s(%s) failed: %s (left for a later delete)", getattr(fn, "__name__", fn), args, e)
 
+
+
+def _misconfigured(e: BackendUnavailable) -> str:
+    """The start-up refusal for a backend set up wrong: what it answered, and the fix."""
+    if e.detail.startswith("NoSuchBucket"):
+        return f"{e.backend} does not exist: {e.fix}"
+    return f"{e.backend}: {e.detail.split(': ', 1)[0]}: {e.fix}"

@@ -57,13 +57,23 @@ class StoreWatcher:
             self._thread.join(5)
 
     def _follow(self) -> None:
+        """Follow the store's feed, reconnecting every ``retry_s``. An outage is logged once when
+        it starts (and again if its reason changes) and once when the feed is back, not once a
+        retry."""
+        failing: str | None = None  # the reason of the outage going on, if any
         while not self._stop.is_set():
             try:
                 self._watch = self._source.watch()
                 for event in self._watch:
+                    if failing is not None:
+                        log.info("store watch resumed (it failed with: %s)", failing)
+                        failing = None
                     self.handle(event)
             except LoraplexError as e:
-                log.warning("store watch interrupted (%s); retrying in %.1fs", e, self._retry_s)
+                if str(e) != failing:
+                    log.warning("store watch interrupted (%s); retrying every %.1fs, logged again when it resumes",
+                                e, self._retry_s)
+                failing = str(e)
             self._stop.wait(self._retry_s)
 
     def handle(self, event: ChangeEvent) -> None:

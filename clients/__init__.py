@@ -23,6 +23,7 @@ from loraplex.clients.errors import (
     NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
+    TransportMismatchError,
     UnauthenticatedError,
     UnavailableError,
 )
@@ -33,5 +34,6 @@ from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResul
 __all__ = [
     "AdapterInfo", "AsyncLoraplexClient", "DeadlineExceededError", "GenerationEvent", "GenerationResult",
     "InvalidArgumentError", "LoraplexClient", "LoraplexClientError", "NotFoundError", "PermissionDeniedError",
-    "ResourceExhaustedError", "ServerInfo", "Timings", "TlsConfig", "UnauthenticatedError", "UnavailableError", "Usage",
+    "ResourceExhaustedError", "ServerInfo", "Timings", "TlsConfig", "TransportMismatchError", "UnauthenticatedError",
+    "UnavailableError", "Usage",
 ]

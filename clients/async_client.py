@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraplex.clients.errors import from_rpc_error
+from loraplex.clients.errors import LoraplexClientError, TransportMismatchError, from_rpc_error
 from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
@@ -21,6 +21,7 @@ from loraplex.clients.requests import (
     generate_request,
 )
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
+from loraplex.clients.transport import Transport
 from loraplex.clients.sync_client import HEALTH_STATUS
 from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
@@ -39,6 +40,8 @@ class AsyncLoraplexClient:
         self.address = address
         self.timeout = timeout
         self._metadata = auth_metadata(token)  # sent with every call
+        # a failed connection is explained only on channels made here (their transport is known)
+        self._transport = Transport(address, tls is not None) if channel is None else None
         self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
                                                    aio=True)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
@@ -53,11 +56,17 @@ class AsyncLoraplexClient:
     async def close(self) -> None:
         await self._channel.close()
 
+    async def _error(self, exc: grpc.aio.AioRpcError) -> LoraplexClientError:
+        """The client error for a failed call; a connection refused for its transport names the fix
+        (which may try one TLS handshake with the port: in a thread, off the event loop)."""
+        error = from_rpc_error(exc)
+        return await asyncio.to_thread(self._transport.explain, error) if self._transport is not None else error
+
     async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
             return await method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise await self._error(exc) from None
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any
@@ -72,7 +81,7 @@ class AsyncLoraplexClient:
             async for message in call:
                 yield GenerationEvent.from_pb(message)
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise await self._error(exc) from None
         finally:
             call.cancel()
 
@@ -92,7 +101,7 @@ class AsyncLoraplexClient:
         except grpc.aio.AioRpcError as exc:
             if stream.error is not None:  # the folder or the progress callback failed, not the server
                 raise stream.error from None
-            raise from_rpc_error(exc) from None
+            raise await self._error(exc) from None
 
     async def list_adapters(self, prefix: str = "", *, timeout: float | None = None) -> list[AdapterInfo]:
         out, token = [], ""
@@ -121,7 +130,8 @@ class AsyncLoraplexClient:
         return HEALTH_STATUS[response.status]
 
     async def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
-        """Poll health until SERVING; TimeoutError with the last status if ``timeout`` passes."""
+        """Poll health until SERVING; TimeoutError with the last status if ``timeout`` passes
+        (TransportMismatchError at once: the wrong transport does not fix itself)."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while time.monotonic() < deadline:
@@ -129,6 +139,8 @@ class AsyncLoraplexClient:
                 last = await self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
                 if last == "SERVING":
                     return
+            except TransportMismatchError:
+                raise
             except Exception as exc:  # noqa: BLE001  (not up yet: keep polling)
                 last = str(exc)
             await asyncio.sleep(interval)

@@ -233,18 +233,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         tls = _tls(args)
         with LoraplexClient(args.address, timeout=args.timeout, token=args.token, tls=tls) as client:
             return _dispatch(client, args)
+    except BrokenPipeError:  # `loraplex generate --json ... | head`: the reader left; stop quietly
+        _quiet_closed_stdout()
+        return EXIT_OK
     except LoraplexClientError as exc:
         field = f" (field {exc.field})" if exc.field else ""
         print(f"loraplex: {exc}{field}", file=sys.stderr)
         return EXIT_ERROR
-    except (ValueError, TimeoutError, OSError) as exc:
+    except (ValueError, TimeoutError, OSError) as exc:  # after BrokenPipeError, an OSError too
         print(f"loraplex: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # e.g. `loraplex generate ... | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+
+
+def _quiet_closed_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail on the closed
+    pipe again (Python's own advice for SIGPIPE, docs.python.org/3/library/signal.html)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -33,6 +33,12 @@ class UnavailableError(LoraplexClientError):
     """The server is loading, shutting down or unreachable."""
 
 
+class TransportMismatchError(UnavailableError):
+    """The connection failed because client and port speak different transports (plaintext to a
+    TLS port, TLS to a plaintext one) or the server's certificate is not trusted; the message
+    names the fix (e.g. "this port speaks TLS: pass --tls-root-cert"). Waiting will not help."""
+
+
 class DeadlineExceededError(LoraplexClientError, TimeoutError):
     """The call's timeout passed."""
 

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraplex.clients.errors import from_rpc_error
+from loraplex.clients.errors import LoraplexClientError, TransportMismatchError, from_rpc_error
 from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
@@ -20,6 +20,7 @@ from loraplex.clients.requests import (
     generate_request,
 )
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
+from loraplex.clients.transport import Transport
 from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
@@ -41,6 +42,8 @@ class LoraplexClient:
         self.address = address
         self.timeout = timeout
         self._metadata = auth_metadata(token)  # sent with every call
+        # a failed connection is explained only on channels made here (their transport is known)
+        self._transport = Transport(address, tls is not None) if channel is None else None
         self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
                                                    aio=False)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
@@ -55,11 +58,16 @@ class LoraplexClient:
     def close(self) -> None:
         self._channel.close()
 
+    def _error(self, exc: grpc.RpcError) -> LoraplexClientError:
+        """The client error for a failed call; a connection refused for its transport names the fix."""
+        error = from_rpc_error(exc)
+        return self._transport.explain(error) if self._transport is not None else error
+
     def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
             return method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise self._error(exc) from None
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any
@@ -78,7 +86,7 @@ class LoraplexClient:
             for message in call:
                 yield GenerationEvent.from_pb(message)
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise self._error(exc) from None
         finally:
             call.cancel()  # no-op once finished; cancels the server side if we leave early
 
@@ -100,7 +108,7 @@ class LoraplexClient:
         except grpc.RpcError as exc:
             if stream.error is not None:  # the folder or the progress callback failed, not the server
                 raise stream.error from None
-            raise from_rpc_error(exc) from None
+            raise self._error(exc) from None
 
     def list_adapters(self, prefix: str = "", *, timeout: float | None = None) -> list[AdapterInfo]:
         """Every adapter (or those whose id starts with ``prefix``), sorted by id; follows pages."""
@@ -129,7 +137,8 @@ class LoraplexClient:
         return HEALTH_STATUS[response.status]
 
     def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
-        """Poll health until SERVING; raise TimeoutError with the last status if ``timeout`` passes."""
+        """Poll health until SERVING; raise TimeoutError with the last status if ``timeout`` passes
+        (TransportMismatchError at once: the wrong transport does not fix itself)."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while time.monotonic() < deadline:
@@ -137,6 +146,8 @@ class LoraplexClient:
                 last = self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
                 if last == "SERVING":
                     return
+            except TransportMismatchError:
+                raise
             except Exception as exc:  # noqa: BLE001  (not up yet: keep polling)
                 last = str(exc)
             time.sleep(interval)

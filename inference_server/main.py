@@ -103,25 +103,28 @@ def build_engine(settings: ServerSettings) -> Any:
     """Load the model and build the engine (blocking; shows a progress bar while weights load)."""
     from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
 
+    adapters = adapter_source(settings)  # before the model: a store set up wrong stops the server at once
     config = engine_config(settings)
     # dummy weights drawn on the GPU (seconds for 7B); sharded engines draw on the CPU, then split
     source = model_source(settings, config.device if config.tensor_parallel_size == 1 else "cpu")
     log.info("loading the model (%s) on %s as %s", settings.model or "SmolLM2-135M-Instruct", config.device,
              config.dtype)
-    return AsyncEngine.build(config, source, adapter_source(settings), progress=True)
+    return AsyncEngine.build(config, source, adapters, progress=True)
 
 
 def adapter_source(settings: ServerSettings) -> Any:
     """The local adapter directory, or (``--adapter-store``) a client of the store sidecar,
-    made once the model is loaded so uploads are validated against the base model."""
+    made once the model is loaded so uploads are validated against the base model. The store
+    is checked first (store_check.py): one that refuses the secret, or never answers, stops the
+    server before the model loads (StoreStartupError)."""
     if settings.adapter_store is None:
         return settings.adapter_path
     from loraplex.adapter_store.client import StoreClient  # noqa: PLC0415
+    from loraplex.inference_server.store_check import StoreCheck, wait_for_store  # noqa: PLC0415
 
-    from loraplex.adapter_store.secret import read_secret  # noqa: PLC0415
-
-    address, max_rank = settings.adapter_store, settings.max_lora_rank
-    secret = read_secret(settings.adapter_store_secret_file) if settings.adapter_store_secret_file else None
+    check = StoreCheck(settings.adapter_store, settings.adapter_store_secret_file, settings.adapter_store_wait_s)
+    wait_for_store(check)
+    address, max_rank, secret = settings.adapter_store, settings.max_lora_rank, check.secret()
     log.info("adapters from the store sidecar at %s", address)
     return lambda base: StoreClient(address, base=base, max_rank=max_rank, secret=secret)
 
@@ -147,6 +150,7 @@ async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None
     """Run the server until SIGTERM/SIGINT; return the process exit code."""
     from loraplex.inference_server.auth.security import Security  # noqa: PLC0415
     from loraplex.inference_server.server.app import GrpcServer, ServerOptions  # noqa: PLC0415
+    from loraplex.inference_server.store_check import StoreStartupError  # noqa: PLC0415
 
     try:
         security = Security.from_settings(settings)
@@ -168,6 +172,9 @@ async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None
     if loading.done():
         try:
             engine = loading.result()
+        except StoreStartupError as exc:
+            log.error("cannot start: %s", exc)
+            code = 1
         except (ValueError, OSError) as exc:
             log.error("cannot load the model: %s", exc)
             code = 1

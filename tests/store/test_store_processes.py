@@ -121,3 +121,32 @@ def test_bad_settings_exit_with_a_clear_message():
     )
     assert out.returncode == 2
     assert "prefix must end with '/'" in out.stderr
+
+
+def _store_at_start(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``loraplex-store`` started with ``args`` in ``env`` until it exits (or 60 s pass)."""
+    return subprocess.run([sys.executable, "-P", "-m", "loraplex.adapter_store.main", "--listen", "127.0.0.1:0", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_missing_s3_credentials_stop_the_store_like_a_missing_bucket(shared_moto, tmp_path):
+    """One rule at start: an S3 answer that says a setting is wrong (no such bucket, no credentials)
+    stops the store with exit code 1 and the fix; it used to log "unreachable: Unable to locate
+    credentials; serving" and start, so every call then failed."""
+    import os
+
+    bucket = f"creds-{uuid.uuid4().hex[:10]}"
+    shared_moto.s3().create_bucket(Bucket=bucket)
+    s3 = ["--s3-bucket", bucket, "--s3-endpoint-url", shared_moto.endpoint, "--s3-region", "us-east-1"]
+    no_credentials = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    no_credentials.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+                          AWS_EC2_METADATA_DISABLED="true")
+    out = _store_at_start(s3, no_credentials)
+    assert out.returncode == 1, out.stderr
+    assert "cannot start" in out.stderr and "Unable to locate credentials" in out.stderr, out.stderr
+    assert "AWS_ACCESS_KEY_ID" in out.stderr and "--s3-profile" in out.stderr, out.stderr
+    missing_bucket = _store_at_start([*s3[:1], "no-such-bucket", *s3[2:]], dict(os.environ))
+    assert missing_bucket.returncode == 1 and "does not exist" in missing_bucket.stderr, missing_bucket.stderr
+    assert "create the bucket first" in missing_bucket.stderr
+    unknown_profile = _store_at_start([*s3, "--s3-profile", "nobody"], no_credentials)
+    assert unknown_profile.returncode == 2 and "--s3-profile 'nobody'" in unknown_profile.stderr, unknown_profile.stderr

@@ -287,6 +287,41 @@ def test_watcher_over_an_in_process_store(tmp_path, adapters):
 
 
 @pytest.mark.slow  # starts a gRPC server
+def test_a_watch_outage_is_logged_once_and_its_end_once(tmp_path, caplog):
+    """The server's watcher used to log a warning every second while the store refused or did not
+    answer it; now once when the outage starts and once when the feed is back."""
+    import logging  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from store_services import ServerThread, free_port  # noqa: PLC0415
+
+    from loraplex.adapter_store.client import StoreClient  # noqa: PLC0415
+    from loraplex.adapter_store.factory import build_store  # noqa: PLC0415
+    from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415
+
+    caplog.set_level(logging.INFO, logger="loraplex.adapter_store.watcher")
+    port = free_port()
+    client = StoreClient(f"127.0.0.1:{port}", retries=0)
+    watcher = StoreWatcher(client, dict, lambda adapter_id: None, retry_s=0.05).start()
+    server = None
+    try:
+        time.sleep(1.0)  # ~20 failed reconnects: nobody listens on the port yet
+        warnings = [r for r in caplog.records if "store watch interrupted" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING, [r.getMessage() for r in warnings]
+        server = ServerThread(build_store(StoreSettings(local_dir=str(tmp_path))), listen=f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 15
+        while watcher.resyncs == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watcher.resyncs >= 1
+        assert sum("store watch resumed" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        watcher.stop()
+        client.close()
+        if server is not None:
+            server.stop()
+
+
+@pytest.mark.slow  # starts a gRPC server
 def test_client_with_a_base_checks_uploads_before_sending(tmp_path, foreign_adapters, base_config):
     from store_services import ServerThread  # noqa: PLC0415
 

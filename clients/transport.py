@@ -1,0 +1,85 @@
+"""What a failed connection says about the port's transport, so the error names the fix.
+
+gRPC reports a plaintext client on a TLS port only as ``Socket closed``, and a TLS client on a
+plaintext port as a handshake failure deep in its message. When a connection fails, the
+clients ask ``Transport.explain``: it reads gRPC's message and, where that is not enough,
+tries one TLS handshake with the port itself (no certificate checked, nothing sent after
+it), and returns a TransportMismatchError that says "this port speaks TLS: pass
+--tls-root-cert" (or the reverse, or that the certificate is not trusted).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+from dataclasses import dataclass
+
+import grpc
+
+from loraplex.clients.errors import LoraplexClientError, TransportMismatchError
+
+CONNECT_FAILURE = "failed to connect to all addresses"
+PLAINTEXT_ON_TLS = ("this port speaks TLS: pass --tls-root-cert CA.pem, the CA that signed the server's certificate "
+                    "(--tls alone for a publicly trusted one; env LORAPLEX_TLS_ROOT_CERT; in Python "
+                    "tls=TlsConfig(root_cert_file=...))")
+TLS_ON_PLAINTEXT = ("this port speaks plaintext gRPC, not TLS: leave out --tls and --tls-root-cert "
+                    "(env LORAPLEX_TLS_ROOT_CERT; in Python tls=None)")
+UNTRUSTED = ("the server's TLS certificate is not one this client trusts (not signed by the CA given, or not "
+             "naming this address): pass the CA that signed it with --tls-root-cert (env LORAPLEX_TLS_ROOT_CERT) "
+             "and dial a name the certificate lists")
+_UNTRUSTED_MARKS = ("CERTIFICATE_VERIFY_FAILED", "certificate signature failure", "Peer name")
+_HOST_PORT = re.compile(r"\A(?:ipv4:|ipv6:|dns:(?:///)?)?\[?([^\[\]/]+?)\]?:(\d+)\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Transport:
+    """How a client dials ``address``: over TLS or plaintext."""
+
+    address: str
+    tls: bool
+
+    def explain(self, error: LoraplexClientError) -> LoraplexClientError:
+        """``error``, or a TransportMismatchError naming the fix when the connection failed
+        because the client and the port speak different transports."""
+        hint = self.hint(error)
+        if hint is None:
+            return error
+        return TransportMismatchError(error.code, f"{hint} ({error.details})")
+
+    def hint(self, error: LoraplexClientError) -> str | None:
+        """The fix for a connection failure caused by the transport, or None."""
+        details = error.details
+        if error.code != grpc.StatusCode.UNAVAILABLE or CONNECT_FAILURE not in details:
+            return None
+        if self.tls:
+            if "handshake failed" not in details.lower():
+                return None
+            if speaks_tls(self.address) is False:
+                return TLS_ON_PLAINTEXT
+            return UNTRUSTED if any(mark in details for mark in _UNTRUSTED_MARKS) else None
+        if "Socket closed" in details or "Connection reset" in details:
+            return PLAINTEXT_ON_TLS if speaks_tls(self.address) else None
+        return None
+
+
+def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
+    """Does the port at ``address`` (host:port) answer a TLS handshake? None when it cannot be
+    reached or the address is not host:port. The server's certificate is not checked: this only
+    asks which protocol the port speaks."""
+    m = _HOST_PORT.match(address)
+    if m is None:
+        return None
+    host, port = m[1], int(m[2])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host if not host[0].isdigit() else None):
+            return True
+    except ssl.SSLError as e:  # an alert is TLS too (e.g. a server that requires a client certificate)
+        return "ALERT" in str(e.reason or e).upper()
+    except OSError:
+        return None
