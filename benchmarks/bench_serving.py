@@ -96,11 +96,12 @@ def build_engine(args: argparse.Namespace, adapter_dir: Path):
         from benchmarks.synthetic_engine import SyntheticEngine
 
         return SyntheticEngine(args.step_ms / 1000)
+    from loraplex.inference_server import build
     from loraplex.inference_server.engine.async_engine import AsyncEngine
     from loraplex.inference_server.model.checkpoint import ModelSource
 
     source = ModelSource(format="dummy", dummy=args.model, seed=0)
-    return AsyncEngine.build(engine_config(args), source, str(adapter_dir), False)
+    return build.build_engine(AsyncEngine, engine_config(args), source, str(adapter_dir), False)
 
 
 async def run_in_process(args: argparse.Namespace, adapter_dir: Path, adapters: list[str]) -> dict[int, dict]:

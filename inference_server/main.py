@@ -101,6 +101,7 @@ def model_source(settings: ServerSettings, device: str = "cpu") -> Any:
 
 def build_engine(settings: ServerSettings) -> Any:
     """Load the model and build the engine (blocking; shows a progress bar while weights load)."""
+    from loraplex.inference_server import build  # noqa: PLC0415
     from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
 
     adapters = adapter_source(settings)  # before the model: a store set up wrong stops the server at once
@@ -109,7 +110,7 @@ def build_engine(settings: ServerSettings) -> Any:
     source = model_source(settings, config.device if config.tensor_parallel_size == 1 else "cpu")
     log.info("loading the model (%s) on %s as %s", settings.model or "SmolLM2-135M-Instruct", config.device,
              config.dtype)
-    return AsyncEngine.build(config, source, adapters, progress=True)
+    return build.build_engine(AsyncEngine, config, source, adapters, progress=True)
 
 
 def adapter_source(settings: ServerSettings) -> Any:

@@ -108,6 +108,27 @@ LORA_TIERS = (
 )
 
 
+# Inside the GPU process, from the model up to the edge: a module may import its own tier and
+# lower ones only (the edge -> engine -> lora -> model, with the kernels below all of them;
+# tensor parallelism above the engine, and build.py, which picks one or the other, above both).
+_IS = "loraplex.inference_server"
+SERVER_TIERS = (
+    (f"{_IS}.model",),
+    (f"{_IS}.lora",),
+    (f"{_IS}.engine",),
+    (f"{_IS}.parallel",),
+    (f"{_IS}.build",),
+    (f"{_IS}.server", f"{_IS}.http", f"{_IS}.auth", f"{_IS}.main", f"{_IS}.settings", f"{_IS}.store_check"),
+)
+
+
+def server_tier(name: str) -> int | None:
+    for rank, members in enumerate(SERVER_TIERS):
+        if any(within(name, m) for m in members):
+            return rank
+    return None
+
+
 def lora_tier(name: str) -> int | None:
     for rank, members in enumerate(LORA_TIERS):
         if any(within(name, m) for m in members):
@@ -139,6 +160,9 @@ def violation(edge: Edge) -> str | None:
     low, high = lora_tier(dst), lora_tier(src)
     if low is not None and high is not None and low > high:
         return f"LoRA tier {high} ({LORA_TIERS[high][0]}) imports the higher tier {low}"
+    low, high = server_tier(dst), server_tier(src)
+    if low is not None and high is not None and low > high:
+        return f"{SERVER_TIERS[high][0]} imports {dst}, which is above it (edge -> engine -> lora -> model)"
     return None
 
 

@@ -16,6 +16,7 @@ from store.store_services import StoreProcess
 from loraplex.adapter_store.client import StoreClient
 from loraplex.adapter_store.errors import AdapterNotFoundError
 from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.model.checkpoint import ModelSource
 
@@ -37,8 +38,8 @@ def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_d
     other_replica = StoreClient(store.target)
     try:
         config = EngineConfig(num_kv_blocks=128, max_num_seqs=8, max_num_batched_tokens=128)
-        engine = AsyncEngine.build(
-            config, ModelSource(path=str(tiny_llama_dir)), lambda base: StoreClient(store.target, base=base),
+        engine = build_engine(
+            AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), lambda base: StoreClient(store.target, base=base),
             progress=False,
         )
         prompt = engine.tokenizer.encode("Tell me about the sea")
@@ -74,7 +75,7 @@ def test_store_backed_engine_follows_reuploads_from_another_replica(tiny_llama_d
 
         first, second = asyncio.run(main())
         assert first != second, "the re-uploaded adapter must be served"
-        fresh = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)),
+        fresh = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)),
                                   lambda base: StoreClient(store.target, base=base), progress=False)
         assert not fresh.adapters.put("acme/sea", v2).public and not fresh.adapters.get("acme/sea").public
 

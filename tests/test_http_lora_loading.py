@@ -21,6 +21,7 @@ import pytest
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.auth.tokens import TokenFile
 from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.model.checkpoint import ModelSource
 from loraplex.inference_server.server.app import ServerOptions
@@ -41,7 +42,7 @@ def _serve(tiny_llama_dir: Path, adapters: Path, enabled: bool, security: Securi
     srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4), security=security)
     url = srv.start_http(default_max_new_tokens=4, runtime_lora_updating=enabled)
     config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
-    srv.attach(AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), adapters, progress=False))
+    srv.attach(build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), adapters, progress=False))
     return srv, url.removesuffix("/v1")
 
 

@@ -17,6 +17,8 @@ import grpc
 import openai
 import pytest
 
+from loraplex.inference_server.build import build_engine
+
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.model.checkpoint import ModelSource
@@ -120,7 +122,7 @@ def live(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=8))
     url = srv.start_http(default_max_new_tokens=8)
     config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=256)
-    engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
+    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
                                progress=False)
     srv.attach(engine)
     yield srv, engine, url

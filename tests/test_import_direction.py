@@ -1,8 +1,9 @@
 """The packages depend on each other in one direction (clients -> protos; adapter_store ->
 protos; inference_server -> the store's client side, kernels, protos; kernels -> nothing of
-the project), the LoRA runtime's tiers only downwards, no modules import each other in a
-circle, and every import of the project names it under the one namespace (loraplex.kernels, not
-kernels). Read from the sources (tests/import_graph.py), nothing imported."""
+the project), inside the GPU process the edge -> engine -> lora -> model (parallel above the
+engine, build.py above both), the LoRA runtime's tiers only downwards, no modules import each
+other in a circle, and every import of the project names it under the one namespace
+(loraplex.kernels, not kernels). Read from the sources (tests/import_graph.py), nothing imported."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("inference_server/model/x.py", "def f():\n    from loraplex.kernels.cuda.paged_decode import supported\n",
      "device-agnostic entry points"),
     ("inference_server/x.py", "import kernels\n", "installed as loraplex.kernels"),
+    ("inference_server/engine/x.py", "def f():\n    from loraplex.inference_server.parallel import launch\n",
+     "which is above it"),
+    ("inference_server/model/x.py", "from loraplex.inference_server.lora.batch import LoraBatch\n",
+     "which is above it"),
+    ("inference_server/lora/layers.py", "from loraplex.inference_server.engine.config import EngineConfig\n",
+     "which is above it"),
+    ("inference_server/engine/x.py", "from loraplex.inference_server.server import convert\n", "which is above it"),
     ("clients/x.py", "from clients.errors import NotFoundError\n", "installed as loraplex.clients"),
 ])
 def test_the_checker_flags_each_kind_of_forbidden_edge(tmp_path, rel, text, why) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from loraplex.clients import LoraplexClient
 from loraplex.clients.errors import InvalidArgumentError
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.model.checkpoint import ModelSource
@@ -32,7 +33,7 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
     srv.http_url = srv.start_http(default_max_new_tokens=4)
     config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
-    engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
+    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
                                progress=False)
     srv.attach(engine)
     yield srv, engine

@@ -68,6 +68,7 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
     import asyncio
 
     from loraplex.clients import AsyncLoraplexClient, LoraplexClient
+    from loraplex.inference_server.build import build_engine
     from loraplex.inference_server.engine.async_engine import AsyncEngine
     from loraplex.inference_server.engine.config import EngineConfig
     from loraplex.inference_server.model.checkpoint import ModelSource
@@ -89,7 +90,8 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
         srv = ServerThread(ServerOptions(port=0, metrics_port=free_port(), default_max_new_tokens=12))
         config = EngineConfig(num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=256,
                               adapter_pool_bytes=pool_bytes, adapter_host_cache_bytes=pool_bytes)
-        engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), many_adapters, progress=False)
+        engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), many_adapters,
+                              progress=False)
         srv.attach(engine)
         try:
             async def run() -> list:

@@ -14,6 +14,7 @@ from server_helpers import ServerThread
 from loraplex.clients import AsyncLoraplexClient
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.auth.tokens import TokenFile, hash_token
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.model.checkpoint import ModelSource
@@ -31,7 +32,8 @@ def fair_server(tiny_llama_dir: Path, tmp_path: Path):
                                              for who, t in TOKENS.items()]}))
     srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tokens))))
     config = EngineConfig(num_kv_blocks=128, block_size=16, max_num_seqs=BATCH, max_num_batched_tokens=256)
-    engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), tmp_path / "adapters", progress=False)
+    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), tmp_path / "adapters",
+                          progress=False)
     srv.attach(engine)
     yield srv, engine
     srv.close(grace_s=0.5)

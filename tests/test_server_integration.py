@@ -20,6 +20,7 @@ from server_helpers import ServerThread, free_port, write_fake_adapter
 
 from loraplex.clients import AsyncLoraplexClient, LoraplexClient
 from loraplex.clients.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
@@ -54,7 +55,7 @@ def live(tiny_llama_dir: Path, peft_sources: dict[str, Path], tmp_path_factory: 
         shutil.copytree(peft_sources[name], store / name)
     srv = ServerThread(ServerOptions(port=0, metrics_port=free_port(), default_max_new_tokens=NEW_TOKENS))
     config = EngineConfig(num_kv_blocks=256, block_size=16, max_num_seqs=32, max_num_batched_tokens=512)
-    engine = AsyncEngine.build(config, ModelSource(path=str(tiny_llama_dir)), store, progress=False)
+    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), store, progress=False)
     srv.attach(engine)
     yield srv, engine, store
     srv.close()

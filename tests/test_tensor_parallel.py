@@ -18,7 +18,7 @@ from lora_helpers import ADAPTER_CONFIGS, greedy_request, load_engine, make_peft
 
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.inference_server.engine.async_engine import AsyncEngine
-from loraplex.inference_server.engine.build import build_engine
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.request import FinishReason
 from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory

@@ -58,13 +58,6 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
 
-    @classmethod
-    def build(cls, config: EngineConfig, model, adapters, progress: bool = True) -> "AsyncEngine":
-        """Load the model (blocking: call it in a thread) and wire the engine together."""
-        from loraplex.inference_server.engine.build import build_engine  # noqa: PLC0415
-
-        return build_engine(cls, config, model, adapters, progress)
-
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
