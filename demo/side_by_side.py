@@ -51,14 +51,17 @@ class Panel:
 
 
 async def ask(client: AsyncLoraplexClient, question: str, models: dict[str, str | None], max_new_tokens: int,
-              out: TextIO = sys.stdout) -> dict[str, str]:
-    """Stream ``question`` to every model concurrently (name -> adapter id, None = base); return the answers."""
+              out: TextIO = sys.stdout, raw_prompt: str | None = None) -> dict[str, str]:
+    """Stream ``question`` to every model concurrently (name -> adapter id, None = base); return the
+    answers. ``raw_prompt``: send this text (ended at the first newline) instead of a chat message,
+    for a model without a chat template."""
     answers = {name: "" for name in models}
     panel = Panel(out, live=out.isatty())
-    messages = [{"role": "user", "content": question}]
+    request = (dict(prompt=raw_prompt, stop=["\n"]) if raw_prompt is not None
+               else dict(messages=[{"role": "user", "content": question}]))
 
     async def one(name: str, adapter: str | None) -> None:
-        async for event in client.generate(messages=messages, adapter=adapter, max_new_tokens=max_new_tokens):
+        async for event in client.generate(**request, adapter=adapter, max_new_tokens=max_new_tokens):
             answers[name] += event.text
             panel.draw(answers)
 

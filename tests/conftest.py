@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from checkout_path import keep_checkout_root_last
+from tiny_models import save_tiny_model
 
 keep_checkout_root_last()
 
@@ -50,21 +50,6 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smollm2-tokenizer")
     tok = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
     tok.save_pretrained(out)
-    return out
-
-
-def save_tiny_model(model_cls: type, config: object, tokenizer_dir: Path, out: Path, seed: int) -> Path:
-    """Random float32 model (seeded, global RNG untouched) + tokenizer files -> a HF folder."""
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = model_cls(config).to(torch.float32).eval()
-        with torch.no_grad():  # transformers zero-inits biases; make bias loading observable
-            for name, param in model.named_parameters():
-                if name.endswith(".bias"):
-                    param.normal_(0.0, 0.02)
-    model.save_pretrained(out, safe_serialization=True)
-    for f in os.listdir(tokenizer_dir):
-        shutil.copy(tokenizer_dir / f, out / f)
     return out
 
 

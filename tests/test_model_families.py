@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import save_tiny_model
 from lora_helpers import check_exact_against_peft
+from tiny_models import save_tiny_model
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=49152, max_position_embeddings=2048, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
@@ -65,12 +65,13 @@ def _cases() -> dict[str, tuple[str, dict, dict]]:
 CASES = _cases()
 
 
-def tiny_family_model(case: str, tokenizer_dir: Path, out: Path) -> Path:
-    """The case's random float32 model as a HF folder, every norm weight drawn at random too (so a
-    norm convention mistake, such as Gemma's 1 + w, shows)."""
+def tiny_family_model(case: str, tokenizer_dir: Path, out: Path, **overrides) -> Path:
+    """The case's random float32 model as a HF folder (its config changed by ``overrides``), every
+    norm weight drawn at random too (so a norm convention mistake, such as Gemma's 1 + w, shows)."""
     import transformers
 
     prefix, kwargs, _ = CASES[case]
+    kwargs = {**kwargs, **overrides}
     config_cls = getattr(transformers, f"{prefix}TextConfig" if prefix == "Gemma3" else f"{prefix}Config")
     model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     folder = save_tiny_model(model_cls, config_cls(**kwargs), tokenizer_dir, out, seed=sum(map(ord, case)))

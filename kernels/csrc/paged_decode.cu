@@ -207,7 +207,9 @@ __global__ void paged_decode_combine(
   for (int s = 0; s < used; ++s) m = fmaxf(m, part_ml[(base + s) * 2]);
   float l = 0.f, o = 0.f;
   for (int s = 0; s < used; ++s) {
-    const float w = __expf(part_ml[(base + s) * 2] - m);
+    const float ms = part_ml[(base + s) * 2];
+    if (ms == PD_NEG_INF) continue;  // a split before a sliding window: its output was never written
+    const float w = __expf(ms - m);
     l += w * part_ml[(base + s) * 2 + 1];
     o += w * part_out[(base + s) * head_dim + d];
   }
