@@ -114,6 +114,40 @@ def test_two_ranks_give_the_single_process_tokens(tiny_llama_dir: Path, adapter_
     assert proc.exitcode == 0
 
 
+@pytest.mark.parametrize("case", ["phi3", "gemma3"])
+def test_two_ranks_serve_other_families(case: str, smollm2_tokenizer_dir: Path, tmp_path: Path) -> None:
+    """Phi-3's checkpoint fuses q/k/v and gate/up, and its adapters target those fused linears: each
+    rank takes its heads' rows of every part (and of each fused B). Gemma 3: q/k norms, windows,
+    local RoPE, embedding scale and the (1 + w) norms under sharding. Two ranks, the tokens of one."""
+    from transformers import AutoModelForCausalLM
+
+    from test_model_families import CASES, tiny_family_model
+
+    folder = tiny_family_model(case, smollm2_tokenizer_dir, tmp_path / "model")
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for seed, (name, kwargs) in enumerate(CASES[case][2].items()):
+        make_peft_adapter(hf_model, tmp_path / "adapters" / name, kwargs, seed=seed, std=0.2)
+    engine = load_engine(folder, tmp_path / "adapters", **ENGINE)
+    prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    requests = [greedy_request(f"{i}-{name}", p, name, NEW_TOKENS)
+                for i, p in enumerate(prompts) for name in [None, *CASES[case][2]]]
+    expected = {rid: tokens_of(events) for rid, events in run_all(engine, requests).items()}
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_rank0, args=(str(folder), str(tmp_path / "adapters"), requests, out))
+    proc.start()
+    try:
+        result = out.get(timeout=RANK0_TIMEOUT_S)
+        proc.join(30)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    assert result[0] == "ok", result[1]
+    tokens = result[1]
+    assert sorted(rid for rid in expected if tokens[rid] != expected[rid]) == []
+
+
 def test_kv_heads_must_divide_by_the_world_size(tiny_llama_dir: Path, adapter_dir: Path) -> None:
     cfg = ModelConfig("llama", 100, 64, 128, 2, 4, 2, 16)
     with pytest.raises(ValueError, match="does not divide the model's 2 KV heads"):
