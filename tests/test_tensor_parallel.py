@@ -91,11 +91,11 @@ def _rank0(model_dir: str, adapter_dir: str, requests: list, out) -> None:
         out.put(("error", traceback.format_exc()))
 
 
-def test_two_ranks_give_the_single_process_tokens(tiny_llama_dir: Path, adapter_dir: Path, workload) -> None:
-    requests, expected = workload
+def _two_ranks(model_dir: Path, adapter_dir: Path, requests: list) -> tuple[tuple, int | None]:
+    """(rank 0's report, its exit code): the engine with two ranks in a child process."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_rank0, args=(str(tiny_llama_dir), str(adapter_dir), requests, out))
+    proc = ctx.Process(target=_rank0, args=(str(model_dir), str(adapter_dir), requests, out))
     proc.start()
     try:
         result = out.get(timeout=RANK0_TIMEOUT_S)
@@ -104,6 +104,12 @@ def test_two_ranks_give_the_single_process_tokens(tiny_llama_dir: Path, adapter_
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+    return result, proc.exitcode
+
+
+def test_two_ranks_give_the_single_process_tokens(tiny_llama_dir: Path, adapter_dir: Path, workload) -> None:
+    requests, expected = workload
+    result, exitcode = _two_ranks(tiny_llama_dir, adapter_dir, requests)
     assert result[0] == "ok", result[1]
     _, tokens, shapes, failed_reason = result
     mismatches = sorted(rid for rid in expected if tokens[rid] != expected[rid])
@@ -111,7 +117,7 @@ def test_two_ranks_give_the_single_process_tokens(tiny_llama_dir: Path, adapter_
     # each rank holds half: 2 of 4 query heads, 1 of 2 kv heads (16 dims), half of the MLP and vocab
     assert shapes == {"qkv": (64, 64), "down": (64, 64), "embed": (49152 // 2, 64), "kv_cache": (2, 128, 16, 1, 16)}
     assert failed_reason is FinishReason.ERROR
-    assert proc.exitcode == 0
+    assert exitcode == 0
 
 
 @pytest.mark.parametrize("case", ["phi3", "gemma3"])
@@ -132,17 +138,7 @@ def test_two_ranks_serve_other_families(case: str, smollm2_tokenizer_dir: Path, 
     requests = [greedy_request(f"{i}-{name}", p, name, NEW_TOKENS)
                 for i, p in enumerate(prompts) for name in [None, *CASES[case][2]]]
     expected = {rid: tokens_of(events) for rid, events in run_all(engine, requests).items()}
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_rank0, args=(str(folder), str(tmp_path / "adapters"), requests, out))
-    proc.start()
-    try:
-        result = out.get(timeout=RANK0_TIMEOUT_S)
-        proc.join(30)
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
+    result, _ = _two_ranks(folder, tmp_path / "adapters", requests)
     assert result[0] == "ok", result[1]
     tokens = result[1]
     assert sorted(rid for rid in expected if tokens[rid] != expected[rid]) == []

@@ -57,12 +57,6 @@ class GemmaForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg, [GemmaDecoderLayer(cfg, i) for i in range(cfg.num_layers)])
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x, delta = self.embed(input_ids), None
-        for layer in self.layers:
-            x, delta = layer(x, delta, self.rotary_of(layer.self_attn), batch)
-        return self.norm(x, delta)[0]
-
 
 def _activation(cfg: Mapping[str, Any]) -> str:
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"

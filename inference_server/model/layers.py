@@ -123,7 +123,8 @@ class GatedMLP(nn.Module):
 class DecoderLM(nn.Module):
     """Token ids [T] (rows of many sequences, flattened) -> hidden [T, H]; logits for chosen rows.
 
-    A family's model subclasses it with its own ``layers`` (each with ``self_attn`` and ``mlp``)."""
+    A family's model subclasses it with its own ``layers`` (each with ``self_attn`` and ``mlp``, and
+    ``forward(x, delta, rotary, batch) -> (x, delta)``)."""
 
     def __init__(self, cfg: ModelConfig, layers: list[nn.Module]) -> None:
         super().__init__()
@@ -147,6 +148,14 @@ class DecoderLM(nn.Module):
 
     def rotary_of(self, attention: Attention) -> RotaryEmbedding:
         return self.local_rotary if attention.rotary_kind == "local" else self.rotary
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Each layer takes the residual stream and the previous block's output (x, delta) and
+        returns the next pair; the final norm adds the last delta."""
+        x, delta = self.embed(input_ids), None
+        for layer in self.layers:
+            x, delta = layer(x, delta, self.rotary_of(layer.self_attn), batch)
+        return self.norm(x, delta)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

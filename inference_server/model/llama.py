@@ -44,12 +44,6 @@ class LlamaForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg, [DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x, delta = self.embed(input_ids), None
-        for layer in self.layers:
-            x, delta = layer(x, delta, self.rotary_of(layer.self_attn), batch)
-        return self.norm(x, delta)[0]
-
 
 def refuse_fields(cfg: Mapping[str, Any], family: str, **unsupported: object) -> None:
     """Refuse a config field set to anything but its harmless value (``field=harmless``), by name."""

@@ -69,14 +69,20 @@ def test_16bit_kernels_stay_within_tolerance_of_float32(tiny_llama_dir: Path, ad
     dtype itself costs, per adapter), and never past 1e-2 where that error is tiny. A kernel
     that dropped or doubled part of a delta would be far off: each adapter moves these logits
     by 60-140% of their norm."""
-    ref = load_engine(tiny_llama_dir, adapter_dir, device="cuda")
-    # eager: _last_logits reads the logits of an eager forward (graph replay == eager is
-    # tests/gpu/test_engine_graphs.py's subject)
-    low = load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype=dtype, enforce_eager=True)
-    cpu_low = load_engine(tiny_llama_dir, adapter_dir, device="cpu", dtype=dtype)
-    prompt = ref.tokenizer.encode(TEXTS[0] * 3)
+    check_16bit_tolerance(tiny_llama_dir, adapter_dir, dtype, TEXTS[0] * 3, list(ADAPTER_CONFIGS))
+
+
+def check_16bit_tolerance(model_dir: Path, adapter_dir: Path, dtype: str, text: str, adapters: list[str]) -> None:
+    """The 16-bit CUDA engine's last-row logits of ``text`` against the float32 CUDA engine's,
+    base and each adapter: within max(1e-2, 2x the same dtype's error through the reference
+    kernels on the CPU). Eager: _last_logits reads an eager forward (graph replay == eager is
+    tests/gpu/test_engine_graphs.py's subject)."""
+    ref = load_engine(model_dir, adapter_dir, device="cuda")
+    low = load_engine(model_dir, adapter_dir, device="cuda", dtype=dtype, enforce_eager=True)
+    cpu_low = load_engine(model_dir, adapter_dir, device="cpu", dtype=dtype)
+    prompt = ref.tokenizer.encode(text)
     errors, bounds = {}, {}
-    for adapter in [None, *ADAPTER_CONFIGS]:
+    for adapter in [None, *adapters]:
         a = _last_logits(ref, prompt, adapter)
         errors[adapter] = ((_last_logits(low, prompt, adapter) - a).norm() / a.norm()).item()
         bounds[adapter] = max(1e-2, 2 * ((_last_logits(cpu_low, prompt, adapter) - a).norm() / a.norm()).item())

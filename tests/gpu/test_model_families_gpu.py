@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lora_helpers import NEW_TOKENS, PROMPTS, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
-from test_engine_gpu import _last_logits
+from test_engine_gpu import check_16bit_tolerance
 from test_model_families import CASES, tiny_family_model
 
 
@@ -59,16 +59,8 @@ def test_bfloat16_stays_within_tolerance_of_float32(family) -> None:
     """The rule of test_engine_gpu.py: within 2x the error of bfloat16 through the reference
     kernels on the CPU, never past 1e-2 where that is tiny."""
     folder, adapters, names, _ = family
-    ref = load_engine(folder, adapters, device="cuda")
-    low = load_engine(folder, adapters, device="cuda", dtype="bfloat16", enforce_eager=True)
-    cpu_low = load_engine(folder, adapters, device="cpu", dtype="bfloat16")
-    prompt = ref.tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again and again.")
-    errors, bounds = {}, {}
-    for adapter in [None, *names]:
-        a = _last_logits(ref, prompt, adapter)
-        errors[adapter] = ((_last_logits(low, prompt, adapter) - a).norm() / a.norm()).item()
-        bounds[adapter] = max(1e-2, 2 * ((_last_logits(cpu_low, prompt, adapter) - a).norm() / a.norm()).item())
-    assert all(errors[k] <= bounds[k] for k in errors), f"relative errors {errors}, bounds {bounds}"
+    check_16bit_tolerance(folder, adapters, "bfloat16",
+                          "The quick brown fox jumps over the lazy dog, again and again and again.", names)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3"], indirect=True)
