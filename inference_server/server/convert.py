@@ -27,6 +27,7 @@ from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
+    GrammarSpec,
     SamplingParams,
     StoppingCriteria,
     TokenEvent,
@@ -254,6 +255,40 @@ def fitted_max_new_tokens(requested: int | None, prompt_len: int, limits: Reques
     return max_new
 
 
+def response_format_from_pb(msg: pb.GenerateRequest) -> GrammarSpec | None:
+    """The request's grammar (structured output) from its response_format; None when unset."""
+    if not msg.HasField("response_format"):
+        return None
+    kind = msg.response_format.WhichOneof("format")
+    if kind == "json_object" and msg.response_format.json_object:
+        return GrammarSpec("json_object")
+    if kind == "json_schema":
+        try:
+            return GrammarSpec("json_schema", msg.response_format.json_schema)
+        except InvalidRequestError as exc:
+            raise grammar_field(exc) from None
+    raise InvalidRequestError("set json_object (true) or json_schema", "response_format")
+
+
+def grammar_field(exc: InvalidRequestError) -> InvalidRequestError:
+    """A refusal of a grammar's schema (the engine's ``response_format.schema``) under this API's
+    field, ``response_format.json_schema``; any other refusal as it is."""
+    if exc.field != "response_format.schema":
+        return exc
+    return InvalidRequestError(str(exc).removeprefix(f"{exc.field}: "), "response_format.json_schema")
+
+
+def _stopping_fields(build: Callable[[], T]) -> T:
+    """Run ``build``; a refusal naming a stopping field (a response format with ignore_eos or
+    min_tokens) re-raised under its path here, ``stopping.<field>``."""
+    try:
+        return build()
+    except InvalidRequestError as exc:
+        if exc.field not in ("ignore_eos", "min_tokens"):
+            raise
+        raise InvalidRequestError(str(exc).removeprefix(f"{exc.field}: "), f"stopping.{exc.field}") from None
+
+
 def tenant_of(adapter_id: str | None) -> str | None:
     """The tenant part of ``tenant/name`` (None for the base model or a shared adapter)."""
     return adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
@@ -271,16 +306,17 @@ def generate_request_from_pb(
         raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {n}", "n")
     prompt = prompt_from_pb(msg, tokenizer, limits)
     stopping = stopping_from_pb(msg.stopping, limits, len(prompt))
+    grammar = response_format_from_pb(msg)
     group = uuid.uuid4().hex if n > 1 else None
     requests = []
     for i in range(n):
         params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-        requests.append(GenerationRequest(
+        requests.append(_stopping_fields(lambda: GenerationRequest(
             request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter_id, sampling=params,
             stopping=stopping, tenant=tenant_of(adapter_id),
             skip_special_tokens=msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True,
-            prompt_group=group,
-        ))
+            prompt_group=group, grammar=grammar,
+        )))
     return EdgeRequest(requests=tuple(requests), client_request_id=client_id)
 
 

@@ -69,9 +69,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         edge = await self._decode(request, engine)
         client_id = edge.client_request_id
         streams = [generation(self._state, self._metrics, self._tenancy, context, engine, r) for r in edge.requests]
-        async with aclosing(interleaved(streams)) as events:
-            async for index, event in events:
-                yield convert.token_event_to_pb(event, client_id, index)
+        try:
+            async with aclosing(interleaved(streams)) as events:
+                async for index, event in events:
+                    yield convert.token_event_to_pb(event, client_id, index)
+        except InvalidRequestError as exc:  # a schema the grammar library refused: named as this API's field
+            raise convert.grammar_field(exc) from None
 
     async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
                             context: grpc.aio.ServicerContext) -> pb.Adapter:
