@@ -12,6 +12,7 @@ paged decode kernel and the rest SDPA.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -231,8 +232,9 @@ class ModelRunner:
             return None
         if any(s.grammar is not None and s.token_ids[-1] == PLACEHOLDER for s in seqs):
             raise RuntimeError("a constrained row's input token is not known yet; its mask cannot be filled")
-        if self._mask_filler is None:
-            self._mask_filler = MaskFiller()
+        if self._mask_filler is None:  # on a GPU host the cores are free for it; on the CPU the model has them
+            cores = os.cpu_count() or 1
+            self._mask_filler = MaskFiller(threads=min(8, max(1, cores // 2)) if self.device.type == "cuda" else 1)
         return self._mask_filler.masks([s.grammar for s in seqs], logits.shape[-1], logits.device)
 
     def make_generator(self, seed: int) -> torch.Generator:
