@@ -27,11 +27,11 @@ from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
-    GrammarSpec,
     SamplingParams,
     StoppingCriteria,
     TokenEvent,
 )
+from loraplex.inference_server.server.response_format import response_format_from_pb
 from loraplex.v1 import inference_pb2 as pb
 
 MAX_REQUEST_ID_LEN = 128
@@ -255,29 +255,6 @@ def fitted_max_new_tokens(requested: int | None, prompt_len: int, limits: Reques
     return max_new
 
 
-def response_format_from_pb(msg: pb.GenerateRequest) -> GrammarSpec | None:
-    """The request's grammar (structured output) from its response_format; None when unset."""
-    if not msg.HasField("response_format"):
-        return None
-    kind = msg.response_format.WhichOneof("format")
-    if kind == "json_object" and msg.response_format.json_object:
-        return GrammarSpec("json_object")
-    if kind == "json_schema":
-        try:
-            return GrammarSpec("json_schema", msg.response_format.json_schema)
-        except InvalidRequestError as exc:
-            raise grammar_field(exc) from None
-    raise InvalidRequestError("set json_object (true) or json_schema", "response_format")
-
-
-def grammar_field(exc: InvalidRequestError) -> InvalidRequestError:
-    """A refusal of a grammar's schema (the engine's ``response_format.schema``) under this API's
-    field, ``response_format.json_schema``; any other refusal as it is."""
-    if exc.field != "response_format.schema":
-        return exc
-    return InvalidRequestError(str(exc).removeprefix(f"{exc.field}: "), "response_format.json_schema")
-
-
 def _stopping_fields(build: Callable[[], T]) -> T:
     """Run ``build``; a refusal naming a stopping field (a response format with ignore_eos or
     min_tokens) re-raised under its path here, ``stopping.<field>``."""
@@ -306,7 +283,7 @@ def generate_request_from_pb(
         raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {n}", "n")
     prompt = prompt_from_pb(msg, tokenizer, limits)
     stopping = stopping_from_pb(msg.stopping, limits, len(prompt))
-    grammar = response_format_from_pb(msg)
+    grammar = response_format_from_pb(msg)  # structured output (server/response_format.py)
     group = uuid.uuid4().hex if n > 1 else None
     requests = []
     for i in range(n):
