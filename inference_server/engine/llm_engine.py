@@ -7,7 +7,10 @@ step is launched and its tokens are read one call later, after the next step is 
 the host's per-step work (token bookkeeping, detokenization, events, scheduling, planning) runs while
 the device computes. The launched step's sampled sequences carry a placeholder token until
 then. A sequence that stops on the token being read (EOS, a stop string) has one more row in
-the step launched after it; that row's token is dropped.
+the step launched after it; that row's token is dropped. A constrained sequence (structured
+output) is the exception: its grammar must take its newest token before its next mask is filled
+on the host, so a step with such a sequence whose token is still on the device is launched only
+once that token is read (``_grammar_waits``).
 """
 
 from __future__ import annotations
