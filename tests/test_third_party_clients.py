@@ -166,7 +166,8 @@ def test_inference_perf_constant_rate_benchmark_completes_with_sane_figures(serv
     ok = summary["successes"]
     assert summary["failures"]["count"] == 0 and 6 <= ok["count"] <= 10  # 1 request/s for 8 s
     assert 8 <= ok["output_tokens"]["min"] <= ok["output_tokens"]["max"] <= 16  # ignore_eos: every token asked for
-    assert ok["token_count_mismatches"] == 0
+    # (its token_count_mismatches compares the usage with its own count of the text re-tokenized, which
+    # can merge a generated token pair differently: not a count of the server's)
     ttft = ok["latency"]["time_to_first_token"]
     assert 0 < ttft["min"] <= ttft["max"] < 60
-    assert 0 < ok["throughput"]["output_tokens_per_sec"] < 10_000 and ok["throughput"]["requests_per_sec"] > 0.3
+    assert 0 < ok["throughput"]["output_tokens_per_sec"] < 10_000 and 0 < ok["throughput"]["requests_per_sec"] <= 2
