@@ -62,7 +62,8 @@ def spec_for(args: argparse.Namespace, workload: str, adapters: tuple[str, ...],
                         prompt=LengthDist(args.prompt_mean, args.prompt_sigma, args.max_prompt_len),
                         output=LengthDist(args.output_mean, args.output_sigma, args.max_output_len),
                         shared_prefix_len=args.shared_prefix_len, zipf_alpha=args.zipf_alpha,
-                        burstiness=args.burstiness, seed=args.seed, salt=salt)
+                        burstiness=args.burstiness, seed=args.seed, salt=salt,
+                        constrained_fraction=args.constrained_fraction)
 
 
 def count_subsets(args: argparse.Namespace, counts: list[int], names: list[str]) -> dict[int, tuple[str, ...]]:
@@ -179,6 +180,8 @@ def notes(args: argparse.Namespace, runs: dict[RunKey, Summary]) -> str:
          f"coefficient of variation {args.burstiness ** -0.5:.2f})") + f", seed {args.seed}, {per_rate} per rate.",
         f"Shared system prompt of {args.shared_prefix_len} tokens per adapter." if args.shared_prefix_len else "",
         f"Goodput SLO: TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= {args.slo_tpot_ms:g} ms.",
+        f"{args.constrained_fraction:.0%} of requests constrained to a JSON schema (an array of digits, at least "
+        "4096: it runs to its length too)." if args.constrained_fraction else "",
         f"Skewed: Zipf alpha {args.zipf_alpha:g}." if "skewed" in args.workload else "",
         f"Ranks {','.join(map(str, args.ranks))}.",
         f"Server flags: {', '.join(flags) or 'the defaults'}; {args.client_procs} client processes;",
@@ -198,6 +201,7 @@ def title(args: argparse.Namespace) -> str:
             f"{'+'.join(args.edges)}, {','.join(args.workload)}, {adapters}, rates "
             f"{','.join(rate_label(r) for r in args.rates)}"
             + (f", shared prefix {args.shared_prefix_len}" if args.shared_prefix_len else "")
+            + (f", {args.constrained_fraction:.0%} constrained" if args.constrained_fraction else "")
             + f", prefix cache {'/'.join(args.prefix_caching)}")
 
 

@@ -3,7 +3,10 @@
 gRPC goes through the raw generated stubs on grpc.aio (as bench_serving.py's workers), HTTP
 through serve_http.py's raw SSE reader on /v1/completions (``prompt`` as token ids, ``model`` =
 the adapter id or the base model's id, ``stream_options.include_usage`` for the token count).
-Both ask for greedy decoding, ``ignore_eos`` and max_new_tokens = the drawn output length.
+Both ask for greedy decoding, ``ignore_eos`` and max_new_tokens = the drawn output length; a
+constrained request (``--constrained-fraction``) asks for CONSTRAINED_SCHEMA instead of ``ignore_eos``:
+an array of at least 4096 digits, which no drawn length completes, so it too runs to its length
+while every step masks its tokens.
 
 One process may not keep up with thousands of tokens/s of streamed messages, so a ClientPool of
 worker processes splits each run's requests round robin; every worker sleeps until the run's
@@ -26,6 +29,8 @@ from benchmarks.serve_metrics import RequestRecord
 from benchmarks.serve_workload import BenchRequest
 
 EDGES = ("grpc", "http")
+CONSTRAINED_SCHEMA = json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                                 "minItems": 4096})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +52,10 @@ async def grpc_request(stub, pb, req: BenchRequest, timeout_s: float) -> Request
 
     rec = _record(req)
     message = pb.GenerateRequest(adapter_id=req.adapter or "", token_ids=pb.TokenIds(ids=req.prompt),
-                                 stopping=pb.StoppingCriteria(max_new_tokens=req.output_len, ignore_eos=True))
+                                 stopping=pb.StoppingCriteria(max_new_tokens=req.output_len,
+                                                              ignore_eos=not req.constrained))
+    if req.constrained:
+        message.response_format.json_schema = CONSTRAINED_SCHEMA
     finish = "none"
     try:
         async for m in stub.Generate(message, timeout=timeout_s):
@@ -67,8 +75,13 @@ async def grpc_request(stub, pb, req: BenchRequest, timeout_s: float) -> Request
 
 def completion_body(req: BenchRequest, base_model: str) -> dict:
     """The /v1/completions body of ``req``: token-id prompt, greedy, exactly output_len tokens."""
-    return {"model": req.adapter or base_model, "prompt": list(req.prompt), "max_tokens": req.output_len,
+    body = {"model": req.adapter or base_model, "prompt": list(req.prompt), "max_tokens": req.output_len,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if req.constrained:
+        del body["ignore_eos"]
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "digits", "schema": json.loads(CONSTRAINED_SCHEMA)}}
+    return body
 
 
 async def http_request(endpoint: Endpoint, req: BenchRequest, timeout_s: float) -> RequestRecord:

@@ -102,8 +102,11 @@ class WorkloadSpec:
     burstiness: float = 1.0  # 1: Poisson; else gamma gaps of this shape (module docstring)
     seed: int = 0
     salt: int = 0  # the run's number: its token ids differ from every other run's
+    constrained_fraction: float = 0.0  # share of requests sent with a JSON schema (structured output)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.constrained_fraction <= 1.0:
+            raise ValueError(f"constrained_fraction must be in [0, 1], got {self.constrained_fraction}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if self.workload != "base" and not self.adapters:
@@ -128,6 +131,7 @@ class BenchRequest:
     prompt: tuple[int, ...]
     output_len: int
     adapter: str | None
+    constrained: bool = False  # sent with serve_clients.CONSTRAINED_SCHEMA as its response format
 
 
 def arrival_offsets(rng: np.random.Generator, n: int, rate: float, burstiness: float = 1.0) -> np.ndarray:
@@ -181,6 +185,7 @@ def build_requests(spec: WorkloadSpec) -> list[BenchRequest]:
                              spec.adapters, spec.zipf_alpha)
     tokens = np.random.default_rng([spec.seed, 3, spec.salt])
     prefixes = {a: system_prompt(spec, a) for a in set(adapters)}
+    constrained = np.random.default_rng([spec.seed, 5]).random(n) < spec.constrained_fraction
     return [BenchRequest(i, float(sends[i]), prefixes[adapters[i]] + random_ids(tokens, int(prompt_lens[i]),
                                                                                spec.vocab_size),
-                         int(output_lens[i]), adapters[i]) for i in range(n)]
+                         int(output_lens[i]), adapters[i], bool(constrained[i])) for i in range(n)]

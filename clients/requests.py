@@ -67,8 +67,11 @@ def generate_request(
     logprobs: bool = False,
     top_logprobs: int = 0,
     request_id: str = "",
+    json_schema: dict | str | None = None,
+    json_object: bool = False,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest from keyword arguments; exactly one of prompt, token_ids, messages."""
+    """A GenerateRequest from keyword arguments; exactly one of prompt, token_ids, messages.
+    ``json_schema`` (a dict or its JSON text) or ``json_object``: structured output."""
     given = [name for name, v in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
              if v is not None]
     if len(given) != 1:
@@ -100,6 +103,12 @@ def generate_request(
     except (TypeError, ValueError) as e:
         raise ValueError(f"stop_token_ids: {e}") from None
     st.ignore_eos = ignore_eos
+    if json_schema is not None and json_object:
+        raise ValueError("pass json_schema or json_object, not both")
+    if json_schema is not None:
+        req.response_format.json_schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+    elif json_object:
+        req.response_format.json_object = True
     return req
 
 

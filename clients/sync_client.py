@@ -76,7 +76,8 @@ class LoraplexClient:
 
         Keyword arguments: adapter, token_ids, messages, max_new_tokens, temperature, top_k, top_p,
         seed, repetition_penalty, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,
-        request_id (see loraplex.clients.requests.generate_request). ``timeout`` bounds the whole stream.
+        request_id, json_schema, json_object (see loraplex.clients.requests.generate_request). ``timeout``
+        bounds the whole stream.
         """
         return self._stream(generate_request(prompt, **kwargs), timeout)
 

@@ -110,6 +110,21 @@ def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path,
     assert all(0 < hit < 1 for hit in shared), shared  # the system prompts (16 of 16-64 tokens) come from cache
 
 
+@pytest.mark.slow
+def test_constrained_requests_run_to_their_drawn_length_on_both_edges(tmp_path: Path) -> None:
+    results = bench_serve.main(["--edge", "both", "--workload", "uniform", "--num-adapters", "2", "--rates", "inf",
+                                "--num-requests", "8", "--constrained-fraction", "0.5", "--workdir", str(tmp_path),
+                                *TINY_LOAD])
+    _check_complete(results)
+    for result in results:
+        assert 0 < sum(r.constrained for r in result.requests) < len(result.requests)
+    args = parse_args(["--constrained-fraction", "0.25", *TINY_LOAD])
+    assert bench_serve.title(args).endswith(", 25% constrained, prefix cache on")
+    assert "25% of requests constrained to a JSON schema" in bench_serve.notes(args, {})
+    with pytest.raises(SystemExit):
+        parse_args(["--constrained-fraction", "1.5", *TINY_LOAD])
+
+
 def test_duration_sets_the_requests_per_rate_and_rate_inf_keeps_num_requests() -> None:
     args = parse_args(["--duration", "2.5", "--num-requests", "7", "--rates", "4,inf", *TINY_LOAD])
     finite = bench_serve.spec_for(args, "skewed", ("a", "b"), 4.0, 1, 512)

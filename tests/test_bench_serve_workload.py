@@ -156,7 +156,8 @@ def test_every_run_gets_other_token_ids_so_no_run_hits_another_in_the_prefix_cac
 
 
 @pytest.mark.parametrize("bad", [dict(workload="zipf"), dict(rate=0.0), dict(workload="skewed", adapters=()),
-                                 dict(num_requests=0), dict(vocab_size=5), dict(shared_prefix_len=-1)])
+                                 dict(num_requests=0), dict(vocab_size=5), dict(shared_prefix_len=-1),
+                                 dict(constrained_fraction=1.5)])
 def test_bad_specs_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         _spec(**bad)
@@ -165,3 +166,12 @@ def test_bad_specs_are_refused(bad: dict) -> None:
 def test_bad_length_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="low <= high"):
         LengthDist(10, 1.0, high=3)
+
+
+def test_the_constrained_share_is_drawn_apart_from_everything_else() -> None:
+    plain = build_requests(_spec())
+    mixed = build_requests(_spec(constrained_fraction=0.25))
+    assert not any(r.constrained for r in plain)
+    assert 30 <= sum(r.constrained for r in mixed) <= 70  # 25% of 200
+    assert [replace(r, constrained=False) for r in mixed] == plain  # nothing else moves
+    assert all(r.constrained for r in build_requests(_spec(constrained_fraction=1.0)))

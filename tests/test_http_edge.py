@@ -138,18 +138,19 @@ BAD_COMPLETIONS = [
     ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"999": 1}}, "logit_bias"),
     ({"logit_bias": {"5": 101}}, "logit_bias"), ({"min_p": 2}, "min_p"), ({"min_tokens": -1}, "min_tokens"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"), ({"stop_token_ids": [999]}, "stop_token_ids"),
-    ({"response_format": {"type": "json_object"}}, "response_format.type"), ({"suffix": "x"}, "suffix"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
+    ({"suffix": "x"}, "suffix"),
     ({"stream_options": {"continuous_usage_stats": "yes"}, "stream": True}, "stream_options.continuous_usage_stats"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [999]}, "prompt"), ({"prompt": ""}, "prompt"),
     ({"prompt": "x" * 300}, "prompt"), ({"model": "a b"}, "model"), ({"stream_options": {"include_usage": True}},
                                                                      "stream_options"),
 ]
 BAD_CHAT = [
-    ({"messages": []}, "messages"), ({"messages": [{"role": "tool", "content": "x"}]}, "messages.role"),
+    ({"messages": []}, "messages"), ({"messages": [{"role": "function", "content": "x"}]}, "messages.role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
-    ({"tools": [{"type": "function"}]}, "tools"), ({"n": 2, "stream_options": {}}, "stream_options"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"), ({"n": 2, "stream_options": {}}, "stream_options"),
 ]
 
 

@@ -83,16 +83,19 @@ class AsyncEngine:
     # -- requests ----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Stream the request's token events (a reader behind the steps gets the events
-        waiting merged into one); raises before the first event on bad input, an unknown
-        adapter, or a full queue."""
+        waiting merged into one); raises before the first event on bad input (a response format
+        the grammar library refuses among it), an unknown adapter, or a full queue."""
         self._admit(request)
+        grammar = None
+        if request.grammar is not None:  # compiled off the event loop and the step loop (cached)
+            grammar = await asyncio.to_thread(self._core.grammars.compile, request.grammar)
         stream = TokenStream()
         self._streams[request.request_id] = stream
         self._admission.opened(request.tenant)
         finished = False
         try:
             adapter = await self._acquire(request)
-            self._submit(lambda: self._add(request, adapter))
+            self._submit(lambda: self._add(request, adapter, grammar))
             while True:
                 event = await stream.get()  # all that is waiting, merged: a reader behind catches up
                 finished = event.finish_reason is not None
@@ -139,13 +142,13 @@ class AsyncEngine:
         if not loading.cancelled() and loading.exception() is None:
             self._manager.release(loading.result())
 
-    def _add(self, request: GenerationRequest, adapter) -> None:
+    def _add(self, request: GenerationRequest, adapter, grammar) -> None:
         if request.request_id not in self._streams:  # the caller left while the adapter loaded
             if adapter is not None:
                 self._manager.release(adapter)
             return
         try:
-            self._core.add_request(request, adapter)
+            self._core.add_request(request, adapter, grammar)
         except Exception as e:  # checked on admission; anything here is a race, reported
             if adapter is not None:
                 self._manager.release(adapter)

@@ -12,6 +12,7 @@ from loraplex.adapter_store.format.files import AdapterSource
 from loraplex.inference_server.engine.block_manager import BlockManager
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.cuda_graphs import default_sizes
+from loraplex.inference_server.engine.grammar import GrammarCompiler
 from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.llm_engine import LLMEngine
 from loraplex.inference_server.engine.lora_capacity import LoraCapacity, largest_adapter_bytes
@@ -79,9 +80,11 @@ def assemble(
     if hasattr(stacks, "note_write") and manager.counts_pool_writes:  # CPU decode stacks: told what loads wrote
         manager.add_write_listener(stacks.note_write)
     eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
+    hf_tokenizer = getattr(tokenizer, "hf_tokenizer", None)
+    grammars = None if hf_tokenizer is None else GrammarCompiler(hf_tokenizer, model_config.vocab_size, eos)
     core = LLMEngine(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
-        manager.release, config.seed, launch_ahead=config.launch_ahead,
+        manager.release, config.seed, launch_ahead=config.launch_ahead, grammars=grammars,
     )
     info = EngineInfo(
         model_name=config.served_model_name or model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,

@@ -8,7 +8,9 @@ step N's sampling needs nothing from the host: greedy rows take an argmax, sampl
 from their request's own generator on the device (``sampler.choose``), a repetition penalty
 reads the sequence's seen tokens from a row kept on the device, to which the newest token is
 added from N's sampled-token tensor (``SeenTokens``), and log-probabilities are computed there
-and copied to pinned host memory with the tokens (``LaunchedLogprobs``).
+and copied to pinned host memory with the tokens (``LaunchedLogprobs``). A constrained row's
+grammar mask is filled on the host from the tokens read so far, so its step waits for its
+previous token to be read (LLMEngine._launch); the mask reaches the device through pinned memory.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ step is launched and its tokens are read one call later, after the next step is 
 the host's per-step work (token bookkeeping, detokenization, events, scheduling, planning) runs while
 the device computes. The launched step's sampled sequences carry a placeholder token until
 then. A sequence that stops on the token being read (EOS, a stop string) has one more row in
-the step launched after it; that row's token is dropped.
+the step launched after it; that row's token is dropped. A constrained sequence (structured
+output) is the exception: its grammar must take its newest token before its next mask is filled
+on the host, so a step with such a sequence whose token is still on the device is launched only
+once that token is read (``_grammar_waits``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable, Iterable
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.engine.block_manager import BlockManager
 from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer
+from loraplex.inference_server.engine.grammar import CompiledGrammar, GrammarCompiler, GrammarState
 from loraplex.inference_server.engine.launched import LaunchedStep
 from loraplex.inference_server.engine.model_runner import ModelRunner, PromptLogprobs, StepOutput
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
@@ -41,8 +45,10 @@ class LLMEngine:
         release_adapter: Callable[[object], None],
         seed: int = 0,
         launch_ahead: bool = True,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.runner = runner
+        self.grammars = grammars  # structured output (None: constrained requests are refused)
         self.tokenizer = tokenizer
         self.blocks: BlockManager = runner.blocks
         self.scheduler = Scheduler(scheduler_config, self.blocks)
@@ -71,16 +77,25 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
         if request.sampling.prompt_logprobs is not None and not getattr(self.runner, "prompt_logprobs", True):
             raise InvalidRequestError("is not available with tensor parallelism", "prompt_logprobs")
+        if request.grammar is not None and self.grammars is None:
+            raise InvalidRequestError("structured output is not available on this engine", "response_format")
 
-    def add_request(self, request: GenerationRequest, adapter: object | None) -> None:
-        """Queue a checked request; ``adapter`` is a resident adapter reference (or None)."""
+    def add_request(self, request: GenerationRequest, adapter: object | None,
+                    grammar: CompiledGrammar | None = None) -> None:
+        """Queue a checked request; ``adapter`` is a resident adapter reference (or None);
+        ``grammar``: its GrammarSpec compiled already (AsyncEngine compiles off this thread),
+        else compiled here."""
         self.check(request)
+        if request.grammar is not None and grammar is None:
+            grammar = self.grammars.compile(request.grammar)
         seed = request.sampling.seed if request.sampling.seed is not None else self._rng.getrandbits(63)
         generator = None if request.sampling.greedy else self.runner.make_generator(seed)
         detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, request.skip_special_tokens)
         seq = Sequence.create(request, adapter, detok, generator)
         stopping = request.stopping
         seq.stop_ids = tuple(sorted(set(stopping.stop_token_ids) | (set() if stopping.ignore_eos else self.eos_token_ids)))
+        if grammar is not None:
+            seq.grammar = GrammarState(grammar, seq.stop_ids)
         self._seqs[request.request_id] = seq
         self.scheduler.add(seq)
 
@@ -155,7 +170,7 @@ class LLMEngine:
     def _launch(self, seqs: list[Sequence], num_tokens: list[int], feed: LaunchedStep | None) -> list[TokenEvent] | None:
         """Start the step on the device and keep it in ``_launched``: [] (or the error events
         of its sequences if the launch failed); None when it cannot be launched that way."""
-        if not self._launch_ahead:
+        if not self._launch_ahead or (feed is not None and _grammar_waits(seqs)):
             return None
         try:
             step = self.runner.launch(seqs, num_tokens, feed)
@@ -196,6 +211,9 @@ class LLMEngine:
                 continue
             seq.token_ids[index] = token
             seq.first_token = seq.first_token or now
+            if not self._grammar_takes(seq, token):
+                events.append(self._finish(seq, FinishReason.ERROR))
+                continue
             events.append(self._token_event(seq, token, index + 1, None if logprobs[i] is None else (logprobs[i],),
                                             None if tops[i] is None else (tops[i],)))
         return events
@@ -221,11 +239,23 @@ class LLMEngine:
                 continue
             seq.first_token = seq.first_token or now
             seq.token_ids.append(token)
+            if not self._grammar_takes(seq, token):
+                events.append(self._finish(seq, FinishReason.ERROR))
+                continue
             index = results[id(seq)]
             logprobs = None if out.result.logprobs[index] is None else (out.result.logprobs[index],)
             tops = None if out.result.top_logprobs[index] is None else (out.result.top_logprobs[index],)
             events.append(self._token_event(seq, token, len(seq.token_ids), logprobs, tops))
         return events
+
+    @staticmethod
+    def _grammar_takes(seq: Sequence, token: int) -> bool:
+        """Tell a constrained sequence's grammar its new token: False if the grammar refuses it
+        (the sampler's mask never lets that happen: logged, and the request fails)."""
+        if seq.grammar is None or seq.grammar.accept(token):
+            return True
+        log.error("request %s: token %d is outside its grammar", seq.request_id, token)
+        return False
 
     def _token_event(self, seq: Sequence, token: int, length: int, logprobs: tuple[float, ...] | None,
                      tops: tuple[dict[int, float], ...] | None) -> TokenEvent:
@@ -280,6 +310,14 @@ class LLMEngine:
         )
         usage = Usage(seq.num_prompt, seq.num_output)
         return TokenEvent(seq.request_id, token_ids, text, logprobs, tops, reason, usage, timings)
+
+
+def _grammar_waits(seqs: list[Sequence]) -> bool:
+    """Whether a constrained sequence's newest token is still being sampled on the device: its
+    grammar must be told that token before its next mask is filled (on the host), so the step
+    cannot be launched ahead of reading it; it runs once the tokens are read (graphs still
+    replay, the host's work is not overlapped for that step)."""
+    return any(s.grammar is not None and s.token_ids and s.token_ids[-1] == PLACEHOLDER for s in seqs)
 
 
 def _keep_prompt_logprobs(seq: Sequence, computed: PromptLogprobs) -> None:

@@ -12,6 +12,7 @@ paged decode kernel and the rest SDPA.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from torch import nn
 
 from loraplex.inference_server.engine.block_manager import BlockManager
 from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS, GraphShape, StepGraphs
+from loraplex.inference_server.engine.grammar import MaskFiller
 from loraplex.inference_server.engine.launched import LaunchedLogprobs, LaunchedStep
-from loraplex.inference_server.engine.sampler import (SampleResult, SampleRow, apply_penalties, choose,
+from loraplex.inference_server.engine.sampler import (SampleResult, SampleRow, TokenMasks, apply_penalties, choose,
                                                        logprobs_on_device, sample, to_device)
 from loraplex.inference_server.engine.seen_tokens import OutputCounts, SeenTokens
 from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
@@ -101,6 +103,7 @@ class ModelRunner:
         ]
         self.seen_tokens = SeenTokens(max_num_seqs)  # repetition-penalized rows' seen tokens, on the device
         self.output_counts = OutputCounts(max_num_seqs)  # presence/frequency-penalized rows' output counts
+        self._mask_filler: MaskFiller | None = None  # made on the first constrained row (structured output)
         self.lora_ctx = LoraContext()
         lora_attach(model, self.lora_ctx)  # tensor parallelism passes its own (parallel/lora.py)
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
@@ -139,7 +142,8 @@ class ModelRunner:
         sample_seqs = [seqs[i] for i in plan.sampled]
         logits = self.graphs.replay(plan, size, fed).float()
         rows = self._sample_rows(sample_seqs)
-        tokens = choose(apply_penalties(logits, rows, *self._history(sample_seqs, logits, feed)), rows)
+        history = self._history(sample_seqs, logits, feed)
+        tokens = choose(apply_penalties(logits, rows, *history, self._masks(sample_seqs, logits)), rows)
         host = self._token_host[self._token_turn][: len(sample_seqs)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=True)
@@ -156,7 +160,8 @@ class ModelRunner:
         size = None if eager else self.graphs.size_for(plan)
         if size is not None:
             logits = self.graphs.replay(plan, size)
-            result = sample(logits, self._sample_rows(sample_seqs), *self._history(sample_seqs, logits))
+            result = sample(logits, self._sample_rows(sample_seqs), *self._history(sample_seqs, logits),
+                            self._masks(sample_seqs, logits))
             by_seq = {id(s): t for s, t in zip(sample_seqs, result.token_ids)}
             return StepOutput([by_seq.get(id(s)) for s in seqs], result, sample_seqs)
         hidden = run_forward(self.model, plan, self.kv_caches, self.lora_ctx, self.lora_builder, self.device,
@@ -176,7 +181,7 @@ class ModelRunner:
         if not rows:
             return None
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
-        return sample(logits, self._sample_rows(seqs), *self._history(seqs, logits))
+        return sample(logits, self._sample_rows(seqs), *self._history(seqs, logits), self._masks(seqs, logits))
 
     def _prompt_logprobs(self, hidden: torch.Tensor, plan, seqs: Seq[Sequence]) -> dict[int, PromptLogprobs]:
         """Per sequence that asked, the log-probabilities of the prompt tokens its chunk's rows
@@ -218,6 +223,19 @@ class ModelRunner:
         newest = _newest_on_device(seqs, feed)
         return (self.seen_tokens.mask(seqs, vocab, device, newest),
                 self.output_counts.mask(seqs, vocab, device, newest))
+
+    def _masks(self, seqs: list[Sequence], logits: torch.Tensor) -> TokenMasks | None:
+        """The grammar masks of the constrained rows (structured output), filled on the host from
+        each one's grammar state, which has taken every token of the sequence (the engine never
+        launches a constrained row ahead of reading its input token); None when no row is."""
+        if all(s.grammar is None for s in seqs):
+            return None
+        if any(s.grammar is not None and s.token_ids[-1] == PLACEHOLDER for s in seqs):
+            raise RuntimeError("a constrained row's input token is not known yet; its mask cannot be filled")
+        if self._mask_filler is None:  # on a GPU host the cores are free for it; on the CPU the model has them
+            cores = os.cpu_count() or 1
+            self._mask_filler = MaskFiller(threads=min(8, max(1, cores // 2)) if self.device.type == "cuda" else 1)
+        return self._mask_filler.masks([s.grammar for s in seqs], logits.shape[-1], logits.device)
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 from loraplex.adapter_store.errors import InvalidRequestError
 
@@ -114,6 +116,48 @@ class StoppingCriteria:
             raise InvalidRequestError("token ids must be >= 0", "stop_token_ids")
 
 
+MAX_SCHEMA_CHARS = 64 * 1024  # a JSON schema's text (compiled once per distinct schema, on the host)
+GRAMMAR_KINDS = ("json_object", "json_schema", "tagged_json")
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """What a constrained request's output must be; the sampler masks every token it may not
+    choose (engine/grammar.py compiles it, once per distinct spec).
+
+    ``json_object``: one JSON object. ``json_schema``: one JSON document valid against ``schema``
+    (JSON text). ``tagged_json``: ``begin``, JSON valid against ``schema``, ``end`` (a tool call):
+    the whole output, or with ``free_text`` anywhere in free text, any number of times (the model
+    may also answer without it). JSON is written on one line with ", " and ": " separators.
+    Errors name ``response_format`` (the edges rename it to their own parameter)."""
+
+    kind: Literal["json_object", "json_schema", "tagged_json"]
+    schema: str = ""
+    begin: str = ""
+    end: str = ""
+    free_text: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}",
+                                      "response_format")
+        if self.kind == "json_object":
+            if self.schema or self.begin or self.end:
+                raise InvalidRequestError("json_object takes no schema or tags", "response_format")
+            return
+        if len(self.schema) > MAX_SCHEMA_CHARS:
+            raise InvalidRequestError(f"the schema is {len(self.schema)} characters; at most {MAX_SCHEMA_CHARS}",
+                                      "response_format.schema")
+        try:
+            parsed = json.loads(self.schema)
+        except ValueError as exc:
+            raise InvalidRequestError(f"the schema is not JSON: {exc}", "response_format.schema") from None
+        if not isinstance(parsed, dict):
+            raise InvalidRequestError("the schema must be a JSON object", "response_format.schema")
+        if (self.kind == "tagged_json") != bool(self.begin and self.end):
+            raise InvalidRequestError("begin and end tags are tagged_json's, and it needs both", "response_format")
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One generation: prompt token ids, the adapter (None = base model), parameters."""
@@ -128,8 +172,16 @@ class GenerationRequest:
     # requests of one group share a prompt (``n`` choices of one prompt): the engine admits the
     # others once one has computed it, so they take its KV blocks from the prefix cache
     prompt_group: str | None = None
+    grammar: GrammarSpec | None = None  # structured output: every token masked to it
 
     def __post_init__(self) -> None:
+        if self.grammar is not None:
+            if self.stopping.ignore_eos:
+                raise InvalidRequestError("cannot be set with a response format (the grammar ends the output)",
+                                          "ignore_eos")
+            if self.stopping.min_tokens:
+                raise InvalidRequestError("cannot be set with a response format (the grammar ends the output)",
+                                          "min_tokens")
         if not self.request_id:
             raise InvalidRequestError("must be non-empty", "request_id")
         if not self.prompt_token_ids:

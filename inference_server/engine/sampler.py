@@ -1,7 +1,7 @@
 """Next-token choice for a batch of rows, each with its own sampling parameters.
 
 Order of processing, as vLLM's: tokens a row may not choose yet (EOS and stop ids before
-``min_tokens``) and ``logit_bias``, then the repetition penalty (every token seen, prompt
+``min_tokens``), ``logit_bias`` and a constrained row's grammar mask (``TokenMasks``), then the repetition penalty (every token seen, prompt
 included), the presence and frequency penalties (the output's tokens and their counts), then
 temperature, min-p, top-k and top-p, then a draw from the row's own generator (seeded requests
 reproduce). Greedy rows are one batched argmax of the adjusted logits. Log-probabilities are
@@ -30,6 +30,15 @@ class SampleRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenMasks:
+    """The grammar masks of a step's constrained rows (structured output; engine/grammar.py
+    fills them on the host): bit j of word w of a row's mask allows token 32 w + j."""
+
+    rows: torch.Tensor  # int64 [k]: which of the step's rows, on the logits' device
+    bitmask: torch.Tensor  # int32 [k, W], on the logits' device
+
+
+@dataclass(frozen=True, slots=True)
 class SampleResult:
     token_ids: list[int]
     logprobs: list[float | None]
@@ -37,11 +46,12 @@ class SampleResult:
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None,
-           counts: torch.Tensor | None = None) -> SampleResult:
-    """logits: [N, V] (any float dtype) for N rows -> one token id per row. ``seen``, ``counts``:
-    as ``apply_penalties`` takes them (the runner keeps them on the device: ``TokenRows``)."""
+           counts: torch.Tensor | None = None, masks: TokenMasks | None = None) -> SampleResult:
+    """logits: [N, V] (any float dtype) for N rows -> one token id per row. ``seen``, ``counts``,
+    ``masks``: as ``apply_penalties`` takes them (the runner keeps the first two on the device:
+    ``TokenRows``)."""
     logits = logits.float()
-    tokens = choose(apply_penalties(logits, rows, seen, counts), rows)
+    tokens = choose(apply_penalties(logits, rows, seen, counts, masks), rows)
     wanted = logprobs_on_device(logits, tokens, rows)
     token_list = tokens.tolist()  # the step's read-back
     if wanted is None:
@@ -72,15 +82,15 @@ def to_device(values: list[int] | list[float], device: torch.device) -> torch.Te
 
 
 def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch.Tensor | None = None,
-                    counts: torch.Tensor | None = None) -> torch.Tensor:
-    """``logits`` (float32 [N, V]) adjusted by each row's banned tokens, logit bias and penalties
-    (a new tensor; ``logits`` itself, which log-probabilities read, is left as it is; returned
-    as it is when no row adjusts anything). ``seen``: bool [N, V], the tokens each
+                    counts: torch.Tensor | None = None, masks: TokenMasks | None = None) -> torch.Tensor:
+    """``logits`` (float32 [N, V]) adjusted by each row's banned tokens, logit bias, grammar mask
+    (``masks``: the constrained rows') and penalties (a new tensor; ``logits`` itself, which
+    log-probabilities read, is left as it is; returned as it is when no row adjusts anything). ``seen``: bool [N, V], the tokens each
     repetition-penalized row has seen (``TokenRows.seen``'s, kept on the device across steps);
     ``counts``: int32 [N, V], each presence- or frequency-penalized row's output token counts
     (``TokenRows.counts``'); each is built from the rows' ``seen_ids`` when not given. Nothing is
     read back to the host."""
-    out = _biased(logits, rows)
+    out = _biased(logits, rows, masks)
     penalties = [r.params.repetition_penalty for r in rows]
     if any(p != 1.0 for p in penalties):
         if seen is None:
@@ -96,9 +106,10 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow], seen: torch
     return out
 
 
-def _biased(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
-    """``logits`` plus each row's logit_bias, with its banned tokens at -inf (a copy when any
-    row has either; ``logits`` otherwise)."""
+def _biased(logits: torch.Tensor, rows: Sequence[SampleRow], masks: TokenMasks | None = None) -> torch.Tensor:
+    """``logits`` plus each row's logit_bias, with its banned tokens and the tokens its grammar
+    mask (if it has one) does not allow at -inf (a copy when any row has any of these;
+    ``logits`` otherwise)."""
     vocab = logits.shape[-1]
     where: list[int] = []
     bias: list[float] = []
@@ -108,15 +119,34 @@ def _biased(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
             where.append(i * vocab + token)
             bias.append(value)
         banned += [i * vocab + t for t in row.banned]
-    if not where and not banned:
+    if not where and not banned and masks is None:
         return logits
     out = logits.clone()
+    if masks is not None:
+        constrained = out.index_select(0, masks.rows)
+        apply_bitmask(constrained, masks.bitmask)
+        out.index_copy_(0, masks.rows, constrained)
     flat = out.view(-1)
     if where:
         flat.index_add_(0, to_device(where, out.device), to_device(bias, out.device).float())
     if banned:
         flat.index_fill_(0, to_device(banned, out.device), float("-inf"))
     return out
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place: ``logits`` (float [n, V]) at -inf wherever ``bitmask`` (int32 [n, W] on
+    ``logits``' device; bit j of word w allows token 32 w + j, the layout xgrammar fills) has a
+    0, and for every token past its 32 W bits (ids the tokenizer does not have). The words are
+    read as little-endian bytes, each unpacked to 8 bools: one small tensor op and one
+    masked_fill, nothing read back."""
+    n, vocab = logits.shape
+    shifts = torch.arange(8, dtype=torch.uint8, device=bitmask.device)
+    allowed = ((bitmask.contiguous().view(torch.uint8)[:, :, None] >> shifts) & 1).view(n, -1).view(torch.bool)
+    width = min(vocab, allowed.shape[1])
+    logits[:, :width].masked_fill_(allowed[:, :width].logical_not(), float("-inf"))
+    if width < vocab:
+        logits[:, width:] = float("-inf")
 
 
 def output_counts(rows: Sequence[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:

@@ -44,6 +44,7 @@ class Sequence:
     # per prompt token, (its log-probability, its alternatives) once computed (prompt_logprobs asked)
     prompt_logprobs: list[tuple[float, dict[int, float] | None] | None] | None = None
     prompt_logprobs_sent: bool = False
+    grammar: Any = None  # GrammarState of a constrained request (engine/grammar.py), told each token
 
     @classmethod
     def create(cls, request: GenerationRequest, adapter: Any, detok: IncrementalDetokenizer, generator: Any) -> "Sequence":

@@ -5,12 +5,14 @@ OpenAI's parameter names; SamplingParams and StoppingCriteria validate the rest,
 field names are renamed to the parameter the caller sent (``stop_strings`` -> ``stop``,
 ``max_new_tokens`` -> ``max_tokens``), so every 400 names a parameter of this API. A request
 for ``n`` choices (or ``best_of``) is that many engine requests of one prompt group, which share
-the prompt's KV blocks.
+the prompt's KV blocks. ``response_format`` (json_object, json_schema) and ``tools`` become the
+requests' GrammarSpec (structured output; tools.py for the tool-call format).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +21,9 @@ from typing import TypeVar
 from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.engine.api import PromptTokenizer
-from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.engine.grammar import check_schema
+from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
+from loraplex.inference_server.http import tools as tool_calls
 from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, ignored_fields
 from loraplex.inference_server.server import convert as edge
 from loraplex.inference_server.server.convert import RequestLimits
@@ -69,6 +73,18 @@ class DecodedRequest:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
     echo: str | None = None  # completions with echo: the prompt's text, put before each choice's
     ignored: tuple[str, ...] = ()  # body fields this edge does not know (accepted, ignored)
+    tools: tool_calls.ToolUse | None = None  # chat with tools: the answers' calls are read back out
+    grammar_param: str = "response_format"  # the parameter the requests' grammar came from
+
+    def renamed(self, exc: InvalidRequestError) -> InvalidRequestError:
+        """An engine refusal of the requests' grammar (``response_format...``) under the parameter
+        the caller sent it as; any other refusal as it is."""
+        if exc.field is None or not exc.field.startswith("response_format") or self.request.grammar is None:
+            return exc
+        field = "response_format.json_schema.schema" if self.grammar_param == "response_format" else "tools"
+        if self.request.grammar.kind == "json_object":
+            field = "response_format"
+        return type(exc)(str(exc).removeprefix(f"{exc.field}: "), field)
 
     @property
     def request(self) -> GenerationRequest:
@@ -97,9 +113,22 @@ def _check_supported(body: _Sampling) -> None:
         raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {body.n}", "n")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("is only allowed with stream=true", "stream_options")
-    if body.response_format is not None and body.response_format.type != "text":
-        raise InvalidRequestError(f"type {body.response_format.type!r} is not supported yet (only 'text')",
-                                  "response_format.type")
+
+
+def _response_format(body: _Sampling) -> GrammarSpec | None:
+    """``response_format``'s grammar: None for text, any JSON object, or a JSON schema's
+    documents (``json_schema.schema``; its keywords checked against what is enforced)."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return GrammarSpec("json_object")
+    if not isinstance(fmt.json_schema, dict) or not isinstance(fmt.json_schema.get("schema"), dict):
+        raise InvalidRequestError('needs {"name": ..., "schema": {...}}', "response_format.json_schema")
+    schema = fmt.json_schema["schema"]
+    check_schema(schema, "response_format.json_schema.schema")
+    return _renamed(lambda: GrammarSpec("json_schema", json.dumps(schema)),
+                    {"response_format.schema": "response_format.json_schema.schema"})
 
 
 def _logit_bias(body: _Sampling, vocab_size: int) -> tuple[tuple[int, float], ...]:
@@ -156,13 +185,23 @@ def _completion_prompt(prompt: str | list, tokenizer: PromptTokenizer, limits: R
 
 
 def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    """{role, content} turns; an assistant turn's tool calls and a tool turn's result in the
+    tool-call format's text (tools.py)."""
     out = []
     for i, m in enumerate(body.messages):
-        if m.content is None:
-            raise InvalidRequestError(f"message {i} has no content (tool calls are not supported)",
-                                      f"messages[{i}].content")
-        content = m.content if isinstance(m.content, str) else "".join(part.text for part in m.content)
-        out.append({"role": _ROLE_ALIASES.get(m.role, m.role), "content": content})
+        content = m.content if isinstance(m.content, str) or m.content is None else "".join(
+            part.text for part in m.content)
+        role = _ROLE_ALIASES.get(m.role, m.role)
+        if m.tool_calls and role == "assistant":
+            calls = tool_calls.call_text(m.tool_calls, f"messages[{i}].tool_calls")
+            content = f"{content}\n{calls}" if content else calls
+        elif role == "tool":
+            if content is None:
+                raise InvalidRequestError(f"message {i} has no content", f"messages[{i}].content")
+            role, content = "user", tool_calls.response_text(content)
+        if content is None:
+            raise InvalidRequestError(f"message {i} has no content", f"messages[{i}].content")
+        out.append({"role": role, "content": content})
     return out
 
 
@@ -178,7 +217,7 @@ def _choices(body: _Sampling, best_of: int | None) -> int:
 
 
 def _requests(body: _Sampling, prompt: tuple[int, ...], adapter: str | None, sampling: SamplingParams,
-              stopping: StoppingCriteria, count: int) -> tuple[GenerationRequest, ...]:
+              stopping: StoppingCriteria, count: int, grammar: GrammarSpec | None) -> tuple[GenerationRequest, ...]:
     """``count`` requests of one prompt: one prompt group (they share its KV blocks), each seeded
     choice with its own seed (seed + its index, as vLLM does)."""
     group = uuid.uuid4().hex if count > 1 else None
@@ -187,18 +226,20 @@ def _requests(body: _Sampling, prompt: tuple[int, ...], adapter: str | None, sam
         params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
         out.append(GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter,
                                      sampling=params, stopping=stopping, tenant=edge.tenant_of(adapter),
-                                     skip_special_tokens=body.skip_special_tokens, prompt_group=group))
+                                     skip_special_tokens=body.skip_special_tokens, prompt_group=group,
+                                     grammar=grammar))
     return tuple(out)
 
 
 def _decoded(body: _Sampling, requests: tuple[GenerationRequest, ...], logprobs: bool, top_logprobs: int,
-             echo: str | None = None) -> DecodedRequest:
+             echo: str | None = None, tools: tool_calls.ToolUse | None = None) -> DecodedRequest:
     options = body.stream_options
     return DecodedRequest(requests=requests, model=body.model, stream=body.stream,
                           include_usage=options is not None and options.include_usage,
                           logprobs=logprobs, top_logprobs=top_logprobs, n=body.n,
                           continuous_usage=options is not None and options.continuous_usage_stats,
-                          echo=echo, ignored=tuple(ignored_fields(body)))
+                          echo=echo, ignored=tuple(ignored_fields(body)), tools=tools,
+                          grammar_param="tools" if tools is not None else "response_format")
 
 
 def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limits: RequestLimits,
@@ -207,6 +248,7 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
     _check_supported(body)
     if body.suffix is not None:
         raise InvalidRequestError("is not supported", "suffix")
+    grammar = _response_format(body)
     count = _choices(body, body.best_of)
     adapter = names.adapter_of(body.model)
     want_logprobs = body.logprobs is not None
@@ -220,7 +262,7 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
         text = body.prompt if isinstance(body.prompt, str) else body.prompt[0] if body.prompt and isinstance(
             body.prompt[0], str) else None
         echo = text if text is not None else tokenizer.decode(list(prompt))
-    requests = _requests(body, prompt, adapter, sampling, stopping, count)
+    requests = _requests(body, prompt, adapter, sampling, stopping, count, grammar)
     return _decoded(body, requests, want_logprobs, body.logprobs or 0, echo)
 
 
@@ -228,8 +270,13 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
                  names: ModelNames) -> DecodedRequest:
     """Validate a /v1/chat/completions body and apply the tokenizer's chat template."""
     _check_supported(body)
-    if body.tools and body.tool_choice != "none":
-        raise InvalidRequestError("tool calling is not supported yet (tool_choice 'none' is)", "tools")
+    grammar = _response_format(body)
+    tools = tool_calls.tool_use(body.tools, body.tool_choice)
+    if tools is not None:
+        if grammar is not None:
+            raise InvalidRequestError("cannot be combined with tools (their calls have their own format)",
+                                      "response_format")
+        grammar = tools.grammar()
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("needs logprobs=true", "top_logprobs")
     adapter = names.adapter_of(body.model)
@@ -238,8 +285,11 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     requested, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
                         is not None else (body.max_tokens, "max_tokens"))
     messages = _chat_messages(body)
+    if tools is not None:
+        messages = tools.messages(messages)
     edge.check_text_length("".join(m["content"] for m in messages), limits, "messages")
     ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages")
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
     stopping = _stopping(body, requested, param, limits, prompt, "messages")
-    return _decoded(body, _requests(body, prompt, adapter, sampling, stopping, body.n), body.logprobs, top)
+    requests = _requests(body, prompt, adapter, sampling, stopping, body.n, grammar)
+    return _decoded(body, requests, body.logprobs, top, tools=tools)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
+from loraplex.inference_server.http.tools import held_back, parse_calls
 
 Decode = Callable[[list[int]], str]
 
@@ -143,10 +144,31 @@ class CompletionFormat(_Format):
 class ChatFormat(_Format):
     """/v1/chat/completions: ``delta`` chunks (a choice's first names the role) or one
     ``message`` per choice; logprobs as ``content`` entries of token, logprob, bytes and
-    top_logprobs."""
+    top_logprobs. With ``tools``, the calls the text holds come back as ``tool_calls`` (finish
+    reason ``tool_calls``): a stream holds back the text from where a call may start and sends
+    the calls, whole, with the choice's last chunk."""
 
     prefix: str = "chatcmpl"
     started: set[int] = field(default_factory=set)
+    tools: bool = False
+    held: dict[int, str] = field(default_factory=dict)  # per choice: streamed text not sent yet
+
+    def _delta(self, event: TokenEvent, index: int) -> tuple[dict, str | None]:
+        """A chunk's delta and finish reason (with tools: the text that is safe to send, and the
+        calls once the choice ends)."""
+        finish = _finish(event)
+        if not self.tools:
+            return {"content": event.text}, finish
+        text = self.held.pop(index, "") + event.text
+        if event.finish_reason is None:
+            keep = held_back(text)
+            if keep:
+                self.held[index] = text[len(text) - keep:]
+            return {"content": text[: len(text) - keep]}, None
+        content, calls = parse_calls(text)
+        if not calls:
+            return {"content": text}, finish
+        return {"content": content or "", "tool_calls": [c.to_json(i) for i, c in enumerate(calls)]}, "tool_calls"
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         text = self.decode([token_id])
@@ -161,12 +183,12 @@ class ChatFormat(_Format):
         return out
 
     def chunk(self, event: TokenEvent, index: int = 0) -> dict:
-        delta = {"content": event.text}
+        delta, finish = self._delta(event, index)
         if index not in self.started:
             delta = {"role": "assistant", **delta}
             self.started.add(index)
         logprobs = {"content": self._content(event)} if self.logprobs else None
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": _finish(event)}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return self._chunk_envelope("chat.completion.chunk", choice, event)
 
     def usage_chunk(self, usage: Usage) -> dict:
@@ -178,8 +200,12 @@ class ChatFormat(_Format):
         for index, events in enumerate(choices):
             logprobs = {"content": [c for e in events for c in self._content(e)]} if self.logprobs else None
             message = {"role": "assistant", "content": "".join(e.text for e in events)}
-            out.append({"index": index, "message": message, "logprobs": logprobs,
-                        "finish_reason": _finish(events[-1])})
+            finish = _finish(events[-1])
+            content, calls = parse_calls(message["content"]) if self.tools else (message["content"], [])
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": [c.to_json() for c in calls]}
+                finish = "tool_calls"
+            out.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             if events[-1].usage is not None:
                 usages[index] = events[-1].usage
         return self._whole("chat.completion", out, usages)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from loraplex.adapter_store.errors import AdapterNotFoundError
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
@@ -131,7 +131,10 @@ class OpenAIRoutes:
         headers = _ignored_header(request, decoded.ignored)
         fmt = _format(fmt_type, decoded, engine.tokenizer.decode)
         streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
-        firsts = await _unless_disconnected(request, _firsts(streams))
+        try:
+            firsts = await _unless_disconnected(request, _firsts(streams))
+        except InvalidRequestError as exc:  # a grammar the library refused: named as the caller sent it
+            raise decoded.renamed(exc) from None
         if firsts is None:
             await _close_all(streams)  # also if the wait never started
             return Response(status_code=499)  # the client left before its first token
@@ -235,7 +238,7 @@ def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: conver
                   prompt_tokens=len(decoded.prompt_ids), continuous_usage=decoded.continuous_usage)
     if fmt_type is CompletionFormat:
         return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompt_ids)
-    return fmt_type(**common)
+    return fmt_type(**common, tools=decoded.tools is not None)
 
 
 def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str]:

@@ -3,9 +3,9 @@
 Fields the edge does not know are accepted and ignored, as vLLM does: ``ignored_fields`` names
 them, and the route logs them and names them in the ``X-Loraplex-Ignored-Fields`` response
 header, so a misspelt parameter is visible without failing the request. A known field with a
-bad value is a 400 naming it (``strict``: no silent coercion of types). Parameters accepted
-only in some forms (``response_format`` other than text, ``tools``, ``suffix``) are checked in
-convert.py, which names them. Beyond OpenAI's parameters, vLLM's sampling extensions are
+bad value is a 400 naming it (``strict``: no silent coercion of types). Parameters whose form
+is checked further (``response_format``'s schema, ``tools``, ``tool_choice``, ``suffix``) are
+checked in convert.py and tools.py, which name them. Beyond OpenAI's parameters, vLLM's sampling extensions are
 accepted as vLLM accepts them: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
 ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, and
 ``stream_options.continuous_usage_stats``.
@@ -77,6 +77,8 @@ class ChatMessage(_Body):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (tools.py renders them)
+    tool_call_id: str | None = None  # a tool turn's: which call it answers
 
 
 class ChatCompletionRequest(_Sampling):

@@ -31,6 +31,7 @@ from loraplex.inference_server.engine.request import (
     StoppingCriteria,
     TokenEvent,
 )
+from loraplex.inference_server.server.response_format import response_format_from_pb
 from loraplex.v1 import inference_pb2 as pb
 
 MAX_REQUEST_ID_LEN = 128
@@ -254,6 +255,17 @@ def fitted_max_new_tokens(requested: int | None, prompt_len: int, limits: Reques
     return max_new
 
 
+def _stopping_fields(build: Callable[[], T]) -> T:
+    """Run ``build``; a refusal naming a stopping field (a response format with ignore_eos or
+    min_tokens) re-raised under its path here, ``stopping.<field>``."""
+    try:
+        return build()
+    except InvalidRequestError as exc:
+        if exc.field not in ("ignore_eos", "min_tokens"):
+            raise
+        raise InvalidRequestError(str(exc).removeprefix(f"{exc.field}: "), f"stopping.{exc.field}") from None
+
+
 def tenant_of(adapter_id: str | None) -> str | None:
     """The tenant part of ``tenant/name`` (None for the base model or a shared adapter)."""
     return adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
@@ -271,16 +283,17 @@ def generate_request_from_pb(
         raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {n}", "n")
     prompt = prompt_from_pb(msg, tokenizer, limits)
     stopping = stopping_from_pb(msg.stopping, limits, len(prompt))
+    grammar = response_format_from_pb(msg)  # structured output (server/response_format.py)
     group = uuid.uuid4().hex if n > 1 else None
     requests = []
     for i in range(n):
         params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-        requests.append(GenerationRequest(
+        requests.append(_stopping_fields(lambda: GenerationRequest(
             request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter_id, sampling=params,
             stopping=stopping, tenant=tenant_of(adapter_id),
             skip_special_tokens=msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True,
-            prompt_group=group,
-        ))
+            prompt_group=group, grammar=grammar,
+        )))
     return EdgeRequest(requests=tuple(requests), client_request_id=client_id)
 
 

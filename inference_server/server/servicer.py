@@ -15,6 +15,7 @@ from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server import convert
 from loraplex.inference_server.server.generation import generation, interleaved
 from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.inference_server.server.response_format import grammar_field
 from loraplex.inference_server.server.state import ServingState
 from loraplex.inference_server.server.tenancy import Tenancy
 from loraplex.inference_server.server.tenant_metrics import TenantMetrics
@@ -69,9 +70,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         edge = await self._decode(request, engine)
         client_id = edge.client_request_id
         streams = [generation(self._state, self._metrics, self._tenancy, context, engine, r) for r in edge.requests]
-        async with aclosing(interleaved(streams)) as events:
-            async for index, event in events:
-                yield convert.token_event_to_pb(event, client_id, index)
+        try:
+            async with aclosing(interleaved(streams)) as events:
+                async for index, event in events:
+                    yield convert.token_event_to_pb(event, client_id, index)
+        except InvalidRequestError as exc:  # a schema the grammar library refused: named as this API's field
+            raise grammar_field(exc) from None
 
     async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
                             context: grpc.aio.ServicerContext) -> pb.Adapter:
