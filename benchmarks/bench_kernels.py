@@ -23,6 +23,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 from loraplex.kernels import cuda as kcuda  # noqa: E402
 from loraplex.kernels.operands import LoraOperands  # noqa: E402
+from gpu_ceilings import measure_copy_bandwidth  # noqa: E402
 
 HBM_BPS = 4.23e12  # measured copy bandwidth (PERF.md)
 TC_FLOPS = 790e12  # measured bf16 dense matmul
@@ -228,25 +229,6 @@ def breakdown(gen) -> None:
                 fns.append(lambda c=c, prob=prob, plan=plan, only=only: launch(rt, plan, prob, c, only))
             line.append(f"{only or 'both'}={time_graph(fns, 16):.1f}")
         print(f"# breakdown {h_in}x{h_out} r{r} B{b} {w}: {' '.join(line)} plan={plan}", flush=True)
-
-
-def measure_copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth (bytes read + written) of 1 GiB copies, eager and timed with
-    CUDA events (median of 10). Not in a graph: a captured copy_ runs other copy kernels than an
-    eager one (pytorch/pytorch#191284), and read 2.71-2.75 TB/s on the H200 where eager copies read
-    4.27 (sessions 9-10)."""
-    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        b.copy_(a)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * a.numel() * 4 / statistics.median(times)
 
 
 def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = False):

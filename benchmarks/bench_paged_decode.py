@@ -27,8 +27,8 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # appended: PYTHONPATH may name another checkout
 from loraplex.kernels.cuda import paged_decode as pd  # noqa: E402  (first: bench_kernels would put this checkout first)
 from bench_kernels import time_graph  # noqa: E402, I001
+from gpu_ceilings import measure_copy_bandwidth  # noqa: E402
 
-HBM_BPS = 4.23e12  # PERF.md
 BLOCK = 16
 LAYERS = 8  # calls per graph, each over its own layer's cache
 
@@ -71,7 +71,8 @@ def sdpa_reference(q, k, v, tables, lens, i: int) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q[i].float()[:, None], keys, vals)[:, 0]
 
 
-def time_variant(shape: Shape, batch: int, context: int, unroll: int | None, reps: int) -> dict:
+def time_variant(shape: Shape, batch: int, context: int, unroll: int | None, reps: int,
+                 bandwidth: float) -> dict:
     gen = torch.Generator().manual_seed(batch * 7919 + context)
     q, caches, rows, tables, lens = make_case(shape, batch, context, gen)
     scale = shape.dim**-0.5
@@ -94,7 +95,7 @@ def time_variant(shape: Shape, batch: int, context: int, unroll: int | None, rep
     us = time_graph([lambda layer=layer: call(layer) for layer in range(LAYERS)], LAYERS, reps)
     kv_bytes = 2 * int(lens.sum()) * shape.kv_heads * shape.dim * 2
     return {"shape": shape.name, "batch": batch, "context": context, "unroll": unroll, "us": us,
-            "kv_mb": kv_bytes / 1e6, "tbps": kv_bytes / us / 1e6, "roofline_us": kv_bytes / HBM_BPS * 1e6}
+            "kv_mb": kv_bytes / 1e6, "tbps": kv_bytes / us / 1e6, "roofline_us": kv_bytes / bandwidth * 1e6}
 
 
 def main() -> None:
@@ -107,13 +108,15 @@ def main() -> None:
     args = ap.parse_args()
     has_unroll = "unroll" in inspect.signature(pd.paged_decode_attention).parameters
     unrolls = [None] if args.unrolls == "default" or not has_unroll else [int(u) for u in args.unrolls.split(",")]
+    bandwidth = measure_copy_bandwidth()
+    print(f"# {torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (the roofline's)")
     print("| shape | batch | context | unroll | us per layer | KV MB | TB/s | roofline us | / roofline |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for context in (int(c) for c in args.contexts.split(",")):
                 for unroll in unrolls:
-                    r = time_variant(SHAPES[name], batch, context, unroll, args.reps)
+                    r = time_variant(SHAPES[name], batch, context, unroll, args.reps, bandwidth)
                     label = "built-in" if r["unroll"] is None else r["unroll"]
                     print(f"| {r['shape']} | {batch} | {context} | {label} | {r['us']:.1f} | {r['kv_mb']:.1f} | "
                           f"{r['tbps']:.2f} | {r['roofline_us']:.1f} | {r['us'] / r['roofline_us']:.2f}x |",

@@ -15,8 +15,8 @@ drawn on the GPU, bf16, rank-16 random adapters on all 7 projections) serves, in
 Every adapter is made resident before timing (the pool holds them all). Reported per
 workload: throughput ((prompt + generated) tokens / wall), generated tokens/s, per-token
 latency (gaps between a request's tokens) p50/p99, time to first token p50/p99, and the
-median decode step at batch 32 against its HBM roofline (weights + KV bytes read /
-4.23 TB/s; with the adapters' bytes too). Then transformers + PEFT generate one fixed
+median decode step at batch 32 against its HBM roofline (weights + KV bytes read / the
+card's copy bandwidth, measured at start; with the adapters' bytes too). Then transformers + PEFT generate one fixed
 batch (32 requests x 128 prompt + 128 new tokens, 4 adapters mixed through
 ``adapter_names``), and loraplex runs the same batch shape.
 
@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
 import textgen_parts  # noqa: E402
+from gpu_ceilings import measure_copy_bandwidth  # noqa: E402
 from random_adapters import PROJ, RandomAdapterSource  # noqa: E402
 from results import record_results  # noqa: E402
 
@@ -57,7 +58,6 @@ from loraplex.inference_server.model.checkpoint import ModelSource  # noqa: E402
 from loraplex.inference_server.model.loading import load_checkpoint  # noqa: E402
 from loraplex.inference_server.model.weights import build_model  # noqa: E402
 
-HBM_BYTES_PER_S = 4.23e12
 WORKLOADS = ("distinct", "uniform", "skewed", "identical", "base")
 
 
@@ -202,8 +202,10 @@ def build_engine(args) -> AsyncEngine:
     return engine
 
 
-def roofline_ms(engine: AsyncEngine, ctx_tokens: int, adapters: int, rank: int) -> tuple[float, float]:
-    """(weights + KV, + adapters) bytes / 4.23 TB/s of one decode step, in ms."""
+def roofline_ms(engine: AsyncEngine, ctx_tokens: int, adapters: int, rank: int,
+                bandwidth: float) -> tuple[float, float]:
+    """(weights + KV, + adapters) bytes / ``bandwidth`` (bytes/s: the card's measured copy
+    bandwidth) of one decode step, in ms."""
     cfg = engine._core.runner.config
     model = engine._core.runner.model
     weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
@@ -212,7 +214,7 @@ def roofline_ms(engine: AsyncEngine, ctx_tokens: int, adapters: int, rank: int) 
     kv = ctx_tokens * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     shapes = cfg.projection_shapes()
     lora = adapters * cfg.num_layers * rank * 2 * sum(shapes[p][0] + shapes[p][1] for p in PROJ)
-    return (weights + kv) / HBM_BYTES_PER_S * 1e3, (weights + kv + lora) / HBM_BYTES_PER_S * 1e3
+    return (weights + kv) / bandwidth * 1e3, (weights + kv + lora) / bandwidth * 1e3
 
 
 def fixed_batch_loraplex(engine: AsyncEngine, ids: list[str | None], new_tokens: int, prompt_len: int) -> float:
@@ -307,6 +309,8 @@ def main() -> None:
         print(f"transformers: base {hf[0]:.0f} tok/s, + PEFT ({args.hf_adapters} adapters mixed) {hf[1]:.0f} tok/s",
               flush=True)
     engine = build_engine(args)
+    bandwidth = measure_copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (the roofline's)", flush=True)
     log = StepLog()
     instrument(engine, log)
     reqs = request_set(args.num_requests, args.max_len, args.seed)
@@ -318,7 +322,7 @@ def main() -> None:
         ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
         r = run_workload(engine, reqs, ids, vocab, args.seed, log, args.sampled_share, args.sampled_penalty)
         distinct = len({a for a in ids[: args.max_batch] if a}) if workload != "base" else 0
-        roof, roof_lora = roofline_ms(engine, r["full_ctx"], distinct, args.rank)
+        roof, roof_lora = roofline_ms(engine, r["full_ctx"], distinct, args.rank, bandwidth)
         label = workload if ahead or args.launch_ahead == "off" else f"{workload} (no launch-ahead)"
         if args.sampled_share:
             label += f" ({args.sampled_share:.0%} sampled" + (
