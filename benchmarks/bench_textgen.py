@@ -308,9 +308,10 @@ def main() -> None:
         hf = fixed_batch_hf(args.model, args.rank, args.max_batch, 128, args.hf_new_tokens, args.hf_adapters)
         print(f"transformers: base {hf[0]:.0f} tok/s, + PEFT ({args.hf_adapters} adapters mixed) {hf[1]:.0f} tok/s",
               flush=True)
-    engine = build_engine(args)
-    bandwidth = measure_copy_bandwidth()
+    bandwidth = measure_copy_bandwidth()  # before the engine takes the memory it sizes its caches from
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (the roofline's)", flush=True)
+    torch.cuda.empty_cache()
+    engine = build_engine(args)
     log = StepLog()
     instrument(engine, log)
     reqs = request_set(args.num_requests, args.max_len, args.seed)
