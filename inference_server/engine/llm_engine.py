@@ -30,6 +30,7 @@ from loraplex.inference_server.engine.model_runner import ModelRunner, PromptLog
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
 from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
 from loraplex.inference_server.engine.sequence import PLACEHOLDER, SeqStatus, Sequence
+from loraplex.inference_server.lora.resident import ResidentAdapter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class LLMEngine:
         scheduler_config: SchedulerConfig,
         max_model_len: int,
         eos_token_ids: Iterable[int],
-        release_adapter: Callable[[object], None],
+        release_adapter: Callable[[ResidentAdapter], None],
         seed: int = 0,
         launch_ahead: bool = True,
         grammars: GrammarCompiler | None = None,
@@ -58,7 +59,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._aborted: set[str] = set()
         self._rng = random.Random(seed)
-        self._launch_ahead = launch_ahead and getattr(runner, "can_launch", False)
+        self._launch_ahead = launch_ahead and runner.can_launch
         self._launched: LaunchedStep | None = None  # running on the device, tokens not read yet
 
     # -- requests ---------------------------------------------------------------------
@@ -75,12 +76,12 @@ class LLMEngine:
             raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab})", "prompt_token_ids")
         if request.request_id in self._seqs:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
-        if request.sampling.prompt_logprobs is not None and not getattr(self.runner, "prompt_logprobs", True):
+        if request.sampling.prompt_logprobs is not None and not self.runner.prompt_logprobs:
             raise InvalidRequestError("is not available with tensor parallelism", "prompt_logprobs")
         if request.grammar is not None and self.grammars is None:
             raise InvalidRequestError("structured output is not available on this engine", "response_format")
 
-    def add_request(self, request: GenerationRequest, adapter: object | None,
+    def add_request(self, request: GenerationRequest, adapter: ResidentAdapter | None,
                     grammar: CompiledGrammar | None = None) -> None:
         """Queue a checked request; ``adapter`` is a resident adapter reference (or None);
         ``grammar``: its GrammarSpec compiled already (AsyncEngine compiles off this thread),

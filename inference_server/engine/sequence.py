@@ -9,6 +9,7 @@ from typing import Any
 
 from loraplex.inference_server.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest
+from loraplex.inference_server.lora.resident import ResidentAdapter
 
 
 # A token id not known on the host yet: the step that samples it is still running on the
@@ -26,7 +27,7 @@ class SeqStatus(enum.Enum):
 @dataclass(eq=False, slots=True)
 class Sequence:
     request: GenerationRequest
-    adapter: Any  # ResidentAdapter | None: the engine releases it when the sequence ends
+    adapter: ResidentAdapter | None  # its place in the pool; the engine releases it when the sequence ends
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
     generator: Any = None  # torch.Generator for seeded sampling, else None
@@ -47,7 +48,8 @@ class Sequence:
     grammar: Any = None  # GrammarState of a constrained request (engine/grammar.py), told each token
 
     @classmethod
-    def create(cls, request: GenerationRequest, adapter: Any, detok: IncrementalDetokenizer, generator: Any) -> "Sequence":
+    def create(cls, request: GenerationRequest, adapter: ResidentAdapter | None, detok: IncrementalDetokenizer,
+               generator: Any) -> "Sequence":
         seq = cls(request, adapter, detok, StopStringMatcher(request.stopping.stop_strings), generator)
         seq.token_ids = list(request.prompt_token_ids)
         if request.sampling.prompt_logprobs is not None:
