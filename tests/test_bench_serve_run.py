@@ -85,8 +85,10 @@ def _check_complete(results: list) -> None:
             assert rec.tokens == rec.expected_tokens == drawn[rec.index]
         s = result.summary
         assert s.completed == s.sent and s.failed == 0
-        for value in (s.req_per_s, s.output_tok_per_s, s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99, s.goodput):
+        for value in (s.req_per_s, s.output_tok_per_s, s.ttft_p50, s.ttft_p99, s.tpot_p50, s.tpot_p99):
             assert math.isfinite(value) and value > 0, (result.key, s)
+        # the requests within the SLO per second: none on a loaded machine is a figure, not a failure
+        assert 0 <= s.goodput <= s.req_per_s, (result.key, s)
 
 
 @pytest.mark.slow
