@@ -24,13 +24,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.http.errors import error_body
 from loraplex.inference_server.http.router_metrics import RouterCollector
 from loraplex.inference_server.http.routes import OpenAIRoutes, RouteConfig
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 
 log = logging.getLogger(__name__)
 _CLOSE_WAIT_S = 5.0  # after the drain: how long open connections get to finish their last response

@@ -1,6 +1,6 @@
-"""OpenAI request bodies -> the engine's GenerationRequest, with the gRPC edge's checks.
+"""OpenAI request bodies -> the engine's GenerationRequest, with the edge core's checks.
 
-The prompt, chat, max_new_tokens and token-id checks are server/convert.py's, called with
+The prompt, chat, max_new_tokens and token-id checks are edge/checks.py's, called with
 OpenAI's parameter names; SamplingParams and StoppingCriteria validate the rest, and their
 field names are renamed to the parameter the caller sent (``stop_strings`` -> ``stop``,
 ``max_new_tokens`` -> ``max_tokens``), so every 400 names a parameter of this API. A request
@@ -11,22 +11,20 @@ requests' GrammarSpec (structured output; tools.py for the tool-call format).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
 from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.inference_server.edge import checks as edge
+from loraplex.inference_server.edge.checks import MAX_CHOICES, RequestLimits
 from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.grammar import check_schema
 from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
 from loraplex.inference_server.http import tools as tool_calls
 from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, ignored_fields
-from loraplex.inference_server.server import convert as edge
-from loraplex.inference_server.server.convert import RequestLimits
 
 T = TypeVar("T")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
@@ -53,9 +51,6 @@ class ModelNames:
                 raise AdapterNotFoundError(model)
             model = adapter
         return validate_adapter_id(model, "model")
-
-
-MAX_CHOICES = 16  # n and best_of: each choice is a request of its own in the engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,21 +211,6 @@ def _choices(body: _Sampling, best_of: int | None) -> int:
     return best_of
 
 
-def _requests(body: _Sampling, prompt: tuple[int, ...], adapter: str | None, sampling: SamplingParams,
-              stopping: StoppingCriteria, count: int, grammar: GrammarSpec | None) -> tuple[GenerationRequest, ...]:
-    """``count`` requests of one prompt: one prompt group (they share its KV blocks), each seeded
-    choice with its own seed (seed + its index, as vLLM does)."""
-    group = uuid.uuid4().hex if count > 1 else None
-    out = []
-    for i in range(count):
-        params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-        out.append(GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter,
-                                     sampling=params, stopping=stopping, tenant=edge.tenant_of(adapter),
-                                     skip_special_tokens=body.skip_special_tokens, prompt_group=group,
-                                     grammar=grammar))
-    return tuple(out)
-
-
 def _decoded(body: _Sampling, requests: tuple[GenerationRequest, ...], logprobs: bool, top_logprobs: int,
              echo: str | None = None, tools: tool_calls.ToolUse | None = None) -> DecodedRequest:
     options = body.stream_options
@@ -262,7 +242,8 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
         text = body.prompt if isinstance(body.prompt, str) else body.prompt[0] if body.prompt and isinstance(
             body.prompt[0], str) else None
         echo = text if text is not None else tokenizer.decode(list(prompt))
-    requests = _requests(body, prompt, adapter, sampling, stopping, count, grammar)
+    requests = edge.choice_requests(prompt, adapter, sampling, stopping, count,
+                                    skip_special_tokens=body.skip_special_tokens, grammar=grammar)
     return _decoded(body, requests, want_logprobs, body.logprobs or 0, echo)
 
 
@@ -291,5 +272,6 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages")
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
     stopping = _stopping(body, requested, param, limits, prompt, "messages")
-    requests = _requests(body, prompt, adapter, sampling, stopping, body.n, grammar)
+    requests = edge.choice_requests(prompt, adapter, sampling, stopping, body.n,
+                                    skip_special_tokens=body.skip_special_tokens, grammar=grammar)
     return _decoded(body, requests, body.logprobs, top, tools=tools)

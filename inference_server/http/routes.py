@@ -1,8 +1,8 @@
 """The OpenAI-compatible endpoints: thin handlers that convert, call the engine, convert back.
 
 Conversion is convert.py's and responses.py's, statuses errors.py's, streaming
-streaming.py's; admission, tenants, metrics and aborts are the gRPC edge's own
-(server/generation.py, tenancy.py, state.py), so a request behaves the same on either port.
+streaming.py's; admission, tenants, metrics and aborts are the edge core's (edge/generation.py,
+tenancy.py, state.py), which the gRPC edge uses too, so a request behaves the same on either port.
 """
 
 from __future__ import annotations
@@ -26,30 +26,28 @@ from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.caller import principal_of
+from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
+from loraplex.inference_server.edge.generation import generation, interleaved
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent
 from loraplex.inference_server.http import convert
 from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
+from loraplex.inference_server.http.lora_loading import lora_files
 from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
-from loraplex.inference_server.http.lora_loading import lora_files
 from loraplex.inference_server.http.schemas import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
                                                     UnloadLoraRequest)
 from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
-from loraplex.inference_server.server.convert import RequestLimits
-from loraplex.inference_server.server.auth_interceptor import principal_of
-from loraplex.inference_server.server.generation import generation, interleaved
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 IGNORED_FIELDS_HEADER = "X-Loraplex-Ignored-Fields"
-
-_INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -126,7 +124,7 @@ class OpenAIRoutes:
         limits = RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
         args = (body, engine.tokenizer, limits, self.model_names(engine))
         heavy = isinstance(body, ChatCompletionRequest) or (
-            isinstance(body, CompletionRequest) and len(str(body.prompt)) > _INLINE_TOKENIZE_CHARS)
+            isinstance(body, CompletionRequest) and len(str(body.prompt)) > INLINE_TOKENIZE_CHARS)
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
         headers = _ignored_header(request, decoded.ignored)
         fmt = _format(fmt_type, decoded, engine.tokenizer.decode)

@@ -18,14 +18,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.metrics import MetricsHttpServer, ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server.auth_interceptor import AuthInterceptor
 from loraplex.inference_server.server.interceptor import ErrorInterceptor
-from loraplex.inference_server.server.metrics import MetricsHttpServer, ServerMetrics
 from loraplex.inference_server.server.servicer import EdgeConfig, InferenceServicer
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)

@@ -17,41 +17,23 @@ from typing import Any
 
 import grpc
 
-from loraplex.adapter_store.errors import (
-    AdapterNotFoundError,
-    DataLossError,
-    InvalidRequestError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnauthenticatedError,
-    UnavailableError,
-)
-from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.adapter_store.errors import FIELD_METADATA_KEY, status_of
+from loraplex.inference_server.edge.metrics import ServerMetrics
 
-FIELD_METADATA_KEY = "loraplex-field"
 log = logging.getLogger(__name__)
-
-_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
-    (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (DataLossError, grpc.StatusCode.DATA_LOSS),
-    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-)
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
-    """(code, message, field) for an exception raised by a servicer or the engine."""
-    for kind, code in _CODES:
-        if isinstance(exc, kind):
-            message = str(exc) or kind.__name__
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                message = f"deadline exceeded: {message}" if str(exc) else "deadline exceeded"
-            return code, message, getattr(exc, "field", None)
-    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", None
+    """(code, message, field) for an exception raised by a servicer or the engine: the status
+    its class carries (adapter_store/errors.py), INTERNAL for anything else."""
+    status = status_of(exc)
+    if status is None:
+        return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", None
+    code = grpc.StatusCode[status.grpc]
+    message = str(exc) or type(exc).__name__
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        message = f"deadline exceeded: {message}" if str(exc) else "deadline exceeded"
+    return code, message, getattr(exc, "field", None)
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):

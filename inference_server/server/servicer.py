@@ -1,5 +1,6 @@
 """The InferenceService servicer: thin methods over the engine; conversion lives in convert.py,
-status codes in interceptor.py, admission and draining in state.py."""
+status codes in interceptor.py, the generation lifecycle, admission and tenancy in the edge
+core (edge/)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,17 @@ import grpc
 
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
+from loraplex.inference_server.edge.generation import generation, interleaved
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server import convert
-from loraplex.inference_server.server.generation import generation, interleaved
-from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.response_format import grammar_field
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 from loraplex.inference_server.server.upload import UploadAssembler, UploadLimits
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
-
-# Prompts longer than this are tokenized in a worker thread, off the event loop.
-_INLINE_TOKENIZE_CHARS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +52,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._tenancy = tenancy or Tenancy(Security(), TenantMetrics(metrics.registry))
         self._upload_limits = UploadLimits(max_upload_bytes=config.max_upload_bytes)
 
-    def _limits(self, engine: ServingEngine) -> convert.RequestLimits:
-        return convert.RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
+    def _limits(self, engine: ServingEngine) -> RequestLimits:
+        return RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
 
     async def _decode(self, request: pb.GenerateRequest, engine: ServingEngine) -> convert.EdgeRequest:
         args = (request, engine.tokenizer, self._limits(engine))
-        long_text = request.WhichOneof("prompt") == "text" and len(request.text) > _INLINE_TOKENIZE_CHARS
+        long_text = request.WhichOneof("prompt") == "text" and len(request.text) > INLINE_TOKENIZE_CHARS
         if long_text or request.WhichOneof("prompt") == "chat":
             return await asyncio.to_thread(convert.generate_request_from_pb, *args)
         return convert.generate_request_from_pb(*args)

@@ -13,11 +13,11 @@ from contextlib import aclosing
 from typing import Any
 
 from loraplex.adapter_store.errors import LoraplexError
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.engine.request import GenerationRequest, TokenEvent
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
 
 
 async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenancy, context: Any,

@@ -21,10 +21,10 @@ from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.quotas import RequestTicket
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.caller import principal_of
+from loraplex.inference_server.edge.tenant_metrics import ANONYMOUS, TenantMetrics
 from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
 from loraplex.inference_server.engine.request import GenerationRequest
-from loraplex.inference_server.server.auth_interceptor import principal_of
-from loraplex.inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
 
 audit = logging.getLogger("loraplex.audit")
 
