@@ -112,6 +112,14 @@ class PermissionDeniedError(LoraplexError):
     status = ErrorStatus("PERMISSION_DENIED", 403, "permission_error", "permission_denied")
 
 
+class ClientDisconnectedError(LoraplexError):
+    """The caller hung up (closed its connection, cancelled its call) before its answer was
+    complete: the client's doing, never a server fault. CANCELLED; over HTTP 499, the status
+    nginx logs for a client that closed its request."""
+
+    status = ErrorStatus("CANCELLED", 499, "client_disconnect", "client_closed_request")
+
+
 # The store's own.
 
 

@@ -1,7 +1,9 @@
 """Reading a JSON request body: its content type, a size limit, then its pydantic model.
 
 The limit is checked against Content-Length before anything is read and again while a
-chunked body arrives, so a 10 MB body is refused (413) without being buffered whole.
+chunked body arrives, so a 10 MB body is refused (413) without being buffered whole. A client
+that hangs up before its body is whole is the client's doing (ClientDisconnectedError: 499,
+logged once at INFO), not a server fault.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
+from loraplex.adapter_store.errors import ClientDisconnectedError
 from loraplex.inference_server.http.errors import HttpError, invalid_body
 
 M = TypeVar("M", bound=BaseModel)
@@ -43,9 +46,13 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 
 async def read_body(request: Request, model: type[M], limit: int) -> M:
     """``request``'s body as ``model``: 415 for another content type, 413 above ``limit`` bytes,
-    400 naming the parameter for malformed JSON or a bad field."""
+    400 naming the parameter for malformed JSON or a bad field, ClientDisconnectedError (499)
+    when the client hangs up before the body is whole."""
     _check_content_type(request)
-    raw = await _read_limited(request, limit)
+    try:
+        raw = await _read_limited(request, limit)
+    except ClientDisconnect:
+        raise ClientDisconnectedError("the client disconnected before its request body arrived") from None
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

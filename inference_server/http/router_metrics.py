@@ -124,12 +124,20 @@ class HttpMetrics:
 
     def __init__(self, metrics: ServerMetrics) -> None:
         r = metrics.registry
-        self.requests = Counter("loraplex_http_requests", "HTTP requests by route and status", ["route", "status"],
-                                registry=r)
+        self.requests = Counter("loraplex_http_requests", "HTTP requests by route and status (a stream counted "
+                                "when it ends; 499: the client hung up first)", ["route", "status"], registry=r)
         self.seconds = Histogram("loraplex_http_request_duration_seconds",
                                  "HTTP request duration by route (a stream: until its first token, when its "
                                  "headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
 
     def observe(self, route: str, status: int, seconds: float) -> None:
+        """One answered request: its status and its duration."""
+        self.count(route, status)
+        self.observe_duration(route, seconds)
+
+    def count(self, route: str, status: int) -> None:
+        """One request done with ``status`` (a stream: when it ends; 499 when its client left)."""
         self.requests.labels(route, str(status)).inc()
+
+    def observe_duration(self, route: str, seconds: float) -> None:
         self.seconds.labels(route).observe(seconds)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -21,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
+from loraplex.adapter_store.errors import AdapterNotFoundError, ClientDisconnectedError, InvalidRequestError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
@@ -33,8 +32,8 @@ from loraplex.inference_server.edge.metrics import ServerMetrics
 from loraplex.inference_server.edge.state import ServingState
 from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.engine.api import ServingEngine
-from loraplex.inference_server.engine.request import FinishReason, TokenEvent
-from loraplex.inference_server.http import convert
+from loraplex.inference_server.engine.request import FinishReason
+from loraplex.inference_server.http import convert, waiting
 from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
@@ -45,7 +44,6 @@ from loraplex.inference_server.http.schemas import (ChatCompletionRequest, Compl
                                                     UnloadLoraRequest)
 from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 IGNORED_FIELDS_HEADER = "X-Loraplex-Ignored-Fields"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -98,9 +96,22 @@ class OpenAIRoutes:
                 response = await handler(request)
             except Exception as exc:  # noqa: BLE001  (every refusal becomes its status)
                 response = error_response(exc)
-            self._http_metrics.observe(route, response.status_code, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            if isinstance(response, EventStreamResponse):  # counted when it ends: 200, or 499 if its client left
+                self._http_metrics.observe_duration(route, seconds)
+                response.on_end = lambda status: self._stream_ended(request, route, status)
+            else:
+                self._http_metrics.observe(route, response.status_code, seconds)
             return response
         return endpoint
+
+    def _stream_ended(self, request: Request, route: str, status: int) -> None:
+        """Count a stream that ended with ``status``: 200, or 499 when its client hung up first
+        (its requests were aborted as it left), which is logged once, without a traceback."""
+        if status == ClientDisconnectedError.status.http:
+            log.info("HTTP 499: %s %s: the client disconnected mid-stream; its request was aborted",
+                     request.method, request.url.path)
+        self._http_metrics.count(route, status)
 
     def model_names(self, engine: ServingEngine) -> convert.ModelNames:
         """The base model as callers name it: the engine's model name (--served-model-name)."""
@@ -130,19 +141,14 @@ class OpenAIRoutes:
         fmt = _format(fmt_type, decoded, engine.tokenizer.decode)
         streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
         try:
-            firsts = await _unless_disconnected(request, _firsts(streams))
+            first = await waiting.unless_disconnected(request, waiting.firsts(streams), streams, "its first token")
         except InvalidRequestError as exc:  # a grammar the library refused: named as the caller sent it
             raise decoded.renamed(exc) from None
-        if firsts is None:
-            await _close_all(streams)  # also if the wait never started
-            return Response(status_code=499)  # the client left before its first token
-        events = interleaved(streams, firsts)
+        events = interleaved(streams, first)
         if decoded.stream:
             return EventStreamResponse(sse_events(events, fmt, decoded.include_usage), headers)
-        answer = await _unless_disconnected(request, _collect(events, len(streams)))
-        if answer is None:
-            await _close_all(streams)  # also if the collection never started
-            return Response(status_code=499)  # the client left; nobody reads this
+        answer = await waiting.unless_disconnected(request, waiting.collect(events, len(streams)), streams,
+                                                   "its whole answer")
         if any(events[-1].finish_reason is FinishReason.ERROR for events in answer):
             return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
                                            None, "internal_error"), status_code=500)
@@ -247,58 +253,3 @@ def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str
     log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
                 ", ".join(ignored))
     return {IGNORED_FIELDS_HEADER: ",".join(ignored)}
-
-
-async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
-    """The stream's first event (refusals raise here, before any header is sent)."""
-    try:
-        return await anext(events)
-    except BaseException:
-        await events.aclose()  # type: ignore[attr-defined]
-        raise
-
-
-async def _firsts(streams: list[AsyncIterator[TokenEvent]]) -> list[TokenEvent]:
-    """Every stream's first event; the first refusal is raised, with every stream closed."""
-    results = await asyncio.gather(*(_first(s) for s in streams), return_exceptions=True)
-    failed = next((r for r in results if isinstance(r, BaseException)), None)
-    if failed is not None:
-        await _close_all(streams)
-        raise failed
-    return list(results)  # type: ignore[arg-type]
-
-
-async def _close_all(streams: list[AsyncIterator[TokenEvent]]) -> None:
-    for stream in streams:
-        await stream.aclose()  # type: ignore[attr-defined]
-
-
-async def _collect(events: AsyncIterator[tuple[int, TokenEvent]], n: int) -> list[list[TokenEvent]]:
-    """Each choice's events, in order."""
-    out: list[list[TokenEvent]] = [[] for _ in range(n)]
-    async with aclosing(events):  # type: ignore[type-var]
-        async for index, event in events:
-            out[index].append(event)
-    return out
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body has been read by then)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """``work``'s result, or None if the client disconnected first: ``work`` is cancelled then,
-    which closes the generation it reads and so aborts the request in the engine at once (a
-    request still queued or waiting for its adapter holds no slot and is prefilled for nobody)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
-    return None if task.cancelled() else task.result()

@@ -79,7 +79,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                         return
                     except BaseException as exc:  # noqa: BLE001  (re-raised or turned into a status)
                         rpc.code = _code_name(exc, context)
-                        status = _status_or_reraise(exc, context)
+                        status = _status_or_reraise(exc, context, name, rpc.code)
                     rpc.record()  # before abort sends the status: a client that saw it finds it counted
                     await context.abort(*status)  # after the except block: see _status_or_reraise
                 finally:
@@ -93,7 +93,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     return await behavior(request, context)
                 except BaseException as exc:  # noqa: BLE001
                     rpc.code = _code_name(exc, context)
-                    status = _status_or_reraise(exc, context)
+                    status = _status_or_reraise(exc, context, name, rpc.code)
                 rpc.record()
                 await context.abort(*status)
             finally:
@@ -129,12 +129,17 @@ def _code_name(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
     return "CANCELLED"
 
 
-def _status_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
+def _status_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
+                       code_name: str) -> tuple[grpc.StatusCode, str]:
     """The (code, message) to abort the call with, from ``exc`` (logged; its field set in the
-    trailing metadata); cancellations and aborts propagate. The caller aborts after its except
-    block, not inside it: an abort raised there would chain ``exc`` (its traceback, and the frames
-    that hold, say, an upload's bytes) to the AbortError that gRPC keeps in a reference cycle, so
-    they would wait for the cycle collector."""
+    trailing metadata); cancellations and aborts propagate. A call its client cancelled (or whose
+    deadline passed) is the client's doing: one INFO line, no traceback. The caller aborts after
+    its except block, not inside it: an abort raised there would chain ``exc`` (its traceback, and
+    the frames that hold, say, an upload's bytes) to the AbortError that gRPC keeps in a reference
+    cycle, so they would wait for the cycle collector."""
+    if isinstance(exc, asyncio.CancelledError) or not isinstance(exc, Exception):  # a stream closed: GeneratorExit
+        gone = "the client cancelled the call" if code_name == "CANCELLED" else "the call's deadline passed"
+        log.info("%s %s: %s; its work was stopped", code_name, method, gone)
     if isinstance(exc, (asyncio.CancelledError, grpc.aio.AbortError)) or not isinstance(exc, Exception):
         raise exc
     code, message, field = status_for(exc)

@@ -25,6 +25,9 @@ from loraplex.inference_server.server.upload import UploadAssembler, UploadLimit
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 
+_CANCEL_LANDS_S = 0.05  # what a short upload waits for its client's cancel (it lands at the first await)
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
     """The edge's own limits and defaults (from ServerSettings)."""
@@ -86,12 +89,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     assembler.add(message)
                     if assembler.adapter_id is not None and assembler.received_bytes == 0:
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
+                if not assembler.complete:
+                    await _cancellation_lands()
                 adapter_id, files = assembler.finish()
                 async with self._tenancy.quota_held(adapter_id):
                     await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
                     writer = self._tenancy.adapters_for(context, engine)
                     info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
                 raise
             self._tenancy.audit(context, "upload", adapter_id, None, assembler.public)
@@ -141,6 +146,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             max_message_bytes=self._config.max_message_bytes, server_version=self._config.server_version,
             max_lora_rank=info.max_lora_rank, **_pool_info(engine),
         )
+
+
+async def _cancellation_lands() -> None:
+    """Let a client's cancel reach this call before an incomplete upload is judged. A client
+    that cancels an upload ends its request stream first (it reads as a short upload), and the
+    cancel reaches the handler at its next await: it is then CANCELLED (nothing stored, nothing
+    refused), not INVALID_ARGUMENT for the bytes it did not send."""
+    await asyncio.sleep(_CANCEL_LANDS_S)
 
 
 def _missing(field: str) -> str:
