@@ -1,7 +1,9 @@
 """Both edges of a real server process under hostile but realistic clients (issue 48), over
 real sockets: a client that hangs up before, during or after its body, or mid-stream, is the
 client's (HTTP 499 / gRPC CANCELLED, one INFO line, no traceback, its request aborted in the
-engine and counted as finished with reason ``abort``), never a 5xx."""
+engine and counted as finished with reason ``abort``), never a 5xx; idle and half-sent
+connections are closed by their deadlines while the server answers throughout, connections past
+the cap get 503, and an idle gRPC connection is closed."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from test_server_integration import peft_sources  # noqa: F401  (fixture)
 from test_server_process import start_server, stop
 
 pytestmark = pytest.mark.slow
+HEAD_TIMEOUT_S = 2.0
+BODY_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -67,7 +71,9 @@ def wait_until_serving(proc, port: int, log: Path, timeout: float = 180.0) -> No
 def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("hostile")
     port = free_port()
-    proc, address = start_server(tiny_llama_dir, tmp, "--http-port", str(port))
+    proc, address = start_server(tiny_llama_dir, tmp, "--http-port", str(port), "--http-head-timeout-s",
+                                 str(HEAD_TIMEOUT_S), "--http-body-timeout-s", str(BODY_TIMEOUT_S),
+                                 "--grpc-max-connection-idle-s", "1")
     try:
         wait_until_serving(proc, port, tmp / "server.log")
         base = json.loads(_get(f"http://127.0.0.1:{port}/v1/models")[1])["data"][0]["id"]
@@ -217,3 +223,112 @@ def test_a_grpc_upload_cancelled_halfway_stores_nothing_and_can_be_retried_at_on
     assert counter(served, "loraplex_tenant_adapter_writes_total", tenant="anonymous", action="upload",
                    outcome="cancelled") == 1
     assert "outcome=cancelled" in served.log.read_text() and _server_faults(served) == []
+
+
+def _answers_while(served: Served, busy: threading.Event, failures: list[str]) -> None:
+    """/health and a small completion, again and again until ``busy`` clears; what failed goes
+    to ``failures``."""
+    body = {"model": served.base, "prompt": "hi", "max_tokens": 2}
+    while busy.is_set():
+        try:
+            status, _ = _get(served.url("/health"), timeout=5)
+            if status != 200:
+                failures.append(f"/health {status}")
+            status, answer = _post(served, body)
+            if status != 200 or len(answer["choices"]) != 1:
+                failures.append(f"completion {status}")
+        except OSError as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+        time.sleep(0.1)
+
+
+def _closed_within(socks: list[socket.socket], timeout: float) -> list[float]:
+    """When each socket was closed by the server (seconds from now), reading what it sent."""
+    import selectors  # noqa: PLC0415
+
+    start, closed = time.monotonic(), {}
+    with selectors.DefaultSelector() as sel:
+        for sock in socks:
+            sock.setblocking(False)
+            sel.register(sock, selectors.EVENT_READ)
+        while len(closed) < len(socks) and time.monotonic() - start < timeout:
+            for key, _ in sel.select(timeout=0.5):
+                try:
+                    data = key.fileobj.recv(65536)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    closed[key.fileobj] = time.monotonic() - start
+                    sel.unregister(key.fileobj)
+    return [closed.get(sock, float("inf")) for sock in socks]
+
+
+def test_1000_idle_and_half_sent_connections_are_closed_by_their_deadlines(served: Served) -> None:
+    timeouts = counter(served, "loraplex_http_connection_timeouts_total", phase="head")
+    before = http_statuses(served)
+    busy, failures = threading.Event(), []
+    busy.set()
+    answering = threading.Thread(target=_answers_while, args=(served, busy, failures))
+    answering.start()
+    socks = []
+    try:
+        opened = time.monotonic()
+        for i in range(1000):
+            sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+            if i % 5 == 1:
+                sock.sendall(b"POST /v1/compl")  # half a request line
+            elif i % 5 == 2:
+                sock.sendall(_head("/v1/completions", 100))  # a head, and no body
+            socks.append(sock)
+        took = time.monotonic() - opened
+        closed = _closed_within(socks, HEAD_TIMEOUT_S + BODY_TIMEOUT_S + 10)
+    finally:
+        busy.clear()
+        answering.join(30)
+        for sock in socks:
+            sock.close()
+    assert max(closed) <= max(HEAD_TIMEOUT_S, BODY_TIMEOUT_S) + 3, sorted(closed)[-5:]
+    assert took < HEAD_TIMEOUT_S, "opening the sockets took longer than the deadline: the test says nothing"
+    assert failures == []
+    wait_for(lambda: counter(served, "loraplex_http_connection_timeouts_total", phase="head") - timeouts == 800)
+    after = http_statuses(served)
+    assert after["408"] - before.get("408", 0) == 200  # the bodies that never came: the route's own deadline
+    assert _server_faults(served) == []
+
+
+def test_an_idle_grpc_connection_is_closed(served: Served) -> None:
+    """--grpc-max-connection-idle-s 1: a connection with no call is closed (GOAWAY); the channel
+    goes idle and reconnects for its next call."""
+    states: list[grpc.ChannelConnectivity] = []
+    with grpc.insecure_channel(served.address) as channel:
+        stub = pb_grpc.InferenceServiceStub(channel)
+        stub.ServerInfo(pb.ServerInfoRequest(), timeout=10)
+        channel.subscribe(states.append)
+        wait_for(lambda: grpc.ChannelConnectivity.IDLE in states, timeout=10)
+        assert stub.ServerInfo(pb.ServerInfoRequest(), timeout=10).model_name == served.base
+
+
+def test_connections_past_the_cap_get_503_and_the_server_stays_responsive(tiny_llama_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    port = free_port()
+    proc, _ = start_server(tiny_llama_dir, tmp_path, "--http-port", str(port), "--http-max-connections", "8",
+                           "--http-head-timeout-s", "60")
+    try:
+        wait_until_serving(proc, port, tmp_path / "server.log")
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+        time.sleep(0.3)  # accepted
+        try:
+            for _ in range(3):
+                assert _get(f"http://127.0.0.1:{port}/health")[0] == 503
+        finally:
+            for sock in held:
+                sock.close()
+        served = Served("", port, tmp_path / "server.log", "")
+        wait_for(lambda: _get(served.url("/health"))[0] == 200, timeout=10)
+        base = json.loads(_get(served.url("/v1/models"))[1])["data"][0]["id"]
+        status, answer = _post(Served("", port, tmp_path / "server.log", base),
+                               {"model": base, "prompt": "hi", "max_tokens": 2})
+        assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
+        assert _server_faults(served) == []
+    finally:
+        stop(proc)

@@ -25,9 +25,10 @@ class HttpError(Exception):
     """A refusal of the HTTP layer itself (body too large, wrong content type, no such route)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.status, self.kind, self.param, self.code = status, kind, param, code
+        self.close = close  # answer with Connection: close (the rest of the request may still be coming)
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
@@ -52,8 +53,10 @@ def error_for(exc: Exception) -> tuple[int, dict]:
 def error_response(exc: Exception) -> JSONResponse:
     """The JSON response for ``exc``; a 429 or 503 says when to retry."""
     status, body = error_for(exc)
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = {"Retry-After": "1"} if status in (429, 503) else {}
+    if isinstance(exc, HttpError) and exc.close:
+        headers["Connection"] = "close"
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}

@@ -129,6 +129,13 @@ class HttpMetrics:
         self.seconds = Histogram("loraplex_http_request_duration_seconds",
                                  "HTTP request duration by route (a stream: until its first token, when its "
                                  "headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.connection_timeouts = Counter("loraplex_http_connection_timeouts",
+                                           "HTTP connections closed for sending no request head (phase head) or no "
+                                           "whole body (phase body) in time", ["phase"], registry=r)
+
+    def connection_timeout(self, phase: str) -> None:
+        """A connection closed by its deadline for a request head or body (http/connections.py)."""
+        self.connection_timeouts.labels(phase).inc()
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """One answered request: its status and its duration."""

@@ -57,11 +57,14 @@ class RouteConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_upload_bytes: int = 512 * 1024 * 1024  # an adapter loaded by /v1/load_lora_adapter, all files
     runtime_lora_updating: bool = False  # serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+    body_timeout_s: float = 30.0  # a body not whole this long after its head is 408
 
     def __post_init__(self) -> None:
         for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.body_timeout_s <= 0:
+            raise ValueError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
 
 
 class OpenAIRoutes:
@@ -74,7 +77,7 @@ class OpenAIRoutes:
         self._metrics = metrics
         self._tenancy = tenancy
         self._security = security
-        self._http_metrics = HttpMetrics(metrics)
+        self.http_metrics = HttpMetrics(metrics)
         self._started = int(time.time())
 
     def routes(self) -> list[Route]:
@@ -98,10 +101,10 @@ class OpenAIRoutes:
                 response = error_response(exc)
             seconds = time.perf_counter() - start
             if isinstance(response, EventStreamResponse):  # counted when it ends: 200, or 499 if its client left
-                self._http_metrics.observe_duration(route, seconds)
+                self.http_metrics.observe_duration(route, seconds)
                 response.on_end = lambda status: self._stream_ended(request, route, status)
             else:
-                self._http_metrics.observe(route, response.status_code, seconds)
+                self.http_metrics.observe(route, response.status_code, seconds)
             return response
         return endpoint
 
@@ -111,7 +114,7 @@ class OpenAIRoutes:
         if status == ClientDisconnectedError.status.http:
             log.info("HTTP 499: %s %s: the client disconnected mid-stream; its request was aborted",
                      request.method, request.url.path)
-        self._http_metrics.count(route, status)
+        self.http_metrics.count(route, status)
 
     def model_names(self, engine: ServingEngine) -> convert.ModelNames:
         """The base model as callers name it: the engine's model name (--served-model-name)."""
@@ -130,7 +133,7 @@ class OpenAIRoutes:
     async def _generate(self, request: Request, schema: type[BaseModel], decode: Callable[..., convert.DecodedRequest],
                         fmt_type: type[CompletionFormat] | type[ChatFormat]) -> Response:
         caller = self._caller(request)  # authentication first, as on the gRPC port
-        body = await read_body(request, schema, self._config.max_body_bytes)
+        body = await read_body(request, schema, self._config.max_body_bytes, self._config.body_timeout_s)
         engine = self._state.engine_or_raise()
         limits = RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
         args = (body, engine.tokenizer, limits, self.model_names(engine))
@@ -161,7 +164,7 @@ class OpenAIRoutes:
         """Store ``lora_path``'s adapter as ``lora_name`` (validated as an upload is) and load it
         into the device pool; ``lora_path`` naming ``lora_name`` itself only loads it."""
         caller = self._caller(request)
-        body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes)
+        body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes, self._config.body_timeout_s)
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
             try:
@@ -186,7 +189,7 @@ class OpenAIRoutes:
         """Stop serving ``lora_name``: deleted from the store and the listing, dropped from the
         pool (its bytes freed once the requests still running on it end)."""
         caller = self._caller(request)
-        body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes)
+        body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes, self._config.body_timeout_s)
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
             try:
