@@ -82,6 +82,20 @@ def check_prompt_ids(ids: tuple[int, ...], limits: RequestLimits, field: str) ->
     return ids
 
 
+def text_of_parts(parts: Iterable[tuple[str, str | None]], field: str) -> str:
+    """The text of a message's content parts, each (type, text), joined in order. The model takes
+    text: a part of another type (image_url, input_audio, file, ...) is refused naming the part
+    and its type (``<field>[j].type``), as is a text part without its text."""
+    texts = []
+    for j, (kind, text) in enumerate(parts):
+        if kind != "text":
+            raise InvalidRequestError(f"{kind!r} is not supported: the model takes text", f"{field}[{j}].type")
+        if text is None:
+            raise InvalidRequestError("is required", f"{field}[{j}].text")
+        texts.append(text)
+    return "".join(texts)
+
+
 def chat_prompt_ids(messages: list[dict[str, str]], tokenizer: PromptTokenizer, field: str,
                     template_field: str) -> list[int]:
     """The chat template applied to ``messages`` ({role, content}); errors name ``field`` (a

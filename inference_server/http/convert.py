@@ -184,8 +184,8 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     tool-call format's text (tools.py)."""
     out = []
     for i, m in enumerate(body.messages):
-        content = m.content if isinstance(m.content, str) or m.content is None else "".join(
-            part.text for part in m.content)
+        content = m.content if isinstance(m.content, str) or m.content is None else edge.text_of_parts(
+            ((part.type, part.text) for part in m.content), f"messages[{i}].content")
         role = _ROLE_ALIASES.get(m.role, m.role)
         if m.tool_calls and role == "assistant":
             calls = tool_calls.call_text(m.tool_calls, f"messages[{i}].tool_calls")

@@ -30,6 +30,7 @@ from loraplex.inference_server.edge.checks import (
     check_token_ids,
     choice_requests,
     fitted_max_new_tokens,
+    text_of_parts,
 )
 from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.request import (
@@ -107,14 +108,23 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
     elif kind == "token_ids":
         ids = check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
     else:
-        check_text_length("".join(m.content for m in msg.chat.messages), limits, "chat.messages")
-        ids = tuple(_chat_ids(msg.chat, tokenizer))
+        messages = chat_messages_from_pb(msg.chat)
+        check_text_length("".join(m["content"] for m in messages), limits, "chat.messages")
+        ids = tuple(chat_prompt_ids(messages, tokenizer, "chat.messages", "chat"))
     return check_prompt_ids(ids, limits, kind)
 
 
-def _chat_ids(chat: pb.ChatMessages, tokenizer: PromptTokenizer) -> list[int]:
-    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
-    return chat_prompt_ids(messages, tokenizer, "chat.messages", "chat")
+def chat_messages_from_pb(chat: pb.ChatMessages) -> list[dict[str, str]]:
+    """{role, content} turns; a message's ``parts`` are its content's text (text parts only)."""
+    out = []
+    for i, m in enumerate(chat.messages):
+        content = m.content
+        if m.parts:
+            if m.content:
+                raise InvalidRequestError("set content or parts, not both", f"chat.messages[{i}].parts")
+            content = text_of_parts(((p.type, p.text) for p in m.parts), f"chat.messages[{i}].parts")
+        out.append({"role": m.role, "content": content})
+    return out
 
 
 def sampling_from_pb(msg: pb.SamplingParams, vocab_size: int | None = None) -> SamplingParams:
