@@ -93,6 +93,8 @@ class ServerSettings:
     prefix_caching: str = _opt("on", "reuse the KV blocks of a prompt prefix already computed for the same adapter "
                                      "version (system prompts, few-shot examples); off = every prompt computed "
                                      "in full", str, ("on", "off"))
+    max_batch_prompts: int = _opt(64, "most prompts in one /v1/completions request's prompt list (each answered "
+                                      "as its own choices); beyond it 400", int)
     allow_runtime_lora_updating: str = _opt("off", "on: the HTTP edge serves vLLM's POST /v1/load_lora_adapter and "
                                                   "/v1/unload_lora_adapter (lora_path: a folder on the server, "
                                                   "s3://bucket/prefix, or a stored adapter id); off: they are 404, "
@@ -181,6 +183,7 @@ class ServerSettings:
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit", "default_max_new_tokens",
                     "max_waiting", "adapter_pool_bytes", "adapter_host_cache_bytes", "max_lora_rank",
                     "max_concurrent_streams", "http_max_connections", "grpc_max_streams_per_connection",
+                    "max_batch_prompts",
                     "max_upload_bytes", "max_model_len", "num_kv_blocks", "tensor_parallel")
         for name in positive:
             value = getattr(self, name)

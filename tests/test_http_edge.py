@@ -141,7 +141,8 @@ BAD_COMPLETIONS = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
     ({"suffix": "x"}, "suffix"),
     ({"stream_options": {"continuous_usage_stats": "yes"}, "stream": True}, "stream_options.continuous_usage_stats"),
-    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [999]}, "prompt"), ({"prompt": ""}, "prompt"),
+    ({"prompt": ["a"] * 65}, "prompt"), ({"prompt": ["a", ""]}, "prompt[1]"), ({"prompt": [[3], [999]]}, "prompt[1]"),
+    ({"prompt": [999]}, "prompt"), ({"prompt": ""}, "prompt"),
     ({"prompt": "x" * 300}, "prompt"), ({"model": "a b"}, "model"), ({"stream_options": {"include_usage": True}},
                                                                      "stream_options"),
 ]

@@ -53,7 +53,8 @@ class HttpOptions:
                                       max_body_bytes=settings.max_message_bytes,
                                       max_upload_bytes=settings.max_upload_bytes,
                                       runtime_lora_updating=settings.allow_runtime_lora_updating == "on",
-                                      body_timeout_s=settings.http_body_timeout_s),
+                                      body_timeout_s=settings.http_body_timeout_s,
+                                      max_batch_prompts=settings.max_batch_prompts),
                    connections=HttpConnectionLimits.from_settings(settings))
 
 

@@ -8,6 +8,7 @@ tenancy.py, state.py), which the gRPC edge uses too, so a request behaves the sa
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -58,9 +59,10 @@ class RouteConfig:
     max_upload_bytes: int = 512 * 1024 * 1024  # an adapter loaded by /v1/load_lora_adapter, all files
     runtime_lora_updating: bool = False  # serve /v1/load_lora_adapter and /v1/unload_lora_adapter
     body_timeout_s: float = 30.0  # a body not whole this long after its head is 408
+    max_batch_prompts: int = 64  # /v1/completions: prompts in one request's list
 
     def __post_init__(self) -> None:
-        for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes"):
+        for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes", "max_batch_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.body_timeout_s <= 0:
@@ -125,7 +127,8 @@ class OpenAIRoutes:
 
     # -- generation ----------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, CompletionRequest, convert.completion_request, CompletionFormat)
+        decode = functools.partial(convert.completion_request, max_prompts=self._config.max_batch_prompts)
+        return await self._generate(request, CompletionRequest, decode, CompletionFormat)
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, ChatCompletionRequest, convert.chat_request, ChatFormat)
@@ -155,8 +158,8 @@ class OpenAIRoutes:
         if any(events[-1].finish_reason is FinishReason.ERROR for events in answer):
             return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
                                            None, "internal_error"), status_code=500)
-        if len(answer) > decoded.n:
-            answer = best_of(answer, decoded.n)
+        if decoded.per_prompt > decoded.n:
+            answer = best_of(answer, decoded.n, decoded.per_prompt)
         return JSONResponse(fmt.response(answer), headers=headers)
 
     # -- runtime LoRA loading (vLLM's endpoints) --------------------------------------------
@@ -242,9 +245,10 @@ def _adapter_card(info: AdapterInfo, base: str) -> dict[str, Any]:
 def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: convert.DecodedRequest, decode
             ) -> CompletionFormat | ChatFormat:
     common = dict(model=decoded.model, decode=decode, logprobs=decoded.logprobs,
-                  prompt_tokens=len(decoded.prompt_ids), continuous_usage=decoded.continuous_usage)
+                  prompt_tokens=sum(map(len, decoded.prompts)), continuous_usage=decoded.continuous_usage,
+                  n=decoded.n)
     if fmt_type is CompletionFormat:
-        return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompt_ids)
+        return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompts)
     return fmt_type(**common, tools=decoded.tools is not None)
 
 

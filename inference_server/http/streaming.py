@@ -19,7 +19,6 @@ from starlette.types import Receive, Scope, Send
 from loraplex.adapter_store.errors import ClientDisconnectedError, LoraplexError
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
 from loraplex.inference_server.http.errors import error_body, error_for
-from loraplex.inference_server.http.responses import total_usage
 
 DONE = b"data: [DONE]\n\n"
 
@@ -28,6 +27,8 @@ class ChunkFormat(Protocol):
     def chunk(self, event: TokenEvent, index: int = 0) -> dict: ...
 
     def usage_chunk(self, usage: Usage) -> dict: ...
+
+    def total_usage(self, usages: dict[int, Usage]) -> Usage: ...
 
 
 def sse(obj: dict) -> bytes:
@@ -38,7 +39,7 @@ def sse(obj: dict) -> bytes:
 async def sse_events(events: AsyncIterator[tuple[int, TokenEvent]], fmt: ChunkFormat,
                      include_usage: bool) -> AsyncIterator[bytes]:
     """The stream's bytes: each (choice index, event) of ``events`` as a chunk, the usage chunk
-    when asked for (``stream_options.include_usage``: every choice's tokens, the prompt once),
+    when asked for (``stream_options.include_usage``: every choice's tokens, each prompt once),
     then [DONE]."""
     usages: dict[int, Usage] = {}
     async with aclosing(events):  # type: ignore[type-var]
@@ -54,7 +55,7 @@ async def sse_events(events: AsyncIterator[tuple[int, TokenEvent]], fmt: ChunkFo
         except (LoraplexError, TimeoutError) as exc:
             yield sse(error_for(exc)[1])
     if include_usage and usages:
-        yield sse(fmt.usage_chunk(total_usage(usages)))
+        yield sse(fmt.usage_chunk(fmt.total_usage(usages)))
     yield DONE
 
 
