@@ -114,8 +114,9 @@ class ServerSettings:
                                                  "seconds (uvicorn's timeout_keep_alive)", float)
     http_max_connections: int = _opt(2048, "HTTP: connections served at once; a request on one more is answered "
                                            "503 (uvicorn's limit_concurrency)", int)
-    http_max_head_bytes: int = _opt(16 * 1024, "HTTP: largest request head (request line + headers), bytes; a "
-                                               "larger one is 400 (h11's max_incomplete_event_size)", int)
+    http_max_head_bytes: int = _opt(16 * 1024, "HTTP: bytes of a request head (request line + headers) still "
+                                               "incomplete that are buffered; past it 400 (h11's "
+                                               "max_incomplete_event_size)", int)
     grpc_max_streams_per_connection: int = _opt(1024, "gRPC: concurrent calls on one connection "
                                                       "(grpc.max_concurrent_streams)", int)
     grpc_max_connection_idle_s: float = _opt(300.0, "gRPC: a connection with no call for this long is closed "

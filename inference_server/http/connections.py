@@ -2,7 +2,8 @@
 
 uvicorn and h11 bound most of it with their own knobs: ``timeout_keep_alive`` closes an idle
 kept-alive connection, ``limit_concurrency`` answers 503 to a request on a connection past the
-cap, ``h11_max_incomplete_event_size`` refuses an oversized request head (400). What they lack
+cap, ``h11_max_incomplete_event_size`` refuses a request head that grows past it before it is
+complete (400). What they lack
 is a deadline for the request head: a connection that sends nothing, or half a request line,
 was held forever. ``deadline_protocol`` adds it as a small subclass of uvicorn's h11 protocol,
 with a backstop for a body still arriving after its route's own deadline (routes read their
