@@ -81,15 +81,18 @@ def http_statuses(served: Served, route: str = "/v1/completions") -> dict[str, f
 
 
 def counter(served: Served, name: str, **labels: str) -> float:
+    """One counter sample's value (0 before its first increment)."""
     return counters(served).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def gauge(served: Served, name: str) -> float:
+    """A gauge's (first) sample."""
     text = get(served.url("/metrics"))[1].decode()
     return next(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -97,6 +100,7 @@ def wait_for(predicate, timeout: float = 30.0) -> None:
 
 
 def post_head(path: str, length: int, extra: bytes = b"") -> bytes:
+    """The head of a JSON POST to ``path`` declaring a body of ``length`` bytes."""
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {length}\r\n").encode() + extra + b"\r\n"
 

@@ -45,6 +45,7 @@ class HttpConnectionLimits:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "HttpConnectionLimits":
+        """The limits ServerSettings' http_* settings set."""
         return cls(head_timeout_s=settings.http_head_timeout_s, keep_alive_timeout_s=settings.http_keep_alive_timeout_s,
                    max_connections=settings.http_max_connections, max_head_bytes=settings.http_max_head_bytes)
 

@@ -42,6 +42,7 @@ class GrpcConnectionLimits:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "GrpcConnectionLimits":
+        """The limits ServerSettings' grpc_* settings set."""
         return cls(max_streams_per_connection=settings.grpc_max_streams_per_connection,
                    max_connection_idle_s=settings.grpc_max_connection_idle_s,
                    max_connection_age_s=settings.grpc_max_connection_age_s,
