@@ -27,6 +27,7 @@ import grpc
 from loraplex.adapter_store.backends.base import BlobCache
 from loraplex.adapter_store.convert import event_from_pb, record_from_pb
 from loraplex.adapter_store.errors import (
+    FIELD_METADATA_KEY,
     AdapterCorruptError,
     AdapterNotFoundError,
     AdapterValidationError,
@@ -41,7 +42,7 @@ from loraplex.adapter_store.errors import (
 from loraplex.adapter_store.format.base_shapes import BaseShapes
 from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
-from loraplex.adapter_store.protocol import FIELD_METADATA_KEY, MAX_MESSAGE_BYTES
+from loraplex.adapter_store.protocol import MAX_MESSAGE_BYTES
 from loraplex.adapter_store.records import ChangeEvent, StoredRecord
 from loraplex.adapter_store.secret import with_secret
 from loraplex.adapter_store.tenants.principal import Principal

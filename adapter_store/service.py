@@ -1,9 +1,9 @@
 """The AdapterStore gRPC servicer: thin async methods over a Store run in worker threads.
 
-Errors become precise status codes here (the only place): INVALID_ARGUMENT (the message
-starts with the field when there is one, also sent as trailing metadata ``loraplex-field``),
-NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE, DATA_LOSS; anything else is logged and returned
-as INTERNAL.
+Errors become the status codes their classes carry (adapter_store/errors.py, the table the
+inference server's edges read too): INVALID_ARGUMENT (the message starts with the field when
+there is one, also sent as trailing metadata ``loraplex-field``), NOT_FOUND, PERMISSION_DENIED,
+UNAVAILABLE, DATA_LOSS, ...; anything else is logged and returned as INTERNAL.
 
 A call naming a caller (adapter_store/auth.py ``caller_of``) is held to the tenant rules of
 adapter_store/tenants/policy.py, with each record's ``public`` flag read at call time.
@@ -26,15 +26,15 @@ from loraplex.adapter_store.call_deadline import CallDeadline
 from loraplex.adapter_store.convert import event_to_pb, record_to_pb
 from loraplex.adapter_store.decoding import Undecodable, lenient
 from loraplex.adapter_store.errors import (
+    FIELD_METADATA_KEY,
     AdapterCorruptError,
     AdapterNotFoundError,
     InvalidRequestError,
     PermissionDeniedError,
-    ResourceExhaustedError,
-    UnavailableError,
+    status_of,
 )
 from loraplex.adapter_store.format.naming import validate_adapter_id
-from loraplex.adapter_store.protocol import FIELD_METADATA_KEY, SERVICE_NAME
+from loraplex.adapter_store.protocol import SERVICE_NAME
 from loraplex.adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
 from loraplex.adapter_store.store import Store
 from loraplex.adapter_store.tenants import policy
@@ -48,25 +48,19 @@ DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 WATCH_QUEUE = 1024
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,129}\Z")  # an id prefix: up to a whole id
-_CODES = (
-    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
-    (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (AdapterCorruptError, grpc.StatusCode.DATA_LOSS),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-)
 
 
 def _status(context: grpc.aio.ServicerContext, exc: Exception) -> tuple[grpc.StatusCode, str]:
-    """The status an error becomes (logged; a field it names goes into the trailing metadata)."""
-    for kind, code in _CODES:
-        if isinstance(exc, kind):
-            field = getattr(exc, "field", None)
-            if field:
-                context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
-            log.info("%s: %s", code.name, exc)
-            return code, str(exc)
+    """The status an error becomes, the one its class carries (errors.py; logged; a field it
+    names goes into the trailing metadata); INTERNAL for anything else."""
+    status = status_of(exc)
+    if status is not None:
+        code = grpc.StatusCode[status.grpc]
+        field = getattr(exc, "field", None)
+        if field:
+            context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
+        log.info("%s: %s", code.name, exc)
+        return code, str(exc)
     log.error("internal error in the adapter store", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the store's log"
 

@@ -121,9 +121,17 @@ def _set(message: object, name: str, value: object) -> None:
 
 
 def _chat_message(i: int, m: object) -> pb.ChatMessage:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+    """{"role", "content"}: content a string, or a list of OpenAI content parts ({"type", "text"}),
+    sent as parts (the server takes text parts and refuses other types, naming them)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
-    return pb.ChatMessage(role=m["role"], content=m["content"])
+    content = m.get("content")
+    if isinstance(content, str):
+        return pb.ChatMessage(role=m["role"], content=content)
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
+        return pb.ChatMessage(role=m["role"], parts=[pb.ContentPart(type=p["type"], text=str(p.get("text") or ""))
+                                                     for p in content])
+    raise ValueError(f"messages[{i}].content must be a string or a list of {{'type', 'text'}} parts, got {content!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,8 @@ class ServerSettings:
     prefix_caching: str = _opt("on", "reuse the KV blocks of a prompt prefix already computed for the same adapter "
                                      "version (system prompts, few-shot examples); off = every prompt computed "
                                      "in full", str, ("on", "off"))
+    max_batch_prompts: int = _opt(64, "most prompts in one /v1/completions request's prompt list (each answered "
+                                      "as its own choices); beyond it 400", int)
     allow_runtime_lora_updating: str = _opt("off", "on: the HTTP edge serves vLLM's POST /v1/load_lora_adapter and "
                                                   "/v1/unload_lora_adapter (lora_path: a folder on the server, "
                                                   "s3://bucket/prefix, or a stored adapter id); off: they are 404, "
@@ -102,6 +104,40 @@ class ServerSettings:
     max_message_bytes: int = _opt(8 * MiB, "largest gRPC message, bytes", int)
     max_upload_bytes: int = _opt(512 * MiB, "largest adapter upload (all files), bytes", int)
     grace_period_s: float = _opt(30.0, "on SIGTERM, how long running streams may finish", float)
+    # connections (docs/HTTP.md: HTTP through uvicorn's and h11's knobs; gRPC through its channel arguments)
+    http_head_timeout_s: float = _opt(10.0, "HTTP: seconds a connection has to send its request head (a new one, "
+                                            "or a kept-alive one from its next request's first byte); then it is "
+                                            "closed (408 if part of a head came)", float)
+    http_body_timeout_s: float = _opt(30.0, "HTTP: seconds a request has to send its whole body once its head is "
+                                            "in; then 408 and the connection is closed", float)
+    http_keep_alive_timeout_s: float = _opt(5.0, "HTTP: an idle kept-alive connection is closed after this many "
+                                                 "seconds (uvicorn's timeout_keep_alive)", float)
+    http_max_connections: int = _opt(2048, "HTTP: connections served at once; a request on one more is answered "
+                                           "503 (uvicorn's limit_concurrency)", int)
+    http_max_head_bytes: int = _opt(16 * 1024, "HTTP: bytes of a request head (request line + headers) still "
+                                               "incomplete that are buffered; past it 400 (h11's "
+                                               "max_incomplete_event_size)", int)
+    grpc_max_streams_per_connection: int = _opt(1024, "gRPC: concurrent calls on one connection "
+                                                      "(grpc.max_concurrent_streams)", int)
+    grpc_max_connection_idle_s: float = _opt(300.0, "gRPC: a connection with no call for this long is closed "
+                                                    "(GOAWAY; grpc.max_connection_idle_ms; 0 = never)", float)
+    grpc_max_connection_age_s: float = _opt(3600.0, "gRPC: a connection older than this is closed (GOAWAY), so "
+                                                    "clients reconnect and rebalance (grpc.max_connection_age_ms; "
+                                                    "0 = never)", float)
+    grpc_max_connection_age_grace_s: float = _opt(300.0, "gRPC: how long the calls of a connection past its age may "
+                                                         "still finish (grpc.max_connection_age_grace_ms)", float)
+    grpc_keepalive_time_s: float = _opt(60.0, "gRPC: the server pings a connection quiet for this long, to find "
+                                              "dead peers (grpc.keepalive_time_ms)", float)
+    grpc_keepalive_timeout_s: float = _opt(20.0, "gRPC: a ping unanswered this long closes its connection "
+                                                 "(grpc.keepalive_timeout_ms)", float)
+    grpc_min_ping_interval_s: float = _opt(10.0, "gRPC keepalive enforcement: the shortest interval between a "
+                                                 "client's pings without data; a client pinging more often gets "
+                                                 "GOAWAY after 2 strikes "
+                                                 "(grpc.http2.min_ping_interval_without_data_ms)", float)
+    grpc_permit_keepalive_without_calls: str = _opt("off", "gRPC keepalive enforcement: on = clients may ping a "
+                                                           "connection with no open call (off: such pings are "
+                                                           "strikes; grpc.keepalive_permit_without_calls)", str,
+                                                    ("on", "off"))
     # tenants: authentication, TLS, quotas (inference_server/auth/)
     auth: str = _opt("none", "tokens: every RPC needs 'authorization: Bearer <token>' listed in --tokens-file; "
                              "none: no authentication (the embedded single-user default, warned about at start)",
@@ -147,7 +183,8 @@ class ServerSettings:
             raise ValueError(_where("model", "--model-format dummy needs a preset name, e.g. --model tiny"))
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_new_tokens_limit", "default_max_new_tokens",
                     "max_waiting", "adapter_pool_bytes", "adapter_host_cache_bytes", "max_lora_rank",
-                    "max_concurrent_streams",
+                    "max_concurrent_streams", "http_max_connections", "grpc_max_streams_per_connection",
+                    "max_batch_prompts",
                     "max_upload_bytes", "max_model_len", "num_kv_blocks", "tensor_parallel")
         for name in positive:
             value = getattr(self, name)
@@ -159,9 +196,16 @@ class ServerSettings:
                                     f"({self.max_new_tokens_limit})"))
         if self.max_message_bytes < 64 * 1024:
             raise ValueError(_where("max_message_bytes", f"must be >= 65536, got {self.max_message_bytes}"))
-        for name in ("grace_period_s", "adapter_store_wait_s"):
+        for name in ("grace_period_s", "adapter_store_wait_s", "grpc_max_connection_idle_s",
+                     "grpc_max_connection_age_s", "grpc_max_connection_age_grace_s", "grpc_min_ping_interval_s"):
             if getattr(self, name) < 0:
                 raise ValueError(_where(name, f"must be >= 0, got {getattr(self, name)}"))
+        for name in ("http_head_timeout_s", "http_body_timeout_s", "http_keep_alive_timeout_s", "grpc_keepalive_time_s",
+                     "grpc_keepalive_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(_where(name, f"must be > 0 seconds, got {getattr(self, name)}"))
+        if self.http_max_head_bytes < 1024:
+            raise ValueError(_where("http_max_head_bytes", f"must be >= 1024, got {self.http_max_head_bytes}"))
         self._check_security()
         if not 0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError(_where("kv_cache_memory_fraction", f"must be in (0, 0.95], got "

@@ -108,9 +108,10 @@ LORA_TIERS = (
 )
 
 
-# Inside the GPU process, from the model up to the edge: a module may import its own tier and
-# lower ones only (the edge -> engine -> lora -> model, with the kernels below all of them;
-# tensor parallelism above the engine, and build.py, which picks one or the other, above both).
+# Inside the GPU process, from the model up to the edges: a module may import its own tier and
+# lower ones only (the edges -> the edge core -> engine -> lora -> model, with the kernels below
+# all of them; tensor parallelism above the engine, and build.py, which picks one or the other,
+# above both).
 _IS = "loraplex.inference_server"
 SERVER_TIERS = (
     (f"{_IS}.model",),
@@ -118,8 +119,14 @@ SERVER_TIERS = (
     (f"{_IS}.engine",),
     (f"{_IS}.parallel",),
     (f"{_IS}.build",),
-    (f"{_IS}.server", f"{_IS}.http", f"{_IS}.auth", f"{_IS}.main", f"{_IS}.settings", f"{_IS}.store_check"),
+    (f"{_IS}.edge", f"{_IS}.auth"),
+    (f"{_IS}.server", f"{_IS}.http", f"{_IS}.main", f"{_IS}.settings", f"{_IS}.store_check"),
 )
+# The two protocol edges: each converts its own wire format over the edge core, and neither
+# imports the other (what both need lives in the edge core).
+PROTOCOL_EDGES = (f"{_IS}.server", f"{_IS}.http")
+# What only a protocol edge may import: the edge core speaks no wire format.
+WIRE_FORMATS = ("grpc", "grpc_health", "grpc_reflection", "loraplex.v1", "starlette", "uvicorn", "h11")
 
 
 def server_tier(name: str) -> int | None:
@@ -127,6 +134,11 @@ def server_tier(name: str) -> int | None:
         if any(within(name, m) for m in members):
             return rank
     return None
+
+
+def protocol_edge(name: str) -> str | None:
+    """The protocol edge (server/ or http/) module ``name`` belongs to, if any."""
+    return next((e for e in PROTOCOL_EDGES if within(name, e)), None)
 
 
 def lora_tier(name: str) -> int | None:
@@ -160,6 +172,11 @@ def violation(edge: Edge) -> str | None:
     low, high = lora_tier(dst), lora_tier(src)
     if low is not None and high is not None and low > high:
         return f"LoRA tier {high} ({LORA_TIERS[high][0]}) imports the higher tier {low}"
+    src_edge, dst_edge = protocol_edge(src), protocol_edge(dst)
+    if src_edge is not None and dst_edge is not None and src_edge != dst_edge:
+        return f"{src} imports {dst}: the gRPC edge (server/) and the HTTP edge (http/) import neither each other"
+    if within(src, f"{_IS}.edge") and any(within(dst, w) for w in WIRE_FORMATS):
+        return f"the edge core imports {dst}: it speaks no wire format (that is server/'s and http/'s)"
     low, high = server_tier(dst), server_tier(src)
     if low is not None and high is not None and low > high:
         return f"{SERVER_TIERS[high][0]} imports {dst}, which is above it (edge -> engine -> lora -> model)"

@@ -191,15 +191,17 @@ class ServerThread:
             await self.server.attach_engine(engine)
         self.call(go())
 
-    def start_http(self, port: int = 0, **routes: Any) -> str:
-        """Open the OpenAI-compatible HTTP edge on this server's state (RouteConfig ``routes``) on
-        ``port`` (0: any free one); returns its base URL (``http://127.0.0.1:PORT/v1``)."""
+    def start_http(self, port: int = 0, connections: Any = None, **routes: Any) -> str:
+        """Open the OpenAI-compatible HTTP edge on this server's state (RouteConfig ``routes``,
+        HttpConnectionLimits ``connections``) on ``port`` (0: any free one); returns its base URL
+        (``http://127.0.0.1:PORT/v1``)."""
         from loraplex.inference_server.http.app import HttpOptions, HttpServer  # noqa: PLC0415
+        from loraplex.inference_server.http.connections import HttpConnectionLimits  # noqa: PLC0415
         from loraplex.inference_server.http.routes import RouteConfig  # noqa: PLC0415
 
         s = self.server
-        self.http = HttpServer(HttpOptions(port=port, routes=RouteConfig(**routes)), s.state, s.metrics, s.security,
-                               s.tenant_metrics)
+        options = HttpOptions(port=port, routes=RouteConfig(**routes), connections=connections or HttpConnectionLimits())
+        self.http = HttpServer(options, s.state, s.metrics, s.security, s.tenant_metrics)
         port = self.call(self.http.start())
         scheme = "https" if s.security.tls is not None else "http"
         return f"{scheme}://127.0.0.1:{port}/v1"

@@ -209,7 +209,7 @@ def test_termination_grace_covers_prestop_and_drain(mode: object, kube_version: 
 
 
 def test_hpa_scales_on_a_server_metric_with_cpu_fallback() -> None:
-    from loraplex.inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
+    from loraplex.inference_server.edge.metrics import ServerMetrics  # noqa: PLC0415
 
     exported = {m.name for m in ServerMetrics().registry.collect()}
     r = render(ci_values("external"))

@@ -141,7 +141,8 @@ BAD_COMPLETIONS = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
     ({"suffix": "x"}, "suffix"),
     ({"stream_options": {"continuous_usage_stats": "yes"}, "stream": True}, "stream_options.continuous_usage_stats"),
-    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [999]}, "prompt"), ({"prompt": ""}, "prompt"),
+    ({"prompt": ["a"] * 65}, "prompt"), ({"prompt": ["a", ""]}, "prompt[1]"), ({"prompt": [[3], [999]]}, "prompt[1]"),
+    ({"prompt": [999]}, "prompt"), ({"prompt": ""}, "prompt"),
     ({"prompt": "x" * 300}, "prompt"), ({"model": "a b"}, "model"), ({"stream_options": {"include_usage": True}},
                                                                      "stream_options"),
 ]
@@ -149,7 +150,9 @@ BAD_CHAT = [
     ({"messages": []}, "messages"), ({"messages": [{"role": "function", "content": "x"}]}, "messages.role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
     ({"tools": [{"type": "function"}]}, "tools[0]"), ({"n": 2, "stream_options": {}}, "stream_options"),
 ]
 
@@ -171,6 +174,20 @@ def test_bad_chat_parameters_are_400_naming_the_param(served, changes: dict, par
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(**{k: body.pop(k) for k in ("model", "messages")}, extra_body=body)
     assert caught.value.body["param"] == param, caught.value.body
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "https://x/cat.png"}},
+                                  {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+                                  {"type": "file", "file": {"file_id": "file-1"}}, {"type": "hologram"}])
+def test_a_content_part_other_than_text_is_refused_naming_the_part_and_its_type(served, part: dict) -> None:
+    _, engine, client, _ = served
+    content = [{"type": "text", "text": "what is this?"}, part]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": content}])
+    assert caught.value.body["param"] == "messages[0].content[1].type"
+    assert caught.value.body["message"] == (f"messages[0].content[1].type: {part['type']!r} is not supported: "
+                                            "the model takes text")
+    assert engine.requests == []
 
 
 @pytest.mark.parametrize("model", ["nope", "acme/nope", "other-base:acme/pirate"])

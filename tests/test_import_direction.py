@@ -1,9 +1,11 @@
 """The packages depend on each other in one direction (clients -> protos; adapter_store ->
 protos; inference_server -> the store's client side, kernels, protos; kernels -> nothing of
-the project), inside the GPU process the edge -> engine -> lora -> model (parallel above the
-engine, build.py above both), the LoRA runtime's tiers only downwards, no modules import each
-other in a circle, and every import of the project names it under the one namespace
-(loraplex.kernels, not kernels). Read from the sources (tests/import_graph.py), nothing imported."""
+the project), inside the GPU process the edges -> the edge core -> engine -> lora -> model
+(parallel above the engine, build.py above both; the gRPC edge and the HTTP edge import
+neither each other, and the edge core no wire format), the LoRA runtime's tiers only
+downwards, no modules import each other in a circle, and every import of the project names it
+under the one namespace (loraplex.kernels, not kernels). Read from the sources
+(tests/import_graph.py), nothing imported."""
 
 from __future__ import annotations
 
@@ -64,6 +66,18 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
      "which is above it"),
     ("inference_server/engine/x.py", "from loraplex.inference_server.server import convert\n", "which is above it"),
     ("clients/x.py", "from clients.errors import NotFoundError\n", "installed as loraplex.clients"),
+    ("inference_server/http/x.py", "from loraplex.inference_server.server.convert import RequestLimits\n",
+     "import neither each other"),
+    ("inference_server/http/x.py", "def f():\n    from loraplex.inference_server.server import app\n",
+     "import neither each other"),
+    ("inference_server/server/x.py", "from loraplex.inference_server.http.errors import error_for\n",
+     "import neither each other"),
+    ("inference_server/edge/x.py", "from loraplex.inference_server.server.interceptor import status_for\n",
+     "which is above it"),
+    ("inference_server/edge/x.py", "from loraplex.inference_server.http import routes\n", "which is above it"),
+    ("inference_server/edge/x.py", "import grpc\n", "speaks no wire format"),
+    ("inference_server/edge/x.py", "from starlette.requests import Request\n", "speaks no wire format"),
+    ("inference_server/edge/x.py", "from loraplex.v1 import inference_pb2\n", "speaks no wire format"),
 ])
 def test_the_checker_flags_each_kind_of_forbidden_edge(tmp_path, rel, text, why) -> None:
     root = _tree(tmp_path, {rel: text})
@@ -79,6 +93,10 @@ def test_the_checker_allows_the_intended_directions(tmp_path) -> None:
         "inference_server/lora/pool/copier.py": "from loraplex.inference_server.lora.resident import AdapterLayout\n",
         "adapter_store/store.py": "from loraplex.adapter_store.format.peft_format import parse_adapter_upload\n",
         "clients/x.py": "from loraplex.v1 import inference_pb2\n",
+        "inference_server/server/x.py": "from loraplex.inference_server.edge.generation import generation\n",
+        "inference_server/http/x.py": "from loraplex.inference_server.edge.state import ServingState\n",
+        "inference_server/main.py": "from loraplex.inference_server.server.app import GrpcServer\n"
+                                    "from loraplex.inference_server.http.app import HttpServer\n",
     })
     assert [e for e in graph.project_edges(root) if graph.violation(e)] == []
 

@@ -158,7 +158,7 @@ def test_the_prefix_cache_counts_are_prometheus_counters() -> None:
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     from loraplex.inference_server.engine.info import EngineStats  # noqa: PLC0415
-    from loraplex.inference_server.server.metrics import ServerMetrics  # noqa: PLC0415
+    from loraplex.inference_server.edge.metrics import ServerMetrics  # noqa: PLC0415
 
     metrics = ServerMetrics()
     stats = EngineStats(num_running=0, num_waiting=0, free_kv_blocks=4, total_kv_blocks=4, resident_adapters=0,

@@ -72,6 +72,26 @@ def test_prompt_kinds_token_ids_chat_and_default_max_new_tokens(served) -> None:
         [{"role": "user", "content": "yo"}]))
 
 
+def test_chat_content_parts_are_text_and_other_types_are_refused_naming_them(served) -> None:
+    srv, engine, client = served
+    parts = [{"type": "text", "text": "y"}, {"type": "text", "text": "o"}]
+    assert client.generate_text(messages=[{"role": "user", "content": parts}]).text == client.generate_text(
+        messages=[{"role": "user", "content": "yo"}]).text
+    assert engine.requests[0].prompt_token_ids == engine.requests[1].prompt_token_ids
+    for kind in ("image_url", "input_audio", "file", "hologram"):
+        with pytest.raises(InvalidArgumentError) as info:
+            client.generate_text(messages=[{"role": "user", "content": [*parts, {"type": kind}]}])
+        assert info.value.field == "chat.messages[0].parts[2].type"
+        assert info.value.details == f"chat.messages[0].parts[2].type: {kind!r} is not supported: the model takes text"
+    both = pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(
+        role="user", content="yo", parts=[pb.ContentPart(type="text", text="yo")])]))
+    with grpc.insecure_channel(srv.address) as channel, pytest.raises(grpc.RpcError) as caught:
+        list(pb_grpc.InferenceServiceStub(channel).Generate(both, timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("chat.messages[0].parts: set content or parts, not both")
+    assert len(engine.requests) == 2
+
+
 def test_sampling_and_stopping_reach_the_engine(served) -> None:
     srv, engine, client = served
     result = client.generate_text("x", temperature=0.7, top_k=5, top_p=0.9, seed=42, repetition_penalty=1.1,

@@ -36,6 +36,12 @@ def test_flag_beats_environment_beats_default() -> None:
     (["--adapter-store-wait-s", "-1"], {}, ["adapter_store_wait_s", ">= 0"]),
     (["--max-num-seqs", "0"], {}, ["max_num_seqs", ">= 1"]),
     (["--log-format", "xml"], {}, ["log_format", "json"]),
+    (["--http-head-timeout-s", "0"], {}, ["http_head_timeout_s", "--http-head-timeout-s", "> 0"]),
+    ([], {"LORAPLEX_HTTP_BODY_TIMEOUT_S": "-2"}, ["http_body_timeout_s", "> 0"]),
+    (["--http-max-connections", "0"], {}, ["http_max_connections", ">= 1"]),
+    (["--http-max-head-bytes", "100"], {}, ["http_max_head_bytes", ">= 1024"]),
+    (["--grpc-max-connection-age-s", "-1"], {}, ["grpc_max_connection_age_s", ">= 0"]),
+    (["--grpc-permit-keepalive-without-calls", "yes"], {}, ["grpc_permit_keepalive_without_calls", "on"]),
 ])
 def test_invalid_values_name_the_setting(argv, env, words) -> None:
     with pytest.raises(ValueError) as info:
@@ -130,3 +136,23 @@ def test_host_tier_size_reaches_the_engine() -> None:
     assert engine_config(s).adapter_host_cache_bytes == 12345678
     with pytest.raises(ValueError, match="adapter_host_cache_bytes"):
         ServerSettings.from_sources(["--adapter-host-cache-bytes", "0"], {})
+
+
+def test_connection_settings_become_uvicorn_and_grpc_options() -> None:
+    from loraplex.inference_server.http.app import HttpOptions  # noqa: PLC0415
+    from loraplex.inference_server.server.app import ServerOptions  # noqa: PLC0415
+
+    s = ServerSettings.from_sources(["--http-head-timeout-s", "3", "--http-body-timeout-s", "4",
+                                     "--http-max-connections", "10", "--grpc-max-connection-age-s", "0",
+                                     "--grpc-permit-keepalive-without-calls", "on"],
+                                    {"LORAPLEX_GRPC_MAX_CONNECTION_IDLE_S": "1.5"})
+    http = HttpOptions.from_settings(s)
+    config = http.connections.uvicorn_config(http.routes.body_timeout_s, lambda phase: None)
+    assert (config["timeout_keep_alive"], config["limit_concurrency"], config["h11_max_incomplete_event_size"]) == (
+        5.0, 11, 16384)
+    assert http.routes.body_timeout_s == 4 and http.connections.head_timeout_s == 3
+    grpc_options = dict(ServerOptions.from_settings(s).connections.channel_options())
+    assert grpc_options["grpc.max_connection_idle_ms"] == 1500 and "grpc.max_connection_age_ms" not in grpc_options
+    assert grpc_options["grpc.keepalive_permit_without_calls"] == 1
+    assert grpc_options["grpc.max_concurrent_streams"] == 1024 and grpc_options["grpc.http2.max_ping_strikes"] == 2
+    assert grpc_options["grpc.http2.min_ping_interval_without_data_ms"] == 10_000

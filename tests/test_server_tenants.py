@@ -331,7 +331,7 @@ def test_the_store_holds_uploads_and_deletes_to_the_callers_rules_too(store_tena
     """A second line of defence: the server names the caller when it writes to the store
     sidecar, so even if the server's own check let a cross-tenant write through (simulated
     here by disabling it), the store refuses it and nothing changes."""
-    from loraplex.inference_server.server.tenancy import Tenancy
+    from loraplex.inference_server.edge.tenancy import Tenancy
 
     srv = store_tenants
     folder, other = write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
@@ -356,7 +356,7 @@ def test_the_store_holds_reads_and_lists_to_the_callers_rules_too(store_tenants,
     """The same second line for reads: GetAdapter and ListAdapters name the caller to the store
     sidecar, so with the server's own read checks disabled (simulated here), tenant b still
     sees neither a's private adapter nor its record, and still sees a's public one."""
-    from loraplex.inference_server.server.tenancy import Tenancy
+    from loraplex.inference_server.edge.tenancy import Tenancy
 
     srv = store_tenants
     folder = write_fake_adapter(tmp_path / "peft")

@@ -1,4 +1,4 @@
-"""Audit lines and write counters of uploads (inference_server/server/tenancy.py)."""
+"""Audit lines and write counters of uploads (inference_server/edge/tenancy.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.auth.security import Security
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 
 
 class _Context:

@@ -24,13 +24,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
+from loraplex.inference_server.http.connections import HttpConnectionLimits
 from loraplex.inference_server.http.errors import error_body
 from loraplex.inference_server.http.router_metrics import RouterCollector
 from loraplex.inference_server.http.routes import OpenAIRoutes, RouteConfig
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 
 log = logging.getLogger(__name__)
 _CLOSE_WAIT_S = 5.0  # after the drain: how long open connections get to finish their last response
@@ -43,6 +44,7 @@ class HttpOptions:
     host: str = "127.0.0.1"
     port: int = 0
     routes: RouteConfig = RouteConfig()
+    connections: HttpConnectionLimits = HttpConnectionLimits()
 
     @classmethod
     def from_settings(cls, settings: Any) -> "HttpOptions":
@@ -50,7 +52,10 @@ class HttpOptions:
                    routes=RouteConfig(default_max_new_tokens=settings.default_max_new_tokens,
                                       max_body_bytes=settings.max_message_bytes,
                                       max_upload_bytes=settings.max_upload_bytes,
-                                      runtime_lora_updating=settings.allow_runtime_lora_updating == "on"))
+                                      runtime_lora_updating=settings.allow_runtime_lora_updating == "on",
+                                      body_timeout_s=settings.http_body_timeout_s,
+                                      max_batch_prompts=settings.max_batch_prompts),
+                   connections=HttpConnectionLimits.from_settings(settings))
 
 
 class _Uvicorn(uvicorn.Server):
@@ -115,8 +120,10 @@ class HttpServer:
         """Bind and serve (/health answers 503 until the engine is attached); the bound port."""
         sock = _bind(self.options.host, self.options.port)
         self.port = sock.getsockname()[1]
+        limits = self.options.connections.uvicorn_config(self.options.routes.body_timeout_s,
+                                                         self.routes.http_metrics.connection_timeout)
         config = uvicorn.Config(self.app(), lifespan="off", access_log=False, log_level="warning",
-                                timeout_graceful_shutdown=_CLOSE_WAIT_S, **_tls_config(self._security))
+                                timeout_graceful_shutdown=_CLOSE_WAIT_S, **limits, **_tls_config(self._security))
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:

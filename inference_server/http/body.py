@@ -1,16 +1,21 @@
 """Reading a JSON request body: its content type, a size limit, then its pydantic model.
 
 The limit is checked against Content-Length before anything is read and again while a
-chunked body arrives, so a 10 MB body is refused (413) without being buffered whole.
+chunked body arrives, so a 10 MB body is refused (413) without being buffered whole; a body
+that takes longer than its deadline (--http-body-timeout-s) is refused (408). A client
+that hangs up before its body is whole is the client's doing (ClientDisconnectedError: 499,
+logged once at INFO), not a server fault.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
+from loraplex.adapter_store.errors import ClientDisconnectedError
 from loraplex.inference_server.http.errors import HttpError, invalid_body
 
 M = TypeVar("M", bound=BaseModel)
@@ -25,7 +30,7 @@ def _check_content_type(request: Request) -> None:
 
 def _too_large(limit: int) -> HttpError:
     return HttpError(413, f"the request body is larger than this server's limit of {limit} bytes",
-                     code="request_too_large")
+                     code="request_too_large", close=True)
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
@@ -41,11 +46,21 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_body(request: Request, model: type[M], limit: int) -> M:
+async def read_body(request: Request, model: type[M], limit: int, timeout_s: float) -> M:
     """``request``'s body as ``model``: 415 for another content type, 413 above ``limit`` bytes,
-    400 naming the parameter for malformed JSON or a bad field."""
+    400 naming the parameter for malformed JSON or a bad field, 408 when the body is not whole
+    ``timeout_s`` seconds after the route started reading it (its head's arrival), and
+    ClientDisconnectedError (499) when the client hangs up before the body is whole. A 413 or a
+    408 closes the connection (the rest of the body may still be on its way)."""
     _check_content_type(request)
-    raw = await _read_limited(request, limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await _read_limited(request, limit)
+    except TimeoutError:
+        raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                        close=True) from None
+    except ClientDisconnect:
+        raise ClientDisconnectedError("the client disconnected before its request body arrived") from None
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

@@ -1,6 +1,6 @@
-"""OpenAI request bodies -> the engine's GenerationRequest, with the gRPC edge's checks.
+"""OpenAI request bodies -> the engine's GenerationRequest, with the edge core's checks.
 
-The prompt, chat, max_new_tokens and token-id checks are server/convert.py's, called with
+The prompt, chat, max_new_tokens and token-id checks are edge/checks.py's, called with
 OpenAI's parameter names; SamplingParams and StoppingCriteria validate the rest, and their
 field names are renamed to the parameter the caller sent (``stop_strings`` -> ``stop``,
 ``max_new_tokens`` -> ``max_tokens``), so every 400 names a parameter of this API. A request
@@ -11,22 +11,21 @@ requests' GrammarSpec (structured output; tools.py for the tool-call format).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
 from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.inference_server.edge import checks as edge
+from loraplex.inference_server.edge.checks import MAX_CHOICES, RequestLimits
 from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.grammar import check_schema
 from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
 from loraplex.inference_server.http import tools as tool_calls
+from loraplex.inference_server.http.prompts import completion_prompts
 from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, ignored_fields
-from loraplex.inference_server.server import convert as edge
-from loraplex.inference_server.server.convert import RequestLimits
 
 T = TypeVar("T")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
@@ -55,13 +54,11 @@ class ModelNames:
         return validate_adapter_id(model, "model")
 
 
-MAX_CHOICES = 16  # n and best_of: each choice is a request of its own in the engine
-
-
 @dataclass(frozen=True, slots=True)
 class DecodedRequest:
     """A validated HTTP generation request: the engine requests (one per choice; ``best_of`` of
-    them when it is larger than ``n``) and how to answer them."""
+    them when it is larger than ``n``; for a batch of prompts, that many a prompt, prompt after
+    prompt) and how to answer them."""
 
     requests: tuple[GenerationRequest, ...]
     model: str  # echoed in every response, as the caller named it
@@ -71,10 +68,11 @@ class DecodedRequest:
     top_logprobs: int
     n: int = 1
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
-    echo: str | None = None  # completions with echo: the prompt's text, put before each choice's
+    echo: tuple[str, ...] | None = None  # completions with echo: each prompt's text, put before its choices
     ignored: tuple[str, ...] = ()  # body fields this edge does not know (accepted, ignored)
     tools: tool_calls.ToolUse | None = None  # chat with tools: the answers' calls are read back out
     grammar_param: str = "response_format"  # the parameter the requests' grammar came from
+    prompt_count: int = 1  # completions: the prompts of a batch
 
     def renamed(self, exc: InvalidRequestError) -> InvalidRequestError:
         """An engine refusal of the requests' grammar (``response_format...``) under the parameter
@@ -88,12 +86,18 @@ class DecodedRequest:
 
     @property
     def request(self) -> GenerationRequest:
-        """The first choice's request (every choice has the same prompt and adapter)."""
+        """The first choice's request (every choice has the same adapter, sampling and grammar)."""
         return self.requests[0]
 
     @property
-    def prompt_ids(self) -> tuple[int, ...]:
-        return self.requests[0].prompt_token_ids
+    def per_prompt(self) -> int:
+        """The engine requests of each prompt (n, or best_of)."""
+        return len(self.requests) // self.prompt_count
+
+    @property
+    def prompts(self) -> tuple[tuple[int, ...], ...]:
+        """Each prompt's token ids, in order."""
+        return tuple(self.requests[p * self.per_prompt].prompt_token_ids for p in range(self.prompt_count))
 
 
 def _renamed(build: Callable[[], T], names: Mapping[str, str]) -> T:
@@ -168,29 +172,13 @@ def _stopping(body: _Sampling, requested: int | None, max_param: str, limits: Re
                     {"max_new_tokens": max_param, "stop_strings": "stop"})
 
 
-def _completion_prompt(prompt: str | list, tokenizer: PromptTokenizer, limits: RequestLimits) -> tuple[int, ...]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise InvalidRequestError(f"one prompt per request (got {len(prompt)}); send one request each",
-                                      "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        edge.check_text_length(prompt, limits, "prompt")
-        ids = tuple(tokenizer.encode(prompt)) if prompt else ()
-    else:
-        if any(t < 0 for t in prompt):
-            raise InvalidRequestError("token ids must be >= 0", "prompt")
-        ids = edge.check_token_ids(prompt, limits.vocab_size, "prompt")
-    return edge.check_prompt_ids(ids, limits, "prompt")
-
-
 def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     """{role, content} turns; an assistant turn's tool calls and a tool turn's result in the
     tool-call format's text (tools.py)."""
     out = []
     for i, m in enumerate(body.messages):
-        content = m.content if isinstance(m.content, str) or m.content is None else "".join(
-            part.text for part in m.content)
+        content = m.content if isinstance(m.content, str) or m.content is None else edge.text_of_parts(
+            ((part.type, part.text) for part in m.content), f"messages[{i}].content")
         role = _ROLE_ALIASES.get(m.role, m.role)
         if m.tool_calls and role == "assistant":
             calls = tool_calls.call_text(m.tool_calls, f"messages[{i}].tool_calls")
@@ -216,25 +204,11 @@ def _choices(body: _Sampling, best_of: int | None) -> int:
     return best_of
 
 
-def _requests(body: _Sampling, prompt: tuple[int, ...], adapter: str | None, sampling: SamplingParams,
-              stopping: StoppingCriteria, count: int, grammar: GrammarSpec | None) -> tuple[GenerationRequest, ...]:
-    """``count`` requests of one prompt: one prompt group (they share its KV blocks), each seeded
-    choice with its own seed (seed + its index, as vLLM does)."""
-    group = uuid.uuid4().hex if count > 1 else None
-    out = []
-    for i in range(count):
-        params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-        out.append(GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter,
-                                     sampling=params, stopping=stopping, tenant=edge.tenant_of(adapter),
-                                     skip_special_tokens=body.skip_special_tokens, prompt_group=group,
-                                     grammar=grammar))
-    return tuple(out)
-
-
 def _decoded(body: _Sampling, requests: tuple[GenerationRequest, ...], logprobs: bool, top_logprobs: int,
-             echo: str | None = None, tools: tool_calls.ToolUse | None = None) -> DecodedRequest:
+             echo: tuple[str, ...] | None = None, tools: tool_calls.ToolUse | None = None,
+             prompt_count: int = 1) -> DecodedRequest:
     options = body.stream_options
-    return DecodedRequest(requests=requests, model=body.model, stream=body.stream,
+    return DecodedRequest(requests=requests, prompt_count=prompt_count, model=body.model, stream=body.stream,
                           include_usage=options is not None and options.include_usage,
                           logprobs=logprobs, top_logprobs=top_logprobs, n=body.n,
                           continuous_usage=options is not None and options.continuous_usage_stats,
@@ -243,8 +217,10 @@ def _decoded(body: _Sampling, requests: tuple[GenerationRequest, ...], logprobs:
 
 
 def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limits: RequestLimits,
-                       names: ModelNames) -> DecodedRequest:
-    """Validate and tokenize a /v1/completions body (``logprobs`` = the alternatives per token)."""
+                       names: ModelNames, max_prompts: int = 1) -> DecodedRequest:
+    """Validate and tokenize a /v1/completions body (``logprobs`` = the alternatives per token).
+    A batch of prompts (at most ``max_prompts``) is ``count`` engine requests a prompt, prompt
+    after prompt: choice ``p * n + i`` is prompt p's choice i, as OpenAI and vLLM number them."""
     _check_supported(body)
     if body.suffix is not None:
         raise InvalidRequestError("is not supported", "suffix")
@@ -255,15 +231,15 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
     ranked = count > body.n  # best_of: the choices are ranked by their tokens' log-probabilities
     prompt_logprobs = body.logprobs if body.echo and want_logprobs else None
     sampling = _sampling(body, limits, want_logprobs or ranked, body.logprobs or 0, "logprobs", prompt_logprobs)
-    prompt = _completion_prompt(body.prompt, tokenizer, limits)
-    stopping = _stopping(body, body.max_tokens, "max_tokens", limits, prompt, "prompt")
-    echo = None
-    if body.echo:
-        text = body.prompt if isinstance(body.prompt, str) else body.prompt[0] if body.prompt and isinstance(
-            body.prompt[0], str) else None
-        echo = text if text is not None else tokenizer.decode(list(prompt))
-    requests = _requests(body, prompt, adapter, sampling, stopping, count, grammar)
-    return _decoded(body, requests, want_logprobs, body.logprobs or 0, echo)
+    prompts = completion_prompts(body.prompt, tokenizer, limits, max_prompts)
+    requests: list[GenerationRequest] = []
+    for p in prompts:  # each prompt its own choices, all in the engine's batches at once
+        stopping = _stopping(body, body.max_tokens, "max_tokens", limits, p.ids, p.field)
+        requests += edge.choice_requests(p.ids, adapter, sampling, stopping, count,
+                                         skip_special_tokens=body.skip_special_tokens, grammar=grammar)
+    echo = tuple(p.text if p.text is not None else tokenizer.decode(list(p.ids)) for p in prompts) if body.echo \
+        else None
+    return _decoded(body, tuple(requests), want_logprobs, body.logprobs or 0, echo, prompt_count=len(prompts))
 
 
 def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits: RequestLimits,
@@ -291,5 +267,6 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages")
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
     stopping = _stopping(body, requested, param, limits, prompt, "messages")
-    requests = _requests(body, prompt, adapter, sampling, stopping, body.n, grammar)
+    requests = edge.choice_requests(prompt, adapter, sampling, stopping, body.n,
+                                    skip_special_tokens=body.skip_special_tokens, grammar=grammar)
     return _decoded(body, requests, body.logprobs, top, tools=tools)

@@ -1,11 +1,12 @@
-"""The one place where exceptions become HTTP statuses with OpenAI-shaped error bodies.
+"""Exceptions as HTTP statuses with OpenAI-shaped error bodies.
 
 The body is ``{"error": {"message", "type", "param", "code"}}``, what the openai clients
-parse: a 400 names the offending parameter in ``param`` (from InvalidRequestError's
-``field``; a prompt or a request past the context window has ``code`` context_length_exceeded,
-as OpenAI's), an unknown adapter is a 404 with ``param`` "model" (never a fallback to the base
-model), a full queue or quota a 429, not ready or draining a 503. The mapping follows the
-gRPC interceptor's (server/interceptor.py), status for status.
+parse. The status, ``type`` and ``code`` are the ones the error's class carries
+(adapter_store/errors.py: the one table, which the gRPC interceptor reads too): a 400 names the
+offending parameter in ``param`` (from InvalidRequestError's ``field``; a prompt or a request
+past the context window has ``code`` context_length_exceeded, as OpenAI's), an unknown adapter
+is a 404 with ``param`` "model" (never a fallback to the base model), a full queue or quota a
+429, not ready or draining a 503.
 """
 
 from __future__ import annotations
@@ -15,16 +16,7 @@ import logging
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from loraplex.adapter_store.errors import (
-    AdapterNotFoundError,
-    ContextLengthExceededError,
-    DataLossError,
-    InvalidRequestError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError, status_of
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +25,10 @@ class HttpError(Exception):
     """A refusal of the HTTP layer itself (body too large, wrong content type, no such route)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.status, self.kind, self.param, self.code = status, kind, param, code
-
-
-# (exception class, HTTP status, OpenAI error type, code); the first match wins
-_STATUSES: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
-    (ContextLengthExceededError, 400, "invalid_request_error", "context_length_exceeded"),
-    (InvalidRequestError, 400, "invalid_request_error", None),
-    (AdapterNotFoundError, 404, "invalid_request_error", "model_not_found"),
-    (ResourceExhaustedError, 429, "rate_limit_error", "rate_limit_exceeded"),
-    (UnavailableError, 503, "service_unavailable_error", "unavailable"),
-    (UnauthenticatedError, 401, "authentication_error", "invalid_api_key"),
-    (PermissionDeniedError, 403, "permission_error", "permission_denied"),
-    (TimeoutError, 504, "timeout_error", "deadline_exceeded"),
-    (DataLossError, 500, "server_error", "data_loss"),
-)
+        self.close = close  # answer with Connection: close (the rest of the request may still be coming)
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
@@ -61,11 +40,11 @@ def error_for(exc: Exception) -> tuple[int, dict]:
     logged with their traceback and answered 500 without details."""
     if isinstance(exc, HttpError):
         return exc.status, error_body(str(exc), exc.kind, exc.param, exc.code)
-    for kind, status, name, code in _STATUSES:
-        if isinstance(exc, kind):
-            param = "model" if isinstance(exc, AdapterNotFoundError) else getattr(exc, "field", None)
-            log.info("HTTP %d: %s", status, exc)
-            return status, error_body(str(exc) or kind.__name__, name, param, code)
+    status = status_of(exc)
+    if status is not None:
+        param = "model" if isinstance(exc, AdapterNotFoundError) else getattr(exc, "field", None)
+        log.info("HTTP %d: %s", status.http, exc)
+        return status.http, error_body(str(exc) or type(exc).__name__, status.kind, param, status.code)
     log.error("internal error serving an HTTP request", exc_info=exc)
     return 500, error_body(f"internal error ({type(exc).__name__}); see the server log", "server_error", None,
                            "internal_error")
@@ -74,8 +53,10 @@ def error_for(exc: Exception) -> tuple[int, dict]:
 def error_response(exc: Exception) -> JSONResponse:
     """The JSON response for ``exc``; a 429 or 503 says when to retry."""
     status, body = error_for(exc)
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = {"Retry-After": "1"} if status in (429, 503) else {}
+    if isinstance(exc, HttpError) and exc.close:
+        headers["Connection"] = "close"
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}

@@ -35,10 +35,14 @@ def _ranked(alternatives: dict[int, float]) -> list[tuple[int, float]]:
     return sorted(alternatives.items(), key=lambda kv: kv[1], reverse=True)
 
 
-def total_usage(usages: dict[int, Usage]) -> Usage:
-    """The usage of a request's choices together: its prompt once, every choice's tokens."""
-    prompt = next(iter(usages.values())).prompt_tokens
-    return Usage(prompt, sum(u.completion_tokens for u in usages.values()))
+def total_usage(usages: dict[int, Usage], per_prompt: int = 1) -> Usage:
+    """The usage of a request's choices together (``usages`` by choice index; ``per_prompt``
+    choices a prompt, prompt after prompt): each prompt once, every choice's tokens, as OpenAI
+    sums a batch."""
+    prompts: dict[int, int] = {}
+    for index, usage in usages.items():
+        prompts.setdefault(index // per_prompt, usage.prompt_tokens)
+    return Usage(sum(prompts.values()), sum(u.completion_tokens for u in usages.values()))
 
 
 @dataclass(slots=True)
@@ -49,8 +53,9 @@ class _Format:
     model: str
     decode: Decode
     logprobs: bool
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # every prompt's
     continuous_usage: bool = False
+    n: int = 1  # choices a prompt: choice i answers prompt i // n
     prefix: str = "cmpl"
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -69,21 +74,25 @@ class _Format:
             out["usage"] = usage_json(Usage(self.prompt_tokens, self.generated))
         return out
 
+    def total_usage(self, usages: dict[int, Usage]) -> Usage:
+        """The usage of the choices together (``usages`` by choice index)."""
+        return total_usage(usages, self.n)
+
     def _whole(self, kind: str, choices: list[dict], usages: dict[int, Usage]) -> dict:
         out = self._envelope(kind, choices)
         if usages:
-            out["usage"] = usage_json(total_usage(usages))
+            out["usage"] = usage_json(self.total_usage(usages))
         return out
 
 
 @dataclass(slots=True)
 class CompletionFormat(_Format):
     """/v1/completions: ``text`` per choice, logprobs as tokens / token_logprobs / top_logprobs /
-    text_offset; with ``echo`` (the prompt's text) each choice starts with the prompt, and its
+    text_offset; with ``echo`` (each prompt's text) each choice starts with its prompt, and its
     logprobs with the prompt tokens' (the first token's are null, as OpenAI's)."""
 
-    echo: str | None = None
-    prompt_ids: tuple[int, ...] = ()  # with echo and logprobs: the prompt's tokens, named in the logprobs
+    echo: tuple[str, ...] | None = None
+    prompt_ids: tuple[tuple[int, ...], ...] = ()  # with echo and logprobs: each prompt's tokens, named in the logprobs
     offsets: dict[int, int] = field(default_factory=dict)  # per choice: characters before its next chunk
     echoed: set[int] = field(default_factory=set)  # the choices whose prompt went out
 
@@ -92,7 +101,8 @@ class CompletionFormat(_Format):
             return None
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         if event.prompt_logprobs is not None and self.echo is not None:
-            self._append(out, index, self.prompt_ids, event.prompt_logprobs, event.prompt_top_logprobs)
+            self._append(out, index, self.prompt_ids[index // self.n], event.prompt_logprobs,
+                         event.prompt_top_logprobs)
         self._append(out, index, event.token_ids, event.logprobs or (), event.top_logprobs)
         return out
 
@@ -111,9 +121,10 @@ class CompletionFormat(_Format):
         if self.echo is None or index in self.echoed:
             return event.text
         self.echoed.add(index)
+        echo = self.echo[index // self.n]
         if not self.logprobs:
-            self.offsets[index] = len(self.echo)
-        return self.echo + event.text
+            self.offsets[index] = len(echo)
+        return echo + event.text
 
     def chunk(self, event: TokenEvent, index: int = 0) -> dict:
         text = self._text(index, event)
@@ -211,10 +222,15 @@ class ChatFormat(_Format):
         return self._whole("chat.completion", out, usages)
 
 
-def best_of(choices: list[list[TokenEvent]], n: int) -> list[list[TokenEvent]]:
-    """The ``n`` choices whose tokens are likeliest together (the sum of their log-probabilities),
-    in their original order: what ``best_of`` keeps."""
+def best_of(choices: list[list[TokenEvent]], n: int, per_prompt: int) -> list[list[TokenEvent]]:
+    """Of each prompt's ``per_prompt`` choices (prompt after prompt), the ``n`` whose tokens are
+    likeliest together (the sum of their log-probabilities), in their original order: what
+    ``best_of`` keeps."""
     def score(events: list[TokenEvent]) -> float:
         return sum(lp for e in events for lp in (e.logprobs or ()))
-    keep = sorted(sorted(range(len(choices)), key=lambda i: score(choices[i]), reverse=True)[:n])
-    return [choices[i] for i in keep]
+    out = []
+    for start in range(0, len(choices), per_prompt):
+        group = choices[start:start + per_prompt]
+        keep = sorted(sorted(range(len(group)), key=lambda i: score(group[i]), reverse=True)[:n])
+        out += [group[i] for i in keep]
+    return out

@@ -28,9 +28,9 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
 from loraplex.inference_server.engine.api import ServingEngine
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STORE_LIST_INTERVAL_S = 5.0  # the store tier of the residency gauge is at most this old
@@ -124,12 +124,27 @@ class HttpMetrics:
 
     def __init__(self, metrics: ServerMetrics) -> None:
         r = metrics.registry
-        self.requests = Counter("loraplex_http_requests", "HTTP requests by route and status", ["route", "status"],
-                                registry=r)
+        self.requests = Counter("loraplex_http_requests", "HTTP requests by route and status (a stream counted "
+                                "when it ends; 499: the client hung up first)", ["route", "status"], registry=r)
         self.seconds = Histogram("loraplex_http_request_duration_seconds",
                                  "HTTP request duration by route (a stream: until its first token, when its "
                                  "headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.connection_timeouts = Counter("loraplex_http_connection_timeouts",
+                                           "HTTP connections closed for sending no request head (phase head) or no "
+                                           "whole body (phase body) in time", ["phase"], registry=r)
+
+    def connection_timeout(self, phase: str) -> None:
+        """A connection closed by its deadline for a request head or body (http/connections.py)."""
+        self.connection_timeouts.labels(phase).inc()
 
     def observe(self, route: str, status: int, seconds: float) -> None:
+        """One answered request: its status and its duration."""
+        self.count(route, status)
+        self.observe_duration(route, seconds)
+
+    def count(self, route: str, status: int) -> None:
+        """One request done with ``status`` (a stream: when it ends; 499 when its client left)."""
         self.requests.labels(route, str(status)).inc()
+
+    def observe_duration(self, route: str, seconds: float) -> None:
         self.seconds.labels(route).observe(seconds)

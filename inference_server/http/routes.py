@@ -1,19 +1,19 @@
 """The OpenAI-compatible endpoints: thin handlers that convert, call the engine, convert back.
 
 Conversion is convert.py's and responses.py's, statuses errors.py's, streaming
-streaming.py's; admission, tenants, metrics and aborts are the gRPC edge's own
-(server/generation.py, tenancy.py, state.py), so a request behaves the same on either port.
+streaming.py's; admission, tenants, metrics and aborts are the edge core's (edge/generation.py,
+tenancy.py, state.py), which the gRPC edge uses too, so a request behaves the same on either port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -21,35 +21,32 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
+from loraplex.adapter_store.errors import AdapterNotFoundError, ClientDisconnectedError, InvalidRequestError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.caller import principal_of
+from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
+from loraplex.inference_server.edge.generation import generation, interleaved
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.engine.api import ServingEngine
-from loraplex.inference_server.engine.request import FinishReason, TokenEvent
-from loraplex.inference_server.http import convert
+from loraplex.inference_server.engine.request import FinishReason
+from loraplex.inference_server.http import convert, waiting
 from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
+from loraplex.inference_server.http.lora_loading import lora_files
 from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
-from loraplex.inference_server.http.lora_loading import lora_files
 from loraplex.inference_server.http.schemas import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
                                                     UnloadLoraRequest)
 from loraplex.inference_server.http.streaming import EventStreamResponse, sse_events
-from loraplex.inference_server.server.convert import RequestLimits
-from loraplex.inference_server.server.auth_interceptor import principal_of
-from loraplex.inference_server.server.generation import generation, interleaved
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 IGNORED_FIELDS_HEADER = "X-Loraplex-Ignored-Fields"
-
-_INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -61,11 +58,15 @@ class RouteConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_upload_bytes: int = 512 * 1024 * 1024  # an adapter loaded by /v1/load_lora_adapter, all files
     runtime_lora_updating: bool = False  # serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+    body_timeout_s: float = 30.0  # a body not whole this long after its head is 408
+    max_batch_prompts: int = 64  # /v1/completions: prompts in one request's list
 
     def __post_init__(self) -> None:
-        for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes"):
+        for name in ("default_max_new_tokens", "max_body_bytes", "max_upload_bytes", "max_batch_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.body_timeout_s <= 0:
+            raise ValueError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
 
 
 class OpenAIRoutes:
@@ -78,7 +79,7 @@ class OpenAIRoutes:
         self._metrics = metrics
         self._tenancy = tenancy
         self._security = security
-        self._http_metrics = HttpMetrics(metrics)
+        self.http_metrics = HttpMetrics(metrics)
         self._started = int(time.time())
 
     def routes(self) -> list[Route]:
@@ -100,9 +101,22 @@ class OpenAIRoutes:
                 response = await handler(request)
             except Exception as exc:  # noqa: BLE001  (every refusal becomes its status)
                 response = error_response(exc)
-            self._http_metrics.observe(route, response.status_code, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            if isinstance(response, EventStreamResponse):  # counted when it ends: 200, or 499 if its client left
+                self.http_metrics.observe_duration(route, seconds)
+                response.on_end = lambda status: self._stream_ended(request, route, status)
+            else:
+                self.http_metrics.observe(route, response.status_code, seconds)
             return response
         return endpoint
+
+    def _stream_ended(self, request: Request, route: str, status: int) -> None:
+        """Count a stream that ended with ``status``: 200, or 499 when its client hung up first
+        (its requests were aborted as it left), which is logged once, without a traceback."""
+        if status == ClientDisconnectedError.status.http:
+            log.info("HTTP 499: %s %s: the client disconnected mid-stream; its request was aborted",
+                     request.method, request.url.path)
+        self.http_metrics.count(route, status)
 
     def model_names(self, engine: ServingEngine) -> convert.ModelNames:
         """The base model as callers name it: the engine's model name (--served-model-name)."""
@@ -113,7 +127,8 @@ class OpenAIRoutes:
 
     # -- generation ----------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, CompletionRequest, convert.completion_request, CompletionFormat)
+        decode = functools.partial(convert.completion_request, max_prompts=self._config.max_batch_prompts)
+        return await self._generate(request, CompletionRequest, decode, CompletionFormat)
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, ChatCompletionRequest, convert.chat_request, ChatFormat)
@@ -121,35 +136,30 @@ class OpenAIRoutes:
     async def _generate(self, request: Request, schema: type[BaseModel], decode: Callable[..., convert.DecodedRequest],
                         fmt_type: type[CompletionFormat] | type[ChatFormat]) -> Response:
         caller = self._caller(request)  # authentication first, as on the gRPC port
-        body = await read_body(request, schema, self._config.max_body_bytes)
+        body = await read_body(request, schema, self._config.max_body_bytes, self._config.body_timeout_s)
         engine = self._state.engine_or_raise()
         limits = RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
         args = (body, engine.tokenizer, limits, self.model_names(engine))
         heavy = isinstance(body, ChatCompletionRequest) or (
-            isinstance(body, CompletionRequest) and len(str(body.prompt)) > _INLINE_TOKENIZE_CHARS)
+            isinstance(body, CompletionRequest) and len(str(body.prompt)) > INLINE_TOKENIZE_CHARS)
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
         headers = _ignored_header(request, decoded.ignored)
         fmt = _format(fmt_type, decoded, engine.tokenizer.decode)
         streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
         try:
-            firsts = await _unless_disconnected(request, _firsts(streams))
+            first = await waiting.unless_disconnected(request, waiting.firsts(streams), streams, "its first token")
         except InvalidRequestError as exc:  # a grammar the library refused: named as the caller sent it
             raise decoded.renamed(exc) from None
-        if firsts is None:
-            await _close_all(streams)  # also if the wait never started
-            return Response(status_code=499)  # the client left before its first token
-        events = interleaved(streams, firsts)
+        events = interleaved(streams, first)
         if decoded.stream:
             return EventStreamResponse(sse_events(events, fmt, decoded.include_usage), headers)
-        answer = await _unless_disconnected(request, _collect(events, len(streams)))
-        if answer is None:
-            await _close_all(streams)  # also if the collection never started
-            return Response(status_code=499)  # the client left; nobody reads this
+        answer = await waiting.unless_disconnected(request, waiting.collect(events, len(streams)), streams,
+                                                   "its whole answer")
         if any(events[-1].finish_reason is FinishReason.ERROR for events in answer):
             return JSONResponse(error_body("the engine failed this request; see the server log", "server_error",
                                            None, "internal_error"), status_code=500)
-        if len(answer) > decoded.n:
-            answer = best_of(answer, decoded.n)
+        if decoded.per_prompt > decoded.n:
+            answer = best_of(answer, decoded.n, decoded.per_prompt)
         return JSONResponse(fmt.response(answer), headers=headers)
 
     # -- runtime LoRA loading (vLLM's endpoints) --------------------------------------------
@@ -157,7 +167,7 @@ class OpenAIRoutes:
         """Store ``lora_path``'s adapter as ``lora_name`` (validated as an upload is) and load it
         into the device pool; ``lora_path`` naming ``lora_name`` itself only loads it."""
         caller = self._caller(request)
-        body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes)
+        body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes, self._config.body_timeout_s)
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
             try:
@@ -182,7 +192,7 @@ class OpenAIRoutes:
         """Stop serving ``lora_name``: deleted from the store and the listing, dropped from the
         pool (its bytes freed once the requests still running on it end)."""
         caller = self._caller(request)
-        body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes)
+        body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes, self._config.body_timeout_s)
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
             try:
@@ -235,9 +245,10 @@ def _adapter_card(info: AdapterInfo, base: str) -> dict[str, Any]:
 def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: convert.DecodedRequest, decode
             ) -> CompletionFormat | ChatFormat:
     common = dict(model=decoded.model, decode=decode, logprobs=decoded.logprobs,
-                  prompt_tokens=len(decoded.prompt_ids), continuous_usage=decoded.continuous_usage)
+                  prompt_tokens=sum(map(len, decoded.prompts)), continuous_usage=decoded.continuous_usage,
+                  n=decoded.n)
     if fmt_type is CompletionFormat:
-        return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompt_ids)
+        return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompts)
     return fmt_type(**common, tools=decoded.tools is not None)
 
 
@@ -249,58 +260,3 @@ def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str
     log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
                 ", ".join(ignored))
     return {IGNORED_FIELDS_HEADER: ",".join(ignored)}
-
-
-async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
-    """The stream's first event (refusals raise here, before any header is sent)."""
-    try:
-        return await anext(events)
-    except BaseException:
-        await events.aclose()  # type: ignore[attr-defined]
-        raise
-
-
-async def _firsts(streams: list[AsyncIterator[TokenEvent]]) -> list[TokenEvent]:
-    """Every stream's first event; the first refusal is raised, with every stream closed."""
-    results = await asyncio.gather(*(_first(s) for s in streams), return_exceptions=True)
-    failed = next((r for r in results if isinstance(r, BaseException)), None)
-    if failed is not None:
-        await _close_all(streams)
-        raise failed
-    return list(results)  # type: ignore[arg-type]
-
-
-async def _close_all(streams: list[AsyncIterator[TokenEvent]]) -> None:
-    for stream in streams:
-        await stream.aclose()  # type: ignore[attr-defined]
-
-
-async def _collect(events: AsyncIterator[tuple[int, TokenEvent]], n: int) -> list[list[TokenEvent]]:
-    """Each choice's events, in order."""
-    out: list[list[TokenEvent]] = [[] for _ in range(n)]
-    async with aclosing(events):  # type: ignore[type-var]
-        async for index, event in events:
-            out[index].append(event)
-    return out
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body has been read by then)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """``work``'s result, or None if the client disconnected first: ``work`` is cancelled then,
-    which closes the generation it reads and so aborts the request in the engine at once (a
-    request still queued or waiting for its adapter holds no slot and is prefilled for nobody)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, gone, return_exceptions=True)
-    return None if task.cancelled() else task.result()

@@ -68,14 +68,17 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Body):
+    """A part of a message's content. The model takes text: a part of another type (image_url,
+    input_audio, file, ...) is refused naming the part and its type (convert.py)."""
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(_Body):
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (tools.py renders them)
     tool_call_id: str | None = None  # a tool turn's: which call it answers

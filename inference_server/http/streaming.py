@@ -9,17 +9,16 @@ quota) is still a proper HTTP status; an error after that arrives as one ``data:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Protocol
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from loraplex.adapter_store.errors import LoraplexError
+from loraplex.adapter_store.errors import ClientDisconnectedError, LoraplexError
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
 from loraplex.inference_server.http.errors import error_body, error_for
-from loraplex.inference_server.http.responses import total_usage
 
 DONE = b"data: [DONE]\n\n"
 
@@ -28,6 +27,8 @@ class ChunkFormat(Protocol):
     def chunk(self, event: TokenEvent, index: int = 0) -> dict: ...
 
     def usage_chunk(self, usage: Usage) -> dict: ...
+
+    def total_usage(self, usages: dict[int, Usage]) -> Usage: ...
 
 
 def sse(obj: dict) -> bytes:
@@ -38,7 +39,7 @@ def sse(obj: dict) -> bytes:
 async def sse_events(events: AsyncIterator[tuple[int, TokenEvent]], fmt: ChunkFormat,
                      include_usage: bool) -> AsyncIterator[bytes]:
     """The stream's bytes: each (choice index, event) of ``events`` as a chunk, the usage chunk
-    when asked for (``stream_options.include_usage``: every choice's tokens, the prompt once),
+    when asked for (``stream_options.include_usage``: every choice's tokens, each prompt once),
     then [DONE]."""
     usages: dict[int, Usage] = {}
     async with aclosing(events):  # type: ignore[type-var]
@@ -54,23 +55,34 @@ async def sse_events(events: AsyncIterator[tuple[int, TokenEvent]], fmt: ChunkFo
         except (LoraplexError, TimeoutError) as exc:
             yield sse(error_for(exc)[1])
     if include_usage and usages:
-        yield sse(fmt.usage_chunk(total_usage(usages)))
+        yield sse(fmt.usage_chunk(fmt.total_usage(usages)))
     yield DONE
 
 
 class EventStreamResponse(StreamingResponse):
     """A text/event-stream response whose body iterator is closed however the response ends:
     a client that disconnects cancels the send, and closing the iterator then aborts the
-    generation in the engine at once rather than when the garbage collector finds it."""
+    generation in the engine at once rather than when the garbage collector finds it.
+    ``on_end(status)`` is called once it ends: 200 when every chunk went out, 499 when the client
+    hung up first, 500 when the stream failed."""
 
     media_type = "text/event-stream"
 
     def __init__(self, content: AsyncGenerator[bytes, None], headers: dict[str, str] | None = None) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self._content = content
+        self._whole = False
+        self.on_end: Callable[[int], None] = lambda status: None
+
+    async def stream_response(self, send: Send) -> None:
+        await super().stream_response(send)
+        self._whole = True  # every chunk, and the end of the body, went out
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 500
         try:
             await super().__call__(scope, receive, send)
+            status = 200 if self._whole else ClientDisconnectedError.status.http
         finally:
             await self._content.aclose()
+            self.on_end(status)

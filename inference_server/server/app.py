@@ -18,14 +18,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.metrics import MetricsHttpServer, ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server.auth_interceptor import AuthInterceptor
+from loraplex.inference_server.server.connections import GrpcConnectionLimits
 from loraplex.inference_server.server.interceptor import ErrorInterceptor
-from loraplex.inference_server.server.metrics import MetricsHttpServer, ServerMetrics
 from loraplex.inference_server.server.servicer import EdgeConfig, InferenceServicer
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,13 @@ class ServerOptions:
     max_message_bytes: int = 8 * 1024 * 1024
     max_upload_bytes: int = 512 * 1024 * 1024
     health_port: int = 0  # a plaintext port with only grpc.health.v1 (kubelet probes of a TLS port); 0 = none
+    connections: GrpcConnectionLimits = GrpcConnectionLimits()
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ServerOptions":
-        return cls(**{name: getattr(settings, name) for name in cls.__slots__})
+        names = [name for name in cls.__slots__ if name != "connections"]
+        return cls(**{name: getattr(settings, name) for name in names},
+                   connections=GrpcConnectionLimits.from_settings(settings))
 
 
 def _address(host: str, port: int) -> str:
@@ -87,7 +91,7 @@ class GrpcServer:
         o = self.options
         msg_opts = [("grpc.max_receive_message_length", o.max_message_bytes),
                     ("grpc.max_send_message_length", o.max_message_bytes),
-                    ("grpc.so_reuseport", 0)]
+                    ("grpc.so_reuseport", 0), *o.connections.channel_options()]
         auth = AuthInterceptor(self.security.tokens, self.tenant_metrics.auth_failure)
         server = grpc.aio.server(interceptors=[ErrorInterceptor(self.metrics), auth], options=msg_opts)
         config = EdgeConfig(default_max_new_tokens=o.default_max_new_tokens, max_upload_bytes=o.max_upload_bytes,
@@ -127,7 +131,7 @@ class GrpcServer:
         """Serve only health (the same statuses) in plaintext on ``health_port``: the kubelet's
         gRPC probes cannot speak TLS, and health carries no tenant data."""
         o = self.options
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *o.connections.channel_options()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.health_port = server.add_insecure_port(_address(o.host, o.health_port))
         if self.health_port == 0:

@@ -36,11 +36,6 @@ class PrincipalContext:
         return getattr(self._context, name)
 
 
-def principal_of(context: Any) -> Principal | None:
-    """The caller of a handler wrapped by AuthInterceptor (None: authentication is off)."""
-    return getattr(context, "principal", None)
-
-
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates calls to ``/loraplex.`` services against ``tokens`` (None = off)."""
 

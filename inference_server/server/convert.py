@@ -1,7 +1,7 @@
 """Protobuf <-> domain conversion for the gRPC edge: small from_pb / to_pb functions.
 
 The checks that do not depend on protobuf (prompt length, chat messages, max_new_tokens,
-token ids) are plain functions taking the field name, which the HTTP edge reuses.
+token ids) are the edge core's (edge/checks.py), called here with the proto field paths.
 
 Every caller mistake becomes an InvalidRequestError whose ``field`` is the proto field path
 (``sampling.top_p``, ``stopping.max_new_tokens``, ``chat.messages``), so the interceptor can
@@ -10,7 +10,6 @@ name it in the INVALID_ARGUMENT status.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import uuid
 from collections.abc import Callable
@@ -19,11 +18,21 @@ from typing import Any, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from loraplex.adapter_store.errors import ContextLengthExceededError, InvalidRequestError
+from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.inference_server.edge.checks import (
+    MAX_CHOICES,
+    RequestLimits,
+    chat_prompt_ids,
+    check_prompt_ids,
+    check_text_length,
+    check_token_ids,
+    choice_requests,
+    fitted_max_new_tokens,
+    text_of_parts,
+)
 from loraplex.inference_server.engine.api import PromptTokenizer
-from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.request import (
     FinishReason,
     GenerationRequest,
@@ -35,7 +44,6 @@ from loraplex.inference_server.server.response_format import response_format_fro
 from loraplex.v1 import inference_pb2 as pb
 
 MAX_REQUEST_ID_LEN = 128
-MAX_CHOICES = 16  # GenerateRequest.n: each choice is a request of its own in the engine
 T = TypeVar("T")
 
 FINISH_REASON_TO_PB = {
@@ -44,32 +52,6 @@ FINISH_REASON_TO_PB = {
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """What the edge checks before handing a request to the engine."""
-
-    vocab_size: int
-    max_context_len: int
-    max_new_tokens_limit: int
-    default_max_new_tokens: int
-    max_prompt_chars: int | None = None  # longer text is past the window untokenized (None: no bound)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_context_len", "max_new_tokens_limit", "default_max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_prompt_chars is not None and self.max_prompt_chars < 0:
-            raise ValueError(f"max_prompt_chars must be >= 0, got {self.max_prompt_chars}")
-
-    @classmethod
-    def for_engine(cls, info: EngineInfo, default_max_new_tokens: int) -> "RequestLimits":
-        """The limits of requests to an engine; the edge's default is capped by the engine's limit."""
-        return cls(vocab_size=info.vocab_size, max_context_len=info.max_context_len,
-                   max_new_tokens_limit=info.max_new_tokens_limit,
-                   default_max_new_tokens=min(default_max_new_tokens, info.max_new_tokens_limit),
-                   max_prompt_chars=info.max_prompt_chars)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +95,6 @@ def adapter_id_from_pb(adapter_id: str, field: str = "adapter_id") -> str | None
     return validate_adapter_id(adapter_id, field) if adapter_id else None
 
 
-def check_token_ids(ids: Any, vocab_size: int, field: str) -> tuple[int, ...]:
-    """``ids`` as a tuple; InvalidRequestError naming ``field`` for one outside the vocabulary."""
-    out = tuple(ids)
-    bad = next((t for t in out if t >= vocab_size), None)
-    if bad is not None:
-        raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab_size})", field)
-    return out
-
-
 def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: RequestLimits) -> tuple[int, ...]:
     """The prompt's token ids from whichever of text / token_ids / chat is set."""
     kind = msg.WhichOneof("prompt")
@@ -135,60 +108,23 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
     elif kind == "token_ids":
         ids = check_token_ids(msg.token_ids.ids, limits.vocab_size, "token_ids.ids")
     else:
-        check_text_length("".join(m.content for m in msg.chat.messages), limits, "chat.messages")
-        ids = tuple(_chat_ids(msg.chat, tokenizer))
+        messages = chat_messages_from_pb(msg.chat)
+        check_text_length("".join(m["content"] for m in messages), limits, "chat.messages")
+        ids = tuple(chat_prompt_ids(messages, tokenizer, "chat.messages", "chat"))
     return check_prompt_ids(ids, limits, kind)
 
 
-def check_text_length(text: str, limits: RequestLimits, field: str) -> None:
-    """Refuse a text that cannot fit the context window by its length alone, before tokenizing
-    it: megabytes of text cost the tokenizer seconds of CPU and hundreds of MiB. For a chat,
-    ``text`` is its messages' contents, all of which its template's text holds."""
-    if limits.max_prompt_chars is not None and len(text) > limits.max_prompt_chars:
-        raise ContextLengthExceededError(
-            f"the prompt has {len(text)} characters; at most {limits.max_prompt_chars} can fit the context "
-            f"window of {limits.max_context_len} tokens with this model's tokenizer",
-            field,
-        )
-
-
-def check_prompt_ids(ids: tuple[int, ...], limits: RequestLimits, field: str) -> tuple[int, ...]:
-    """``ids`` if the prompt has tokens and leaves room in the context window for one more."""
-    if not ids:
-        raise InvalidRequestError("the prompt has no tokens", field)
-    if len(ids) >= limits.max_context_len:
-        raise ContextLengthExceededError(
-            f"the prompt has {len(ids)} tokens; the context window is {limits.max_context_len} "
-            "(prompt + generated tokens)",
-            field,
-        )
-    return ids
-
-
-CHAT_ROLES = ("system", "user", "assistant")  # ChatMessage.role in inference.proto
-
-
-def _chat_ids(chat: pb.ChatMessages, tokenizer: PromptTokenizer) -> list[int]:
-    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
-    return chat_prompt_ids(messages, tokenizer, "chat.messages", "chat")
-
-
-def chat_prompt_ids(messages: list[dict[str, str]], tokenizer: PromptTokenizer, field: str,
-                    template_field: str) -> list[int]:
-    """The chat template applied to ``messages`` ({role, content}); errors name ``field`` (a
-    message) or ``template_field`` (no template, or the template refused them)."""
-    if not messages:
-        raise InvalidRequestError("at least one message is required", field)
-    for i, m in enumerate(messages):
-        if not m["role"]:
-            raise InvalidRequestError(f"message {i} has no role", f"{field}.role")
-        if m["role"] not in CHAT_ROLES:
-            raise InvalidRequestError(f"message {i} has role {m['role']!r}; roles are {', '.join(CHAT_ROLES)}",
-                                      f"{field}.role")
-    try:
-        return tokenizer.apply_chat_template(messages)
-    except ValueError as exc:  # no chat template, or the template refused the messages
-        raise InvalidRequestError(str(exc), template_field) from None
+def chat_messages_from_pb(chat: pb.ChatMessages) -> list[dict[str, str]]:
+    """{role, content} turns; a message's ``parts`` are its content's text (text parts only)."""
+    out = []
+    for i, m in enumerate(chat.messages):
+        content = m.content
+        if m.parts:
+            if m.content:
+                raise InvalidRequestError("set content or parts, not both", f"chat.messages[{i}].parts")
+            content = text_of_parts(((p.type, p.text) for p in m.parts), f"chat.messages[{i}].parts")
+        out.append({"role": m.role, "content": content})
+    return out
 
 
 def sampling_from_pb(msg: pb.SamplingParams, vocab_size: int | None = None) -> SamplingParams:
@@ -229,32 +165,6 @@ def stopping_from_pb(msg: pb.StoppingCriteria, limits: RequestLimits, prompt_len
     ))
 
 
-def max_new_tokens_checked(requested: int | None, limits: RequestLimits, field: str) -> int:
-    """The request's max_new_tokens (None: the server's default), refused above the limit."""
-    max_new = limits.default_max_new_tokens if requested is None else requested
-    if max_new > limits.max_new_tokens_limit:
-        raise InvalidRequestError(f"{max_new} is above this server's limit of {limits.max_new_tokens_limit}", field)
-    return max_new
-
-
-def fitted_max_new_tokens(requested: int | None, prompt_len: int, limits: RequestLimits, field: str,
-                          window_field: str) -> int:
-    """max_new_tokens for a prompt of ``prompt_len`` tokens: the server's default cut to the room
-    the prompt leaves when none was asked for; one asked for that does not fit the context
-    window is refused (ContextLengthExceededError naming ``window_field``), as OpenAI and vLLM
-    refuse it, never cut silently."""
-    max_new = max_new_tokens_checked(requested, limits, field)
-    room = limits.max_context_len - prompt_len
-    if requested is None:
-        return max(1, min(max_new, room))
-    if max_new > room:
-        raise ContextLengthExceededError(
-            f"this model's maximum context length is {limits.max_context_len} tokens; you requested "
-            f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} to generate): reduce the prompt "
-            f"or {field}", window_field)
-    return max_new
-
-
 def _stopping_fields(build: Callable[[], T]) -> T:
     """Run ``build``; a refusal naming a stopping field (a response format with ignore_eos or
     min_tokens) re-raised under its path here, ``stopping.<field>``."""
@@ -264,11 +174,6 @@ def _stopping_fields(build: Callable[[], T]) -> T:
         if exc.field not in ("ignore_eos", "min_tokens"):
             raise
         raise InvalidRequestError(str(exc).removeprefix(f"{exc.field}: "), f"stopping.{exc.field}") from None
-
-
-def tenant_of(adapter_id: str | None) -> str | None:
-    """The tenant part of ``tenant/name`` (None for the base model or a shared adapter)."""
-    return adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
 
 
 def generate_request_from_pb(
@@ -284,17 +189,10 @@ def generate_request_from_pb(
     prompt = prompt_from_pb(msg, tokenizer, limits)
     stopping = stopping_from_pb(msg.stopping, limits, len(prompt))
     grammar = response_format_from_pb(msg)  # structured output (server/response_format.py)
-    group = uuid.uuid4().hex if n > 1 else None
-    requests = []
-    for i in range(n):
-        params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
-        requests.append(_stopping_fields(lambda: GenerationRequest(
-            request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter_id, sampling=params,
-            stopping=stopping, tenant=tenant_of(adapter_id),
-            skip_special_tokens=msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True,
-            prompt_group=group, grammar=grammar,
-        )))
-    return EdgeRequest(requests=tuple(requests), client_request_id=client_id)
+    skip_special = msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True
+    requests = _stopping_fields(lambda: choice_requests(prompt, adapter_id, sampling, stopping, n,
+                                                        skip_special_tokens=skip_special, grammar=grammar))
+    return EdgeRequest(requests=requests, client_request_id=client_id)
 
 
 def _add_tops(field: Any, tops: tuple[dict[int, float] | None, ...]) -> None:

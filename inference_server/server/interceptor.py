@@ -17,41 +17,23 @@ from typing import Any
 
 import grpc
 
-from loraplex.adapter_store.errors import (
-    AdapterNotFoundError,
-    DataLossError,
-    InvalidRequestError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnauthenticatedError,
-    UnavailableError,
-)
-from loraplex.inference_server.server.metrics import ServerMetrics
+from loraplex.adapter_store.errors import FIELD_METADATA_KEY, status_of
+from loraplex.inference_server.edge.metrics import ServerMetrics
 
-FIELD_METADATA_KEY = "loraplex-field"
 log = logging.getLogger(__name__)
-
-_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
-    (AdapterNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (DataLossError, grpc.StatusCode.DATA_LOSS),
-    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-)
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
-    """(code, message, field) for an exception raised by a servicer or the engine."""
-    for kind, code in _CODES:
-        if isinstance(exc, kind):
-            message = str(exc) or kind.__name__
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                message = f"deadline exceeded: {message}" if str(exc) else "deadline exceeded"
-            return code, message, getattr(exc, "field", None)
-    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", None
+    """(code, message, field) for an exception raised by a servicer or the engine: the status
+    its class carries (adapter_store/errors.py), INTERNAL for anything else."""
+    status = status_of(exc)
+    if status is None:
+        return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", None
+    code = grpc.StatusCode[status.grpc]
+    message = str(exc) or type(exc).__name__
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        message = f"deadline exceeded: {message}" if str(exc) else "deadline exceeded"
+    return code, message, getattr(exc, "field", None)
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -97,7 +79,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                         return
                     except BaseException as exc:  # noqa: BLE001  (re-raised or turned into a status)
                         rpc.code = _code_name(exc, context)
-                        status = _status_or_reraise(exc, context)
+                        status = _status_or_reraise(exc, context, name, rpc.code)
                     rpc.record()  # before abort sends the status: a client that saw it finds it counted
                     await context.abort(*status)  # after the except block: see _status_or_reraise
                 finally:
@@ -111,7 +93,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     return await behavior(request, context)
                 except BaseException as exc:  # noqa: BLE001
                     rpc.code = _code_name(exc, context)
-                    status = _status_or_reraise(exc, context)
+                    status = _status_or_reraise(exc, context, name, rpc.code)
                 rpc.record()
                 await context.abort(*status)
             finally:
@@ -147,12 +129,17 @@ def _code_name(exc: BaseException, context: grpc.aio.ServicerContext) -> str:
     return "CANCELLED"
 
 
-def _status_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext) -> tuple[grpc.StatusCode, str]:
+def _status_or_reraise(exc: BaseException, context: grpc.aio.ServicerContext, method: str,
+                       code_name: str) -> tuple[grpc.StatusCode, str]:
     """The (code, message) to abort the call with, from ``exc`` (logged; its field set in the
-    trailing metadata); cancellations and aborts propagate. The caller aborts after its except
-    block, not inside it: an abort raised there would chain ``exc`` (its traceback, and the frames
-    that hold, say, an upload's bytes) to the AbortError that gRPC keeps in a reference cycle, so
-    they would wait for the cycle collector."""
+    trailing metadata); cancellations and aborts propagate. A call its client cancelled (or whose
+    deadline passed) is the client's doing: one INFO line, no traceback. The caller aborts after
+    its except block, not inside it: an abort raised there would chain ``exc`` (its traceback, and
+    the frames that hold, say, an upload's bytes) to the AbortError that gRPC keeps in a reference
+    cycle, so they would wait for the cycle collector."""
+    if isinstance(exc, asyncio.CancelledError) or not isinstance(exc, Exception):  # a stream closed: GeneratorExit
+        gone = "the client cancelled the call" if code_name == "CANCELLED" else "the call's deadline passed"
+        log.info("%s %s: %s; its work was stopped", code_name, method, gone)
     if isinstance(exc, (asyncio.CancelledError, grpc.aio.AbortError)) or not isinstance(exc, Exception):
         raise exc
     code, message, field = status_for(exc)

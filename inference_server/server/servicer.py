@@ -1,5 +1,6 @@
 """The InferenceService servicer: thin methods over the engine; conversion lives in convert.py,
-status codes in interceptor.py, admission and draining in state.py."""
+status codes in interceptor.py, the generation lifecycle, admission and tenancy in the edge
+core (edge/)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,20 @@ import grpc
 
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
+from loraplex.inference_server.edge.generation import generation, interleaved
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
+from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server import convert
-from loraplex.inference_server.server.generation import generation, interleaved
-from loraplex.inference_server.server.metrics import ServerMetrics
 from loraplex.inference_server.server.response_format import grammar_field
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
-from loraplex.inference_server.server.tenant_metrics import TenantMetrics
 from loraplex.inference_server.server.upload import UploadAssembler, UploadLimits
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
-# Prompts longer than this are tokenized in a worker thread, off the event loop.
-_INLINE_TOKENIZE_CHARS = 8192
+
+_CANCEL_LANDS_S = 0.05  # what a short upload waits for its client's cancel (it lands at the first await)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +55,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._tenancy = tenancy or Tenancy(Security(), TenantMetrics(metrics.registry))
         self._upload_limits = UploadLimits(max_upload_bytes=config.max_upload_bytes)
 
-    def _limits(self, engine: ServingEngine) -> convert.RequestLimits:
-        return convert.RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
+    def _limits(self, engine: ServingEngine) -> RequestLimits:
+        return RequestLimits.for_engine(engine.info, self._config.default_max_new_tokens)
 
     async def _decode(self, request: pb.GenerateRequest, engine: ServingEngine) -> convert.EdgeRequest:
         args = (request, engine.tokenizer, self._limits(engine))
-        long_text = request.WhichOneof("prompt") == "text" and len(request.text) > _INLINE_TOKENIZE_CHARS
+        long_text = request.WhichOneof("prompt") == "text" and len(request.text) > INLINE_TOKENIZE_CHARS
         if long_text or request.WhichOneof("prompt") == "chat":
             return await asyncio.to_thread(convert.generate_request_from_pb, *args)
         return convert.generate_request_from_pb(*args)
@@ -87,12 +89,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     assembler.add(message)
                     if assembler.adapter_id is not None and assembler.received_bytes == 0:
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
+                if not assembler.complete:
+                    await _cancellation_lands()
                 adapter_id, files = assembler.finish()
                 async with self._tenancy.quota_held(adapter_id):
                     await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
                     writer = self._tenancy.adapters_for(context, engine)
                     info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
                 raise
             self._tenancy.audit(context, "upload", adapter_id, None, assembler.public)
@@ -142,6 +146,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             max_message_bytes=self._config.max_message_bytes, server_version=self._config.server_version,
             max_lora_rank=info.max_lora_rank, **_pool_info(engine),
         )
+
+
+async def _cancellation_lands() -> None:
+    """Let a client's cancel reach this call before an incomplete upload is judged. A client
+    that cancels an upload ends its request stream first (it reads as a short upload), and the
+    cancel reaches the handler at its next await: it is then CANCELLED (nothing stored, nothing
+    refused), not INVALID_ARGUMENT for the bytes it did not send."""
+    await asyncio.sleep(_CANCEL_LANDS_S)
 
 
 def _missing(field: str) -> str:

@@ -111,6 +111,11 @@ class UploadAssembler:
         entry.data += chunk.data
         self.received_bytes += len(chunk.data)
 
+    @property
+    def complete(self) -> bool:
+        """Whether the metadata and every declared byte have arrived."""
+        return self._adapter_id is not None and all(len(f.data) == f.size for f in self._files.values())
+
     def finish(self) -> tuple[str, dict[str, bytes]]:
         """(adapter_id, files) once every declared byte has arrived and every checksum matches."""
         if self._adapter_id is None:

@@ -16,15 +16,21 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from loraplex.adapter_store.errors import AdapterNotFoundError, LoraplexError, ResourceExhaustedError, UnavailableError
+from loraplex.adapter_store.errors import (
+    AdapterNotFoundError,
+    ClientDisconnectedError,
+    LoraplexError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.quotas import RequestTicket
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.caller import principal_of
+from loraplex.inference_server.edge.tenant_metrics import ANONYMOUS, TenantMetrics
 from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
 from loraplex.inference_server.engine.request import GenerationRequest
-from loraplex.inference_server.server.auth_interceptor import principal_of
-from loraplex.inference_server.server.tenant_metrics import ANONYMOUS, TenantMetrics
 
 audit = logging.getLogger("loraplex.audit")
 
@@ -145,7 +151,9 @@ class Tenancy:
               public: bool | None = None) -> None:
         """One audit line for an upload or delete: who, which adapter, the outcome (and for an
         upload the visibility it asked for)."""
-        cancelled = error is not None and _cancelled(context)  # the caller went away: nothing was refused
+        # the caller went away (its call cancelled, its connection closed): nothing was refused
+        cancelled = isinstance(error, (asyncio.CancelledError, ClientDisconnectedError)) or (
+            error is not None and _cancelled(context))
         outcome = "ok" if error is None else "cancelled" if cancelled else type(error).__name__
         tenant = self._caller(context)
         principal = principal_of(context)

@@ -68,7 +68,7 @@ class ServerMetrics:
 
     def bind_pool_stats(self, stats: Callable[[], PoolStats | None]) -> None:
         """Export the adapter pool (tiers, evictions, load latency) from ``stats()`` at scrape time."""
-        from loraplex.inference_server.server.pool_metrics import PoolCollector  # noqa: PLC0415
+        from loraplex.inference_server.edge.pool_metrics import PoolCollector  # noqa: PLC0415
 
         self.registry.register(PoolCollector(stats))
 

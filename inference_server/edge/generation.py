@@ -13,18 +13,19 @@ from contextlib import aclosing
 from typing import Any
 
 from loraplex.adapter_store.errors import LoraplexError
+from loraplex.inference_server.edge.metrics import ServerMetrics
+from loraplex.inference_server.edge.state import ServingState
+from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.engine.api import ServingEngine
-from loraplex.inference_server.engine.request import GenerationRequest, TokenEvent
-from loraplex.inference_server.server.metrics import ServerMetrics
-from loraplex.inference_server.server.state import ServingState
-from loraplex.inference_server.server.tenancy import Tenancy
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
 
 
 async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenancy, context: Any,
                      engine: ServingEngine, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """Stream ``request``'s events from ``engine`` on behalf of ``context``'s caller. Refusals
     (unknown adapter, quota, full queue, draining) raise before the first event; a stream closed
-    or cancelled before its last event aborts the request in the engine, freeing its KV blocks.
+    or cancelled before its last event (its caller left) aborts the request in the engine at
+    once, freeing its slot and KV blocks, and counts it in the finished requests as ``abort``.
     Iterate it inside ``contextlib.aclosing`` so an edge that stops early closes it at once."""
     async with tenancy.generation(context, engine, request) as (req, ticket), state.stream(req.request_id):
         track = metrics.stream(req.adapter_id, len(req.prompt_token_ids))
@@ -40,6 +41,10 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
                 yield event
         except LoraplexError:
             finished = True  # the engine refused the request: there is nothing to abort
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:  # the caller left, or its deadline passed: an abort, as vLLM counts it
+                track.finished(FinishReason.ABORT.value)
             raise
         finally:
             if not finished:  # cancelled, deadline passed, or failed mid-stream

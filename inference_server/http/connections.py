@@ -1,0 +1,113 @@
+"""Bounds on the HTTP port's connections (docs/HTTP.md, "Bounded connections").
+
+uvicorn and h11 bound most of it with their own knobs: ``timeout_keep_alive`` closes an idle
+kept-alive connection, ``limit_concurrency`` answers 503 to a request on a connection past the
+cap, ``h11_max_incomplete_event_size`` refuses a request head that grows past it before it is
+complete (400). What they lack
+is a deadline for the request head: a connection that sends nothing, or half a request line,
+was held forever. ``deadline_protocol`` adds it as a small subclass of uvicorn's h11 protocol,
+with a backstop for a body still arriving after its route's own deadline (routes read their
+bodies under ``RouteConfig.body_timeout_s`` and answer 408; this closes the connections of the
+routes that answer without reading theirs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+BODY_BACKSTOP_GRACE_S = 1.0  # the route's own body deadline answers 408 first
+_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConnectionLimits:
+    """What the HTTP port allows a connection (from ServerSettings' http_* settings)."""
+
+    head_timeout_s: float = 10.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 2048
+    max_head_bytes: int = 16 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("head_timeout_s", "keep_alive_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.max_head_bytes < 1024:
+            raise ValueError(f"max_head_bytes must be >= 1024, got {self.max_head_bytes}")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "HttpConnectionLimits":
+        """The limits ServerSettings' http_* settings set."""
+        return cls(head_timeout_s=settings.http_head_timeout_s, keep_alive_timeout_s=settings.http_keep_alive_timeout_s,
+                   max_connections=settings.http_max_connections, max_head_bytes=settings.http_max_head_bytes)
+
+    def uvicorn_config(self, body_timeout_s: float, on_timeout: Callable[[str], None]) -> dict[str, Any]:
+        """uvicorn.Config's arguments for these limits; ``on_timeout(phase)`` ("head" or "body")
+        is called for each connection a deadline closes."""
+        return {"http": deadline_protocol(self.head_timeout_s, body_timeout_s + BODY_BACKSTOP_GRACE_S, on_timeout),
+                "timeout_keep_alive": self.keep_alive_timeout_s,
+                # uvicorn answers 503 once its connections (this one included) reach the limit
+                "limit_concurrency": self.max_connections + 1,
+                "h11_max_incomplete_event_size": self.max_head_bytes}
+
+
+def deadline_protocol(head_timeout_s: float, body_timeout_s: float,
+                      on_timeout: Callable[[str], None]) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with deadlines: a connection has ``head_timeout_s`` to send a
+    request head (a new connection from its start, a kept-alive one from its next request's
+    first byte: until then uvicorn's keep-alive timeout applies) and ``body_timeout_s`` from its
+    head to the end of its body; past either it is closed (408 first if part of a head came)."""
+
+    class DeadlineH11Protocol(H11Protocol):
+        _timer: asyncio.TimerHandle | None = None
+        _phase: str | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._watch(new=True)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch(new=False)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel()
+            super().connection_lost(exc)
+
+        def _watch(self, new: bool) -> None:
+            """(Re)arm the deadline of the phase the client is in: sending a head, or a body."""
+            state = self.conn.their_state
+            phase = "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
+            if phase == self._phase and (self._timer is not None or phase is None):
+                return
+            self._cancel()
+            self._phase = phase
+            if phase == "head" and (new or self.conn.trailing_data[0]):
+                self._timer = self.loop.call_later(head_timeout_s, self._expired)
+            elif phase == "body":
+                self._timer = self.loop.call_later(body_timeout_s, self._expired)
+
+        def _cancel(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expired(self) -> None:
+            self._timer = None
+            phase, state = self._phase, self.conn.their_state
+            if self.transport.is_closing() or (phase, state) not in (("head", h11.IDLE), ("body", h11.SEND_BODY)):
+                return
+            if phase == "head" and self.conn.trailing_data[0]:
+                self.transport.write(_REQUEST_TIMEOUT)  # part of a head came: say why it is closed
+            self.transport.close()
+            on_timeout(phase)
+
+    return DeadlineH11Protocol
