@@ -147,8 +147,9 @@ def test_the_lora_affinity_rules_pick_the_right_replica(tiny_llama_dir: Path, ad
         b.complete("a6", 2)  # B has served a rank-8 adapter, and holds it, idle
         a.start_long("a1")
         a.start_long("a2")
-        a.start_long("a3")  # a third adapter: A's pool holds two, so it waits for pool space
         c.start_long("a4")
+        _until(replicas, lambda m: m["A"]["running"] == {"a1", "a2"})  # before a3: the loaders race otherwise
+        a.start_long("a3")  # a third adapter: A's pool holds two, so it waits for pool space
         metrics = _until(replicas, lambda m: m["A"]["running"] == {"a1", "a2"} and m["A"]["waiting"] == {"a3"}
                          and m["C"]["running"] == {"a4"})
         c.start_long("a5")  # C decodes one request at a time: a5 queues
