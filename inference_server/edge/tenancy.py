@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from loraplex.adapter_store.errors import (
@@ -119,6 +119,18 @@ class Tenancy:
     def check_write(self, context: Any, adapter_id: str, action: str) -> None:
         """PERMISSION_DENIED unless the caller may ``action`` (upload/delete) ``adapter_id``."""
         policy.check_write(principal_of(context), adapter_id, action)
+
+    @contextmanager
+    def audited_write(self, context: Any, adapter_id: str, action: str) -> Iterator[None]:
+        """The caller's ``action`` (upload/delete) of ``adapter_id``, done in the block: its
+        permission checked first, its outcome audited either way (a refusal included)."""
+        try:
+            self.check_write(context, adapter_id, action)
+            yield
+        except Exception as exc:
+            self.audit(context, action, adapter_id, exc)
+            raise
+        self.audit(context, action, adapter_id, None)
 
     @asynccontextmanager
     async def quota_held(self, adapter_id: str) -> AsyncIterator[None]:

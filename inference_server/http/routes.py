@@ -170,8 +170,7 @@ class OpenAIRoutes:
         body = await read_body(request, LoadLoraRequest, self._config.max_body_bytes, self._config.body_timeout_s)
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
-            try:
-                self._tenancy.check_write(caller, name, "upload")
+            with self._tenancy.audited_write(caller, name, "upload"):
                 adapters = self._tenancy.adapters_for(caller, engine)
                 principal = principal_of(caller)
                 found = await asyncio.to_thread(lora_files, body.lora_path, adapters,
@@ -182,10 +181,6 @@ class OpenAIRoutes:
                         await self._tenancy.check_upload_quota(caller, engine, name, dict(files))
                         await asyncio.to_thread(adapters.put, name, files, False)
                 await asyncio.to_thread(adapters.load, name)
-            except Exception as exc:
-                self._tenancy.audit(caller, "upload", name, exc)
-                raise
-            self._tenancy.audit(caller, "upload", name, None)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(self, request: Request) -> Response:
@@ -195,13 +190,8 @@ class OpenAIRoutes:
         body = await read_body(request, UnloadLoraRequest, self._config.max_body_bytes, self._config.body_timeout_s)
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
-            try:
-                self._tenancy.check_write(caller, name, "delete")
+            with self._tenancy.audited_write(caller, name, "delete"):
                 await asyncio.to_thread(self._tenancy.adapters_for(caller, engine).delete, name)
-            except Exception as exc:
-                self._tenancy.audit(caller, "delete", name, exc)
-                raise
-            self._tenancy.audit(caller, "delete", name, None)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     # -- models, health, metrics -----------------------------------------------------------

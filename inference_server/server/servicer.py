@@ -124,13 +124,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                             ) -> pb.DeleteAdapterResponse:
         async with self._state.work() as engine:
             adapter_id = convert.adapter_id_from_pb(request.adapter_id) or _missing("adapter_id")
-            try:
-                self._tenancy.check_write(context, adapter_id, "delete")
+            with self._tenancy.audited_write(context, adapter_id, "delete"):
                 await asyncio.to_thread(self._tenancy.adapters_for(context, engine).delete, adapter_id)
-            except Exception as exc:
-                self._tenancy.audit(context, "delete", adapter_id, exc)
-                raise
-            self._tenancy.audit(context, "delete", adapter_id, None)
             return pb.DeleteAdapterResponse()
 
     async def ServerInfo(self, request: pb.ServerInfoRequest, context: grpc.aio.ServicerContext
