@@ -5,6 +5,7 @@ finish; an engine failure is never merged with the tokens before it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,21 @@ def test_a_request_without_logprobs_keeps_none_and_a_tokenless_finish_joins() ->
     assert merged.token_ids == (0, 1) and merged.finish_reason is FinishReason.ABORT
     with_logprobs = merge_events([_token(0, logprobs=True), abort])
     assert with_logprobs.logprobs == (0.0,) and len(with_logprobs.top_logprobs) == 1
+
+
+def test_the_prompt_logprobs_of_the_first_token_event_survive_a_merge() -> None:
+    """A slow reader (a loaded event loop) must still get the prompt's log-probabilities that
+    only the first token event carries (echo with logprobs, prompt_logprobs)."""
+    first = dataclasses.replace(_token(0, logprobs=True), prompt_logprobs=(None, -1.5, -0.25),
+                                prompt_top_logprobs=(None, {7: -1.5}, {8: -0.25}))
+    stream = TokenStream()
+    for event in (first, _token(1, logprobs=True), _last(2)):
+        stream.put(event)
+    (event,) = _drain(stream, 1)
+    assert event.token_ids == (0, 1, 2)
+    assert event.prompt_logprobs == (None, -1.5, -0.25)
+    assert event.prompt_top_logprobs == (None, {7: -1.5}, {8: -0.25})
+    assert merge_events([_token(0), _last(1)]).prompt_logprobs is None  # a request that asked for none
 
 
 def test_an_error_is_not_merged_with_the_tokens_before_it() -> None:

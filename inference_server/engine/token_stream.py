@@ -4,8 +4,8 @@ The step loop hands each step's events to the event loop, which puts them here; 
 reader takes them out and sends one message each. A reader that falls behind (an event loop
 busy with many streams, a slow client) would otherwise send one message per step however far
 behind it is, and each message costs the edge the same whatever it carries. So ``get`` returns
-every event waiting at once, merged into one: the same tokens, text, log-probabilities and
-finish, in fewer messages, and a backlog is caught up in one send (vLLM's output collector does
+every event waiting at once, merged into one: the same tokens, text, log-probabilities (the
+prompt's too) and finish, in fewer messages, and a backlog is caught up in one send (vLLM's output collector does
 the same). A reader that keeps up sees one event per step, as before.
 
 An ERROR event is never merged with the tokens before it: the edges report it as a failure
@@ -64,16 +64,20 @@ def _joins(last: TokenEvent, following: TokenEvent, tokens: int) -> bool:
 
 def merge_events(events: Sequence[TokenEvent]) -> TokenEvent:
     """Consecutive events of one request as one: tokens, text and log-probabilities in order,
-    the finish reason, usage and timings of the last (only the last may finish)."""
+    the prompt's log-probabilities of the event that carried them (a request's first token
+    event), the finish reason, usage and timings of the last (only the last may finish)."""
     if len(events) == 1:
         return events[0]
     last = events[-1]
+    prompt = next((e for e in events if e.prompt_logprobs is not None), last)
     return TokenEvent(
         request_id=last.request_id,
         token_ids=tuple(t for e in events for t in e.token_ids),
         text="".join(e.text for e in events),
         logprobs=_joined([e.logprobs for e in events]),
         top_logprobs=_joined([e.top_logprobs for e in events]),
+        prompt_logprobs=prompt.prompt_logprobs,
+        prompt_top_logprobs=prompt.prompt_top_logprobs,
         finish_reason=last.finish_reason,
         usage=last.usage,
         timings=last.timings,
