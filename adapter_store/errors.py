@@ -55,6 +55,10 @@ class InvalidRequestError(LoraplexError, ValueError):
         self.field = field
 
 
+def field_of(exc: BaseException) -> str | None:
+    """The request field a refusal names (InvalidRequestError's ``field``); None for others."""
+    return exc.field if isinstance(exc, InvalidRequestError) else None
+
 class ContextLengthExceededError(InvalidRequestError):
     """A prompt, or a prompt plus the tokens asked for, does not fit the context window
     (INVALID_ARGUMENT; OpenAI's ``context_length_exceeded`` on the HTTP edge)."""

@@ -11,20 +11,30 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
 
 from loraplex.adapter_store.errors import AdapterNotFoundError, LoraplexError
+from loraplex.adapter_store.format.files import ChangeFollowedSource
 from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent
 
 log = logging.getLogger(__name__)
 
 
+@runtime_checkable
+class PushedChanges(Protocol):
+    """An in-process Store: it calls back with each change (a resync first) until unsubscribed."""
+
+    def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]: ...
+
+
 class StoreWatcher:
     """Calls ``invalidate(id)`` when a held adapter changes. ``held()`` returns {id: version}
-    of what the caller holds; ``source`` is a StoreClient (gRPC) or an in-process Store."""
+    of what the caller holds; ``source`` is a StoreClient (gRPC, followed from a thread) or an
+    in-process Store (which pushes its changes)."""
 
     def __init__(
         self,
-        source: object,
+        source: ChangeFollowedSource | PushedChanges,
         held: Callable[[], Mapping[str, str]],
         invalidate: Callable[[str], None],
         retry_s: float = 1.0,
@@ -40,7 +50,7 @@ class StoreWatcher:
         self.resyncs = 0
 
     def start(self) -> "StoreWatcher":
-        if callable(getattr(self._source, "subscribe", None)):  # an in-process Store
+        if isinstance(self._source, PushedChanges):
             self._unsubscribe = self._source.subscribe(self.handle)
         else:
             self._thread = threading.Thread(target=self._follow, name="store-watcher", daemon=True)

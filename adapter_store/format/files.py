@@ -5,9 +5,9 @@ adapters come from implements (the store client, the in-process store, a local d
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
@@ -40,8 +40,14 @@ class AdapterFiles:
     files: Mapping[str, bytes]
 
 
+@runtime_checkable
 class AdapterSource(Protocol):
-    """Resolves adapter ids to validated PEFT files; also the management surface."""
+    """Resolves adapter ids to validated PEFT files; also the management surface.
+
+    Two capabilities some sources add, each its own Protocol below so a caller asks for it by
+    name (``isinstance``) rather than by probing for a method: ``TenantScopedSource`` (the store
+    sidecar, which holds calls to a tenant's rules) and ``ChangeFollowedSource`` (a store whose
+    change feed a server follows to drop stale resident copies)."""
 
     def resolve(self, adapter_id: str) -> AdapterFiles: ...
 
@@ -52,6 +58,22 @@ class AdapterSource(Protocol):
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
 
     def delete(self, adapter_id: str) -> None: ...
+
+
+@runtime_checkable
+class TenantScopedSource(AdapterSource, Protocol):
+    """A source that makes its calls on a named caller's behalf (the store sidecar applies the
+    tenant rules to them as well)."""
+
+    def for_caller(self, caller: object) -> AdapterSource: ...
+
+
+@runtime_checkable
+class ChangeFollowedSource(AdapterSource, Protocol):
+    """A source with a change feed: ``watch()`` yields ``records.ChangeEvent``s (a resync first)
+    until its ``cancel()`` is called or the source goes away."""
+
+    def watch(self) -> Iterable[object]: ...
 
 
 def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import logging
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError, status_of
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError, field_of, status_of
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def error_for(exc: Exception) -> tuple[int, dict]:
         return exc.status, error_body(str(exc), exc.kind, exc.param, exc.code)
     status = status_of(exc)
     if status is not None:
-        param = "model" if isinstance(exc, AdapterNotFoundError) else getattr(exc, "field", None)
+        param = "model" if isinstance(exc, AdapterNotFoundError) else field_of(exc)
         log.info("HTTP %d: %s", status.http, exc)
         return status.http, error_body(str(exc) or type(exc).__name__, status.kind, param, status.code)
     log.error("internal error serving an HTTP request", exc_info=exc)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo, AdapterSource
+from loraplex.adapter_store.format.files import (AdapterFiles, AdapterInfo, AdapterSource, ChangeFollowedSource,
+                                                 TenantScopedSource)
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
@@ -23,13 +24,14 @@ class ManagedAdapters:
     def for_caller(self, caller: object) -> ManagedAdapters:
         """These adapters with the source's calls made for ``caller`` where the source can name
         one (the store sidecar: it then holds them to the tenant rules as well); else self."""
-        make = getattr(self.source, "for_caller", None)
-        return self if make is None else ManagedAdapters(make(caller), self._manager, self._base, self._max_rank)
+        if not isinstance(self.source, TenantScopedSource):
+            return self
+        return ManagedAdapters(self.source.for_caller(caller), self._manager, self._base, self._max_rank)
 
     def start_watching(self) -> None:
         """Follow the adapter store's change feed (when the source is a store): a replaced or
         deleted adapter is dropped from every tier here, whichever replica changed it."""
-        if not callable(getattr(self.source, "watch", None)) or self._watcher is not None:
+        if not isinstance(self.source, ChangeFollowedSource) or self._watcher is not None:
             return
         from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415  (only with a store)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from loraplex.adapter_store.errors import FIELD_METADATA_KEY, status_of
+from loraplex.adapter_store.errors import FIELD_METADATA_KEY, field_of, status_of
 from loraplex.inference_server.edge.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str, str | None]:
     message = str(exc) or type(exc).__name__
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         message = f"deadline exceeded: {message}" if str(exc) else "deadline exceeded"
-    return code, message, getattr(exc, "field", None)
+    return code, message, field_of(exc)
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
