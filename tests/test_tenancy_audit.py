@@ -13,6 +13,10 @@ from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 
 
 class _Context:
+    """A gRPC caller (edge/caller.py's Caller) with authentication off."""
+
+    principal = None
+
     def __init__(self, cancelled: bool) -> None:
         self._cancelled = cancelled
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from typing import Any
 
 from loraplex.adapter_store.errors import LoraplexError
+from loraplex.inference_server.edge.caller import Caller
 from loraplex.inference_server.edge.metrics import ServerMetrics
 from loraplex.inference_server.edge.state import ServingState
 from loraplex.inference_server.edge.tenancy import Tenancy
@@ -20,7 +20,7 @@ from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
 
 
-async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenancy, context: Any,
+async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenancy, context: Caller,
                      engine: ServingEngine, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """Stream ``request``'s events from ``engine`` on behalf of ``context``'s caller. Refusals
     (unknown adapter, quota, full queue, draining) raise before the first event; a stream closed

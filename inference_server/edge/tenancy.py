@@ -14,7 +14,6 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
 
 from loraplex.adapter_store.errors import (
     AdapterNotFoundError,
@@ -27,7 +26,7 @@ from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.quotas import RequestTicket
 from loraplex.inference_server.auth.security import Security
-from loraplex.inference_server.edge.caller import principal_of
+from loraplex.inference_server.edge.caller import Caller, principal_of
 from loraplex.inference_server.edge.tenant_metrics import ANONYMOUS, TenantMetrics
 from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
 from loraplex.inference_server.engine.request import GenerationRequest
@@ -48,13 +47,13 @@ class Tenancy:
         self.metrics = metrics
         self._quota_locks: dict[str, asyncio.Lock] = {}  # owner -> held over its uploads' check and store
 
-    def _caller(self, context: Any) -> str:
+    def _caller(self, context: Caller) -> str:
         principal = principal_of(context)
         return principal.tenant if principal is not None else ANONYMOUS
 
     # -- generate ------------------------------------------------------------------------
     @asynccontextmanager
-    async def generation(self, context: Any, engine: ServingEngine, request: GenerationRequest
+    async def generation(self, context: Caller, engine: ServingEngine, request: GenerationRequest
                          ) -> AsyncIterator[tuple[GenerationRequest, RequestTicket]]:
         """Admit one Generate for its lifetime: (the request tagged with the caller's tenant, its
         quota ticket), released at exit. NOT_FOUND / RESOURCE_EXHAUSTED when refused."""
@@ -66,7 +65,7 @@ class Tenancy:
         finally:
             ticket.close()
 
-    def _admit(self, context: Any, request: GenerationRequest) -> tuple[GenerationRequest, RequestTicket]:
+    def _admit(self, context: Caller, request: GenerationRequest) -> tuple[GenerationRequest, RequestTicket]:
         principal = principal_of(context)
         if principal is not None:
             request = dataclasses.replace(request, tenant=principal.tenant)
@@ -89,7 +88,7 @@ class Tenancy:
             self.metrics.tokens.labels(ticket.tenant, "generated").inc(n)
 
     # -- adapters ------------------------------------------------------------------------
-    async def check_read(self, context: Any, engine: ServingEngine, adapter_id: str) -> AdapterInfo | None:
+    async def check_read(self, context: Caller, engine: ServingEngine, adapter_id: str) -> AdapterInfo | None:
         """NOT_FOUND unless the caller may generate with / show ``adapter_id``. For another
         tenant's adapter its record is read now and returned (public or not found); else None."""
         principal = principal_of(context)
@@ -104,11 +103,11 @@ class Tenancy:
         policy.check_read(principal, adapter_id, info.public)
         return info
 
-    def visible(self, context: Any, infos: Iterable[AdapterInfo]) -> list[str]:
+    def visible(self, context: Caller, infos: Iterable[AdapterInfo]) -> list[str]:
         """The ids of ``infos`` the caller may list: own, shared, and other tenants' public ones."""
         return policy.visible(principal_of(context), ((i.adapter_id, i.public) for i in infos))
 
-    def adapters_for(self, context: Any, engine: ServingEngine) -> EdgeAdapters:
+    def adapters_for(self, context: Caller, engine: ServingEngine) -> EdgeAdapters:
         """The engine's adapters for a call made on a client's behalf (upload, delete, get, list):
         calls to an adapter store name the caller, so the store applies the tenant rules again (a
         second line of defence behind the checks here). Loading an adapter for a request stays
@@ -116,12 +115,12 @@ class Tenancy:
         principal = principal_of(context)
         return engine.adapters if principal is None else engine.adapters.for_caller(principal)
 
-    def check_write(self, context: Any, adapter_id: str, action: str) -> None:
+    def check_write(self, context: Caller, adapter_id: str, action: str) -> None:
         """PERMISSION_DENIED unless the caller may ``action`` (upload/delete) ``adapter_id``."""
         policy.check_write(principal_of(context), adapter_id, action)
 
     @contextmanager
-    def audited_write(self, context: Any, adapter_id: str, action: str) -> Iterator[None]:
+    def audited_write(self, context: Caller, adapter_id: str, action: str) -> Iterator[None]:
         """The caller's ``action`` (upload/delete) of ``adapter_id``, done in the block: its
         permission checked first, its outcome audited either way (a refusal included)."""
         try:
@@ -145,7 +144,7 @@ class Tenancy:
         async with self._quota_locks.setdefault(owner, asyncio.Lock()):
             yield
 
-    async def check_upload_quota(self, context: Any, engine: ServingEngine, adapter_id: str, files: dict[str, bytes]) -> None:
+    async def check_upload_quota(self, context: Caller, engine: ServingEngine, adapter_id: str, files: dict[str, bytes]) -> None:
         """RESOURCE_EXHAUSTED if storing ``files`` takes the owning tenant over its adapter quotas."""
         owner = policy.adapter_owner(adapter_id)
         limits = self.security.limits
@@ -159,7 +158,7 @@ class Tenancy:
             self.metrics.quota_rejections.labels(owner, _limit_name(exc)).inc()
             raise
 
-    def audit(self, context: Any, action: str, adapter_id: str | None, error: BaseException | None,
+    def audit(self, context: Caller, action: str, adapter_id: str | None, error: BaseException | None,
               public: bool | None = None) -> None:
         """One audit line for an upload or delete: who, which adapter, the outcome (and for an
         upload the visibility it asked for)."""
@@ -177,10 +176,10 @@ class Tenancy:
                    adapter_id or "-", outcome, context.peer(), visibility)
 
 
-def _cancelled(context: Any) -> bool:
+def _cancelled(context: Caller) -> bool:
     """Whether the call was cancelled by its caller (a cancelled or timed-out upload ends its
     stream early, which reads like an incomplete upload)."""
     try:
-        return bool(context.cancelled())
-    except (AttributeError, RuntimeError):
+        return context.cancelled()
+    except RuntimeError:  # a gRPC context whose call already ended
         return False

@@ -30,6 +30,10 @@ class HttpCaller:
     def peer(self) -> str:
         return self.address
 
+    def cancelled(self) -> bool:
+        """An HTTP request's hang-up is seen by its response, not here."""
+        return False
+
 
 def _peer(request: Request) -> str:
     client = request.client

@@ -32,7 +32,13 @@ class PrincipalContext:
         self._context = context
         self.principal = principal
 
-    def __getattr__(self, name: str) -> Any:
+    def peer(self) -> str:
+        return self._context.peer()
+
+    def cancelled(self) -> bool:
+        return self._context.cancelled()
+
+    def __getattr__(self, name: str) -> Any:  # the rest of grpc.aio.ServicerContext
         return getattr(self._context, name)
 
 
