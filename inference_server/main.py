@@ -75,7 +75,8 @@ def engine_config(settings: ServerSettings) -> Any:
         **pool, adapter_host_cache_bytes=settings.adapter_host_cache_bytes,
         max_lora_rank=settings.max_lora_rank, seed=settings.seed,
         tensor_parallel_size=settings.tensor_parallel, enforce_eager=settings.cuda_graphs == "off",
-        launch_ahead=settings.launch_ahead == "on", served_model_name=settings.served_model_name,
+        launch_ahead=settings.launch_ahead != "off", require_cuda_graphs=settings.cuda_graphs == "on",
+        require_launch_ahead=settings.launch_ahead == "on", served_model_name=settings.served_model_name,
         prefix_caching=settings.prefix_caching == "on",
     )
 

@@ -85,11 +85,13 @@ class ServerSettings:
     max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)
     seed: int = _opt(0, "engine RNG seed (requests may set their own)", int)
     tensor_parallel: int = _opt(1, "GPUs (processes) to shard the model over, Megatron-style; 1 = no sharding", int)
-    cuda_graphs: str = _opt("on", "replay decode steps from CUDA graphs captured at start (GPU, 16-bit dtypes); "
-                                  "off = every step eager", str, ("on", "off"))
-    launch_ahead: str = _opt("on", "with CUDA graphs: launch each step before reading the previous step's tokens, so "
-                                   "the GPU never waits for the host's bookkeeping (greedy requests); off = one step "
-                                   "at a time", str, ("on", "off"))
+    cuda_graphs: str = _opt("auto", "replay decode steps from CUDA graphs captured at start; auto = where they "
+                                    "apply (one GPU, 16-bit dtypes), on = refuse to start where they do not, off = "
+                                    "every step eager", str, ("auto", "on", "off"))
+    launch_ahead: str = _opt("auto", "with CUDA graphs: launch each step before reading the previous step's tokens, "
+                                     "so the GPU never waits for the host's bookkeeping; auto = wherever CUDA graphs "
+                                     "run, on = refuse to start where they do not (the CPU, tensor parallelism), "
+                                     "off = one step at a time", str, ("auto", "on", "off"))
     prefix_caching: str = _opt("on", "reuse the KV blocks of a prompt prefix already computed for the same adapter "
                                      "version (system prompts, few-shot examples); off = every prompt computed "
                                      "in full", str, ("on", "off"))

@@ -66,7 +66,7 @@ def can_stage(x: torch.Tensor) -> bool:
     return _use_cuda(x)
 
 
-def step_cache(pool: torch.Tensor) -> object | None:
+def step_cache(pool: torch.Tensor) -> cpu.DecodeStacks | None:
     """A cache the backend of ``pool`` keeps across steps (pass it to ``add_lora_slices``), or
     None when it needs none. The CPU backend keeps a decode batch's stacked adapters
     (``cpu.DecodeStacks``): about one copy of the adapters of one batch."""

@@ -256,3 +256,14 @@ def test_a_failed_launch_ends_its_requests_with_an_error_and_the_engine_goes_on(
     again = run([greedy_request("g", prompt, None, 12)])["g"]
     assert again[-1].finish_reason.name == "LENGTH" and tokens_of(again) == expected
     assert core.runner.launches > 2
+
+
+@pytest.mark.slow
+def test_launch_ahead_asked_for_by_name_is_refused_where_it_cannot_run(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """--launch-ahead on / --cuda-graphs on on the CPU: the engine refuses to start, naming the
+    flag and why; auto (the default) runs one step at a time there without a word."""
+    with pytest.raises(ValueError, match=r"--launch-ahead on needs CUDA graphs: CUDA graphs need a GPU .*auto or off"):
+        load_engine(tiny_llama_dir, adapter_dir, require_launch_ahead=True)
+    with pytest.raises(ValueError, match=r"--cuda-graphs on: CUDA graphs need a GPU \(the engine runs on cpu\)"):
+        load_engine(tiny_llama_dir, adapter_dir, require_cuda_graphs=True)
+    assert not load_engine(tiny_llama_dir, adapter_dir)._core._launch_ahead

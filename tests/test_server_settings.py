@@ -86,6 +86,9 @@ def test_engine_config_and_model_source_follow_settings() -> None:
     assert config.launch_ahead and not config.enforce_eager
     one_at_a_time = engine_config(ServerSettings.from_sources(["--launch-ahead", "off", "--cuda-graphs", "off"], {}))
     assert not one_at_a_time.launch_ahead and one_at_a_time.enforce_eager
+    assert not (config.require_cuda_graphs or config.require_launch_ahead)  # auto: used where they apply
+    by_name = engine_config(ServerSettings.from_sources(["--launch-ahead", "on", "--cuda-graphs", "on"], {}))
+    assert by_name.launch_ahead and by_name.require_launch_ahead and by_name.require_cuda_graphs
     assert config.prefix_caching
     assert not engine_config(ServerSettings.from_sources(["--prefix-caching", "off"], {})).prefix_caching
     dummy = model_source(ServerSettings.from_sources(["--model-format", "dummy", "--model", "tiny"], {}))

@@ -69,6 +69,13 @@ def test_world_size_one_equals_the_plain_engine(tiny_llama_dir: Path, adapter_di
     assert got == expected
 
 
+def test_launch_ahead_asked_for_under_tensor_parallelism_is_refused(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """Sharded steps run eager: --launch-ahead on names tensor parallelism as the reason."""
+    config = EngineConfig(tensor_parallel_size=1, require_launch_ahead=True, **ENGINE)
+    with pytest.raises(ValueError, match="--launch-ahead on needs CUDA graphs: tensor parallelism runs every step eager"):
+        build_parallel_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), adapter_dir, progress=False)
+
+
 def _rank0(model_dir: str, adapter_dir: str, requests: list, out) -> None:
     """Rank 0 in a child process: the engine with --tensor-parallel 2 (spawns rank 1)."""
     try:

@@ -37,6 +37,11 @@ class EngineConfig:
     lora_side_stream: bool = True  # in step graphs, each LoRA shrink runs beside its base GEMM
     # with CUDA graphs: launch the next step before reading this one's tokens
     launch_ahead: bool = True
+    # asked for by name (--cuda-graphs on, --launch-ahead on): where it cannot apply (CPU, a 32-bit
+    # dtype, tensor parallelism, an attention shape the decode kernel lacks) the engine refuses to
+    # start, naming why, instead of running without it
+    require_cuda_graphs: bool = False
+    require_launch_ahead: bool = False
     # reuse the KV blocks of a prompt prefix already computed for the same adapter version
     prefix_caching: bool = True
     served_model_name: str | None = None  # the name clients see (None: the checkpoint's own name)

@@ -24,6 +24,7 @@ from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.model.checkpoint import ModelSource
 from loraplex.inference_server.model.config import ModelConfig
 from loraplex.inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.model.tokenizer import Tokenizer
 from loraplex.inference_server.model.weights import build_model
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,17 @@ def adapter_source(adapters, model_config: ModelConfig, config: EngineConfig) ->
     callable that makes a source from the loaded model's config."""
     if isinstance(adapters, (str, Path)):
         return LocalAdapterDirectory(adapters, model_config, config.max_lora_rank)
-    if callable(adapters) and not hasattr(adapters, "resolve"):
+    if isinstance(adapters, AdapterSource):
+        return adapters
+    if callable(adapters):
         return adapters(model_config)
-    return adapters
+    raise TypeError(f"adapters: expected an AdapterSource, a folder path or a factory of a source, "
+                    f"got {type(adapters).__name__}")
 
 
 def assemble(
-    cls, config: EngineConfig, module: nn.Module, model_config: ModelConfig, tokenizer, source: AdapterSource,
+    cls, config: EngineConfig, module: nn.Module, model_config: ModelConfig, tokenizer: Tokenizer,
+    source: AdapterSource,
     manager_factory=AdapterPool, runner_factory=None,
 ):
     """Build the engine around an already loaded model (tests use this directly).
@@ -76,12 +81,12 @@ def assemble(
     else:
         runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs,
                              config.max_num_batched_tokens, options=runner_options(config, max_len))
-    stacks = getattr(getattr(runner, "lora_builder", None), "cache", None)
-    if hasattr(stacks, "note_write") and manager.counts_pool_writes:  # CPU decode stacks: told what loads wrote
-        manager.add_write_listener(stacks.note_write)
-    eos = set(model_config.eos_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()))
-    hf_tokenizer = getattr(tokenizer, "hf_tokenizer", None)
-    grammars = None if hf_tokenizer is None else GrammarCompiler(hf_tokenizer, model_config.vocab_size, eos)
+    check_required_features(config, runner)
+    listener = runner.pool_write_listener()
+    if listener is not None and manager.counts_pool_writes:  # CPU decode stacks: told what loads wrote
+        manager.add_write_listener(listener)
+    eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids)
+    grammars = GrammarCompiler(tokenizer.hf_tokenizer, model_config.vocab_size, eos)
     core = LLMEngine(
         runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
         manager.release, config.seed, launch_ahead=config.launch_ahead, grammars=grammars,
@@ -96,6 +101,17 @@ def assemble(
                                                   config.max_lora_rank, elem))
     adapters = ManagedAdapters(source, manager, model_config, config.max_lora_rank)
     return cls(core, manager, adapters, info, config, capacity)
+
+
+def check_required_features(config: EngineConfig, runner: ModelRunner) -> None:
+    """Refuse to start when CUDA graphs or launch-ahead were asked for by name (``on``, not
+    ``auto``) and this runner cannot use them: a flag is never silently ignored."""
+    if runner.can_launch:
+        return
+    if config.require_cuda_graphs:
+        raise ValueError(f"--cuda-graphs on: {runner.why_eager}; use --cuda-graphs auto or off")
+    if config.require_launch_ahead:
+        raise ValueError(f"--launch-ahead on needs CUDA graphs: {runner.why_eager}; use --launch-ahead auto or off")
 
 
 def runner_options(config: EngineConfig, max_len: int) -> RunnerOptions:

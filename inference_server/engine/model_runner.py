@@ -31,6 +31,7 @@ from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
 from loraplex.inference_server.engine.step_plan import plan_step, run_forward
 from loraplex.inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
 from loraplex.inference_server.lora.layers import LoraContext, attach_lora
+from loraplex.inference_server.lora.pool.pool_writes import WriteListener
 from loraplex.inference_server.model.config import ModelConfig
 from loraplex.kernels import paged_decode
 
@@ -109,6 +110,7 @@ class ModelRunner:
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
                                              options.max_lora_rank)
         self.graphs = None
+        self.why_eager = _why_eager(options, self.device, self.dtype, self.decode_workspace, config)
         if use_graphs:
             shape = GraphShape(tuple(sorted(s for s in options.cuda_graph_sizes if s <= max_num_batched_tokens)),
                                -(-max_len // blocks.block_size), blocks.block_size, blocks.num_blocks * blocks.block_size)
@@ -119,6 +121,11 @@ class ModelRunner:
             # tokens are read before the step after next is launched)
             self._token_host = [torch.zeros(rows, dtype=torch.int64).pin_memory() for _ in range(2)]
             self._token_turn = 0
+
+    def pool_write_listener(self) -> WriteListener | None:
+        """Where the adapter pool reports its writes for this runner's LoRA step cache (None: it
+        keeps no copy of the pool)."""
+        return self.lora_builder.pool_write_listener()
 
     @property
     def can_launch(self) -> bool:
@@ -290,6 +297,21 @@ def _newest_on_device(seqs: list[Sequence], feed: LaunchedStep | None):
 
 
 _GRAPH_DTYPES = (torch.bfloat16, torch.float16)  # float32 CUDA LoRA is the (host-syncing) reference
+
+
+def _why_eager(options: RunnerOptions, device: torch.device, dtype: torch.dtype, workspace,
+               config: ModelConfig) -> str | None:
+    """Why this runner runs every step eager (no CUDA graphs, so no launch-ahead); None if it does not."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a GPU (the engine runs on {device})"
+    if dtype not in _GRAPH_DTYPES:
+        return f"CUDA graphs are captured in bfloat16 or float16 (the engine runs {str(dtype).removeprefix('torch.')})"
+    if not options.cuda_graph_sizes:
+        return "CUDA graphs are off (--cuda-graphs off)"
+    if workspace is None:
+        return (f"the paged decode kernel does not handle {config.num_heads}/{config.num_kv_heads} heads of "
+                f"dim {config.head_dim}")
+    return None
 
 
 def _decode_workspace(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_seqs: int, max_len: int):

@@ -121,6 +121,11 @@ class LoraBatchBuilder:
         self.workspace = torch.zeros(slices, max_rows, max_rank, dtype=pool.dtype, device=dev)
         self.cache = kernels.step_cache(pool)
 
+    def pool_write_listener(self) -> Callable[[torch.Tensor, int, int, int, int], None] | None:
+        """What the adapter pool must call on each write so the step cache stays true (the CPU
+        decode stacks keep copies of pool rows), or None when the backend keeps no copy."""
+        return None if self.cache is None else self.cache.note_write
+
     def build(self, rows: Sequence[tuple[int, ResidentAdapter | None]]) -> LoraBatch | None:
         """rows: (row count, adapter or None for the base model) per sequence, in batch order.
 

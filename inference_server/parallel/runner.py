@@ -35,6 +35,7 @@ class ParallelModelRunner(ModelRunner):
     ) -> None:
         super().__init__(model, model.local_config, blocks, manager.pool, max_num_seqs, max_num_batched_tokens,
                          lora_attach=attach_tp_lora)
+        self.why_eager = "tensor parallelism runs every step eager (no CUDA graphs, no launch-ahead)"
         self.group = model.group
         self.manager = manager
         self.workers = workers
