@@ -102,7 +102,7 @@ def test_pool_contents_match_the_packed_adapter(adapter_root: Path) -> None:
     tensors = load_file(adapter_root / "a4" / "adapter_model.safetensors")
     a = tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"]  # [r, in]
     r, fan_in = a.shape
-    start = ra.a_offsets[0] + 1 * fan_in * r
+    start = ra.placement.a_offsets[0] + 1 * fan_in * r
     assert torch.equal(mgr.pool[start : start + fan_in * r].view(fan_in, r), a.t())
     assert mgr.stats().used_bytes >= n * 4
 

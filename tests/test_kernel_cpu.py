@@ -220,16 +220,15 @@ def test_an_eager_steps_workspace_rank_is_its_largest_adapter_rank() -> None:
     """An eager step's workspace R (which picks the kernels' prefill variant) follows the
     step's adapters, rounded up to 16, not the engine's rank cap; it is the same memory."""
     from loraplex.inference_server.lora.batch import LoraBatchBuilder  # noqa: PLC0415
-    from loraplex.inference_server.lora.resident import ResidentAdapter  # noqa: PLC0415
-    from loraplex.inference_server.lora.resident import AdapterLayout  # noqa: PLC0415
+    from loraplex.inference_server.lora.resident import AdapterLayout, AdapterPlacement  # noqa: PLC0415
     from loraplex.inference_server.model.config import ModelConfig  # noqa: PLC0415
 
     cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=4)
     builder = LoraBatchBuilder(cfg, torch.zeros(64), max_slots=4, max_rows=8, max_rank=128)
 
-    def adapter(rank: int) -> ResidentAdapter:
-        return ResidentAdapter("a", "v", 0, AdapterLayout((rank,) * 7, (1.0,) * 7, (0,) * 7, (0,) * 7, 0))
+    def adapter(rank: int) -> AdapterPlacement:
+        return AdapterPlacement.at(0, AdapterLayout((rank,) * 7, (1.0,) * 7, (0,) * 7, (0,) * 7, 0))
 
     for ranks, want in (((8,), 16), ((16, 4), 16), ((8, 40), 48), ((128,), 128), ((0, 17), 32)):
         batch = builder.build([(2, adapter(r)) for r in ranks])

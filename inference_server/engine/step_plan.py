@@ -15,19 +15,10 @@ import torch
 from loraplex.inference_server.engine.sequence import Sequence
 from loraplex.inference_server.lora.batch import LoraBatchBuilder
 from loraplex.inference_server.lora.layers import LoraContext
-from loraplex.inference_server.lora.resident import AdapterLayout
+from loraplex.inference_server.lora.resident import AdapterPlacement
 from loraplex.inference_server.model.attention import AttentionMetadata, DecodeRows, SequenceSpan
 from loraplex.inference_server.model.llama import ForwardBatch
 from loraplex.kernels import paged_decode
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterTables:
-    """What the LoRA table builder reads of a resident adapter (offsets valid on every rank)."""
-
-    a_offsets: tuple[int, ...]
-    b_offsets: tuple[int, ...]
-    layout: AdapterLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +37,17 @@ class StepPlan:
     positions: list[int]
     spans: list[SpanPlan]
     block_size: int
-    lora_rows: list[tuple[int, AdapterTables | None]]  # (rows, adapter) per sequence
+    lora_rows: list[tuple[int, AdapterPlacement | None]]  # (rows, adapter's placement) per sequence
     sample_rows: list[int]  # rows whose next token is sampled this step
     sampled: list[int]  # the sequences (indices in the scheduler's list) those rows belong to
     span_seqs: list[int]  # per span, its sequence (index in the scheduler's list)
 
 
 def plan_step(seqs: Seq[Sequence], num_tokens: Seq[int], block_size: int) -> StepPlan:
-    """Lay out a step (rank 0, plain Python). Sequences sharing an adapter object share one
-    ``AdapterTables`` object, so they still form one LoRA segment after pickling."""
+    """Lay out a step (rank 0, plain Python). Sequences of one resident adapter carry its one
+    ``AdapterPlacement`` object, so they form one LoRA segment (pickling keeps them one)."""
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].adapter_key)
     ids, positions, spans, lora_rows, sample_rows, sampled = [], [], [], [], [], []
-    tables: dict[int, AdapterTables] = {}
     row = 0
     for i in order:
         seq, n = seqs[i], num_tokens[i]
@@ -65,10 +55,7 @@ def plan_step(seqs: Seq[Sequence], num_tokens: Seq[int], block_size: int) -> Ste
         ids += seq.token_ids[start : start + n]
         positions += range(start, start + n)
         spans.append(SpanPlan(row, n, start + n, tuple(seq.block_table)))
-        ra = seq.adapter
-        if ra is not None and id(ra) not in tables:
-            tables[id(ra)] = AdapterTables(tuple(ra.a_offsets), tuple(ra.b_offsets), ra.layout)
-        lora_rows.append((n, None if ra is None else tables[id(ra)]))
+        lora_rows.append((n, None if seq.adapter is None else seq.adapter.placement))
         row += n
         if start + n == len(seq.token_ids):
             sample_rows.append(row - 1)

@@ -21,7 +21,7 @@ import torch
 
 from loraplex import kernels
 from loraplex.adapter_store.format.architectures import Slot
-from loraplex.inference_server.lora.resident import ResidentAdapter
+from loraplex.inference_server.lora.resident import AdapterPlacement
 from loraplex.inference_server.model.config import ModelConfig
 
 MAX_LORA_RANK = 128
@@ -126,7 +126,7 @@ class LoraBatchBuilder:
         decode stacks keep copies of pool rows), or None when the backend keeps no copy."""
         return None if self.cache is None else self.cache.note_write
 
-    def build(self, rows: Sequence[tuple[int, ResidentAdapter | None]]) -> LoraBatch | None:
+    def build(self, rows: Sequence[tuple[int, AdapterPlacement | None]]) -> LoraBatch | None:
         """rows: (row count, adapter or None for the base model) per sequence, in batch order.
 
         Consecutive sequences with the same adapter share one segment. Returns None when no
@@ -171,7 +171,7 @@ class LoraBatchBuilder:
         rank = min(full.shape[2], max(RANK_GRAIN, -(-top // RANK_GRAIN) * RANK_GRAIN))
         return full.view(-1)[: full.shape[0] * full.shape[1] * rank].view(full.shape[0], full.shape[1], rank)
 
-    def _fill(self, segments: list[tuple[int, ResidentAdapter | None]], total: int) -> frozenset[Slot]:
+    def _fill(self, segments: list[tuple[int, AdapterPlacement | None]], total: int) -> frozenset[Slot]:
         """Write the host tables (the previous step's copy has completed: ``build`` waited)."""
         t = self._np
         counts = np.array([n for n, _ in segments], dtype=np.int32)
@@ -182,12 +182,12 @@ class LoraBatchBuilder:
         t["row_slot"][total:] = -1
         for name in ("a_off", "b_off", "ranks", "scales"):
             t[name].fill(0)
-        for i, (_, ra) in enumerate(segments):
-            if ra is not None:
-                t["a_off"][:, i] = ra.a_offsets
-                t["b_off"][:, i] = ra.b_offsets
-                t["ranks"][:, i] = ra.layout.ranks
-                t["scales"][:, i] = ra.layout.scales
+        for i, (_, place) in enumerate(segments):
+            if place is not None:
+                t["a_off"][:, i] = place.a_offsets
+                t["b_off"][:, i] = place.b_offsets
+                t["ranks"][:, i] = place.ranks
+                t["scales"][:, i] = place.scales
         adapted = (t["ranks"][:, : len(segments)] > 0).any(axis=1)
         return frozenset(s for s, (first, count) in self.rows.items() if adapted[first : first + count].any())
 
@@ -210,11 +210,11 @@ def _byte_views(
     return buf, views
 
 
-def _segments(rows: Sequence[tuple[int, ResidentAdapter | None]]) -> list[tuple[int, ResidentAdapter | None]]:
-    merged: list[tuple[int, ResidentAdapter | None]] = []
-    for count, ra in rows:
-        if merged and merged[-1][1] is ra:
-            merged[-1] = (merged[-1][0] + count, ra)
+def _segments(rows: Sequence[tuple[int, AdapterPlacement | None]]) -> list[tuple[int, AdapterPlacement | None]]:
+    merged: list[tuple[int, AdapterPlacement | None]] = []
+    for count, place in rows:
+        if merged and merged[-1][1] is place:
+            merged[-1] = (merged[-1][0] + count, place)
         else:
-            merged.append((count, ra))
+            merged.append((count, place))
     return merged

@@ -1,6 +1,7 @@
-"""An adapter resident in the GPU pool, as the per-step tables see it: where each
-projection's A and B start, its ranks and scales. The pool (pool/) makes these; the batch
-tables (batch.py) read them."""
+"""An adapter resident in the GPU pool. The pool (pool/) makes a ``ResidentAdapter`` (its
+bookkeeping: references, readiness, LRU time) and its ``AdapterPlacement`` (where each target's
+A and B start, its ranks and scales): the one type the step plan carries to the batch tables
+(batch.py), pickled as it is to the other tensor-parallel ranks."""
 
 from __future__ import annotations
 
@@ -20,9 +21,27 @@ class AdapterLayout:
     num_elements: int
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class AdapterPlacement:
+    """What the per-step LoRA tables read of a resident adapter: each target's A and B offsets
+    (elements into the pool; the same on every tensor-parallel rank, each holding its shard at
+    the same place), rank (0 = not adapted) and scale. Sequences of one adapter share one object,
+    so they form one LoRA segment (and still do after pickling)."""
+
+    a_offsets: tuple[int, ...]
+    b_offsets: tuple[int, ...]
+    ranks: tuple[int, ...]
+    scales: tuple[float, ...]
+
+    @classmethod
+    def at(cls, start: int, layout: AdapterLayout) -> AdapterPlacement:
+        return cls(tuple(start + o for o in layout.a_offsets), tuple(start + o for o in layout.b_offsets),
+                   layout.ranks, layout.scales)
+
+
 @dataclass(eq=False, slots=True)
 class ResidentAdapter:
-    """An adapter's place in the pool; the per-step tables are built from these."""
+    """An adapter's place in the pool and its bookkeeping there."""
 
     adapter_id: str
     version: str
@@ -32,11 +51,7 @@ class ResidentAdapter:
     ready: bool = False  # the host -> pool copy has completed
     stale: bool = False  # replaced or deleted: freed when the last user releases it
     last_used: float = field(default_factory=time.monotonic)
+    placement: AdapterPlacement = field(init=False)
 
-    @property
-    def a_offsets(self) -> list[int]:
-        return [self.start + o for o in self.layout.a_offsets]
-
-    @property
-    def b_offsets(self) -> list[int]:
-        return [self.start + o for o in self.layout.b_offsets]
+    def __post_init__(self) -> None:
+        self.placement = AdapterPlacement.at(self.start, self.layout)

@@ -149,7 +149,7 @@ def test_lora_tables_stay_valid_under_graph_replay(tiny_llama_dir: Path, adapter
     y = torch.zeros(8, cfg.q_size + 2 * cfg.kv_size, device="cuda", dtype=torch.bfloat16)
     names = list(ADAPTER_CONFIGS)
     first = [mgr.acquire(n) for n in names[:2]]
-    batch = builder.build([(3, first[0]), (5, first[1])])
+    batch = builder.build([(3, first[0].placement), (5, first[1].placement)])
     batch.active = frozenset(Slot)  # capture the launch even if a slot skips q/k/v
     graph = torch.cuda.CUDAGraph()
     batch.add(y, x, 0, Slot.QKV)  # warm-up: compiles kernels, sizes scratch
@@ -160,11 +160,11 @@ def test_lora_tables_stay_valid_under_graph_replay(tiny_llama_dir: Path, adapter
         mgr.release(ra)
         mgr.invalidate(ra.adapter_id)  # gone from the pool: new places on reload
     second = [mgr.acquire(n) for n in (names[2], names[0])]
-    builder.build([(6, second[0]), (2, second[1])])  # same buffers, new contents
+    builder.build([(6, second[0].placement), (2, second[1].placement)])  # same buffers, new contents
     y.zero_()
     graph.replay()
     expected = torch.zeros_like(y)
-    fresh = builder.build([(6, second[0]), (2, second[1])])
+    fresh = builder.build([(6, second[0].placement), (2, second[1].placement)])
     fresh.add(expected, x, 0, Slot.QKV)
     torch.cuda.synchronize()
     assert torch.equal(y, expected)
