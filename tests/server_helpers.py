@@ -56,6 +56,11 @@ class FakeAdapters:
     def delete(self, adapter_id: str) -> None:
         self.source.delete(adapter_id)
 
+    def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
+        if not isinstance(self.source, StoreClient):
+            raise InvalidRequestError("this fake engine has no adapter store", "source")
+        return self.source.import_record(adapter_id, source, False, max_bytes).info
+
     def for_caller(self, caller: Principal) -> FakeAdapters:
         if isinstance(self.source, StoreClient):
             return FakeAdapters(self.source.for_caller(caller))

@@ -40,6 +40,11 @@ class EdgeAdapters(Protocol):
 
     def delete(self, adapter_id: str) -> None: ...
 
+    def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
+        """Store the adapter under ``source`` (``s3://bucket/prefix``) as ``adapter_id``, read by
+        the adapter store with its own S3 client (blocking); refused without a store."""
+        ...
+
     def for_caller(self, caller: Principal) -> EdgeAdapters:
         """These adapters with every call made on ``caller``'s behalf (a store applies the tenant
         rules to it again); the same object where the source has no notion of a caller."""
