@@ -85,7 +85,9 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i - 3 for i in ids if i >= 3).decode(errors="replace")
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    chat_template = ""  # no Jinja template: tools are refused, as for any template of no known tool format
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return self.encode(text)
 

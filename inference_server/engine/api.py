@@ -22,7 +22,15 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    @property
+    def chat_template(self) -> str:
+        """The chat template's Jinja text ("" without one): the edge reads its tool-call format."""
+        ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """transformers' ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``."""
+        ...
 
     def decode(self, ids: list[int]) -> str:
         """Token ids -> text (the HTTP edge names each token of a logprobs answer by its text)."""

@@ -245,7 +245,7 @@ def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: conver
                   n=decoded.n)
     if fmt_type is CompletionFormat:
         return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompts)
-    return fmt_type(**common, tools=decoded.tools is not None)
+    return fmt_type(**common, tools=decoded.tools)
 
 
 def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str]:
