@@ -224,6 +224,14 @@ class StoreClient:
         msg = self._call(lambda: self._stub.Put(requests(), timeout=self._timeout), adapter_id, idempotent=False)
         return record_from_pb(msg)
 
+    def import_record(self, adapter_id: str, source: str, public: bool = False, max_bytes: int = 0) -> StoredRecord:
+        """Have the store import the adapter under ``source`` (``s3://bucket/prefix``) as
+        ``adapter_id``, read with the store's S3 client and checked as a Put is (``max_bytes``: a
+        lower size limit than the store's own; 0 = the store's)."""
+        request = pb.StoreImportRequest(adapter_id=adapter_id, source=source, public=public, max_bytes=max_bytes)
+        msg = self._call(lambda: self._stub.Import(request, timeout=self._timeout), adapter_id, idempotent=False)
+        return record_from_pb(msg)
+
     def fetch(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
         """The current record and its files (checked end to end), without parsing them."""
         if self._cache is not None:

@@ -41,8 +41,9 @@ def build_store(
         from loraplex.adapter_store.backends.s3_blobs import S3BlobBackend  # noqa: PLC0415  (boto3 is an extra)
 
         blobs = S3BlobBackend(settings.s3)
+        importer = blobs.importer()  # Import reads other prefixes with the same client and credentials
     else:
-        blobs = LocalBlobBackend(settings.local_dir)
+        blobs, importer = LocalBlobBackend(settings.local_dir), None
     if settings.index_backend == "redis":
         from loraplex.adapter_store.backends.redis_cache import RedisBlobCache  # noqa: PLC0415  (redis is an extra)
         from loraplex.adapter_store.backends.redis_conn import Breaker, connect  # noqa: PLC0415
@@ -68,4 +69,5 @@ def build_store(
         max_rank=settings.max_rank,
         max_adapter_bytes=settings.max_adapter_bytes,
         metrics=metrics,
+        importer=importer,
     )

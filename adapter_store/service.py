@@ -47,6 +47,8 @@ T = TypeVar("T")
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
 WATCH_QUEUE = 1024
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+IMPORT_NEEDS_S3 = ("this adapter store keeps adapters in a local directory and has no S3 client: start "
+                   "loraplex-store with an S3 blob backend (--s3-bucket, --s3-endpoint-url) to import s3:// paths")
 _PREFIX = re.compile(r"^[A-Za-z0-9._/-]{0,129}\Z")  # an id prefix: up to a whole id
 
 
@@ -136,6 +138,27 @@ class AdapterStoreService:
                                       lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
         record = await _until_caller_leaves(deadline, self._store.put, upload.adapter_id, upload.files,
                                             upload.public, upload.digests, deadline=deadline)
+        return record_to_pb(record)
+
+    @_unary
+    async def import_(self, request: Any, context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
+        """Import the adapter under an S3 prefix as a Put of ``adapter_id`` would store it."""
+        caller = _caller(context)
+        if isinstance(request, Undecodable):
+            raise request.error()
+        adapter_id = validate_adapter_id(request.adapter_id)
+        policy.check_write(caller, adapter_id, "upload")
+        if caller is not None and not caller.is_admin:
+            raise PermissionDeniedError(f"tenant {caller.tenant!r} may not Import: it reads S3 with the store's "
+                                        "credentials (admins only); upload the files instead")
+        importer = self._store.importer
+        if importer is None:
+            raise InvalidRequestError(IMPORT_NEEDS_S3, "source")
+        limit = min(request.max_bytes or self._store.max_adapter_bytes, self._store.max_adapter_bytes)
+        deadline = CallDeadline(context.time_remaining())
+        files = await _until_caller_leaves(deadline, importer.read, request.source, limit)
+        record = await _until_caller_leaves(deadline, self._store.put, adapter_id, files, request.public,
+                                            deadline=deadline)
         return record_to_pb(record)
 
     async def _readable(self, caller: Principal | None, adapter_id: str) -> StoredRecord | None:
@@ -266,6 +289,7 @@ def handler(service: AdapterStoreService) -> grpc.GenericRpcHandler:
     out = lambda m: m.SerializeToString()  # noqa: E731
     methods = {
         "Put": grpc.stream_unary_rpc_method_handler(service.put, _lenient(pb.StorePutRequest), out),
+        "Import": grpc.unary_unary_rpc_method_handler(service.import_, _lenient(pb.StoreImportRequest), out),
         "Get": grpc.unary_stream_rpc_method_handler(service.get, _lenient(pb.StoreGetRequest), out),
         "Stat": grpc.unary_unary_rpc_method_handler(service.stat, _lenient(pb.StoreStatRequest), out),
         "List": grpc.unary_unary_rpc_method_handler(service.list, _lenient(pb.StoreListRequest), out),

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from loraplex.adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Index
+from loraplex.adapter_store.backends.base import BlobBackend, BlobCache, ChangeFeed, Importer, Index
 from loraplex.adapter_store.blob_marker import BlobMarker
 from loraplex.adapter_store.call_deadline import CallDeadline
 from loraplex.adapter_store.degradation import Degradation
@@ -56,8 +56,10 @@ class Store:
         max_adapter_bytes: int = 1 << 30,
         metrics: StoreMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        importer: Importer | None = None,
     ) -> None:
         self.blobs, self.index, self.cache, self.feed = blobs, index, cache, feed
+        self.importer = importer  # reads an S3 prefix for Import (None: this store has no S3 client)
         self.base = base
         self.max_rank = max_rank
         self.max_adapter_bytes = max_adapter_bytes

@@ -18,6 +18,7 @@ from loraplex.clients.requests import (
     Progress,
     UploadPlan,
     channel_options,
+    check_one_choice,
     generate_request,
 )
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
@@ -86,7 +87,13 @@ class AsyncLoraplexClient:
             call.cancel()
 
     async def generate_text(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
+        """The whole generation at once (one choice: ``n`` > 1 is ``generate_choices``)."""
+        check_one_choice(kwargs)
         return GenerationResult.gather([e async for e in self.generate(prompt, **kwargs)])
+
+    async def generate_choices(self, prompt: str | None = None, **kwargs: Any) -> list[GenerationResult]:
+        """The ``n`` choices of one prompt, whole, in index order."""
+        return GenerationResult.gather_choices([e async for e in self.generate(prompt, **kwargs)])
 
     # -- adapters ------------------------------------------------------------------------
     async def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *, public: bool = False,

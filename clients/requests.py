@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loraplex.v1 import inference_pb2 as pb
 
@@ -54,24 +55,45 @@ def generate_request(
     *,
     adapter: str | None = None,
     token_ids: Sequence[int] | None = None,
-    messages: Sequence[dict[str, str]] | None = None,
+    messages: Sequence[dict[str, Any]] | None = None,
     max_new_tokens: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float | None = None,
+    min_p: float = 0.0,
     seed: int | None = None,
     repetition_penalty: float | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logit_bias: Mapping[int, float] | None = None,
     stop: Sequence[str] = (),
     stop_token_ids: Sequence[int] = (),
+    min_tokens: int = 0,
     ignore_eos: bool = False,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    prompt_logprobs: int | None = None,
+    n: int = 1,
+    skip_special_tokens: bool | None = None,
     request_id: str = "",
     json_schema: dict | str | None = None,
     json_object: bool = False,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest from keyword arguments; exactly one of prompt, token_ids, messages.
-    ``json_schema`` (a dict or its JSON text) or ``json_object``: structured output."""
+    """A GenerateRequest from keyword arguments; exactly one of ``prompt`` (text, tokenized with
+    special tokens), ``token_ids`` or ``messages`` (chat turns, rendered with the model's template).
+
+    Sampling: ``temperature`` (0 = greedy), ``top_k`` (0 = off), ``top_p``, ``min_p`` (0 = off),
+    ``seed``, ``repetition_penalty``, ``presence_penalty`` and ``frequency_penalty`` ([-2, 2]),
+    ``logit_bias`` ({token id: bias in [-100, 100]}, added before everything else). Output:
+    ``logprobs`` / ``top_logprobs`` (0-20 alternatives) of the generated tokens, ``prompt_logprobs``
+    (alternatives per prompt token, 0-20: the first event of a choice carries them), ``n`` choices
+    of one prompt (1-16; each event's ``index`` says which), ``skip_special_tokens`` (default true:
+    EOS and chat markers add no text). Stopping: ``max_new_tokens``, ``stop`` strings,
+    ``stop_token_ids``, ``min_tokens`` (no stop before that many tokens), ``ignore_eos``.
+    Structured output: ``json_schema`` (a dict or its JSON text) or ``json_object``. The server
+    checks the ranges and refuses a bad value as InvalidArgumentError naming the field
+    (e.g. ``sampling.min_p``); here only what would not fit the message is refused (ValueError).
+    """
     given = [name for name, v in (("prompt", prompt), ("token_ids", token_ids), ("messages", messages))
              if v is not None]
     if len(given) != 1:
@@ -88,12 +110,14 @@ def generate_request(
             raise ValueError(f"token_ids: {e} (token ids are integers in 0..{2**32 - 1})") from None
     else:
         req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages or ()))
-    s = req.sampling
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("logprobs", logprobs),
-                        ("top_logprobs", top_logprobs), ("top_p", top_p), ("seed", seed),
-                        ("repetition_penalty", repetition_penalty)):
-        if value is not None:
-            _set(s, name, value)
+    _set(req, "n", n)
+    if skip_special_tokens is not None:
+        _set(req, "skip_special_tokens", skip_special_tokens)
+    _sampling(req.sampling, dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+        repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, logprobs=logprobs, top_logprobs=top_logprobs,
+        prompt_logprobs=prompt_logprobs), logit_bias)
     st = req.stopping
     if max_new_tokens is not None:
         _set(st, "max_new_tokens", max_new_tokens)
@@ -102,6 +126,7 @@ def generate_request(
         st.stop_token_ids.extend(stop_token_ids)
     except (TypeError, ValueError) as e:
         raise ValueError(f"stop_token_ids: {e}") from None
+    _set(st, "min_tokens", min_tokens)
     st.ignore_eos = ignore_eos
     if json_schema is not None and json_object:
         raise ValueError("pass json_schema or json_object, not both")
@@ -110,6 +135,32 @@ def generate_request(
     elif json_object:
         req.response_format.json_object = True
     return req
+
+
+def check_one_choice(kwargs: Mapping[str, Any]) -> None:
+    """``generate_text`` gathers one choice: ``n`` > 1 asked of it is ValueError at once."""
+    n = kwargs.get("n", 1)
+    if isinstance(n, int) and n > 1:
+        raise ValueError(f"n={n}: generate_text returns one choice; use generate_choices for several")
+
+
+def _sampling(s: pb.SamplingParams, values: dict[str, Any], logit_bias: Mapping[int, float] | None) -> None:
+    """Set every given (not None) sampling value, and the logit bias map."""
+    for name, value in values.items():
+        if value is not None:
+            _set(s, name, value)
+    if logit_bias is None:
+        return
+    if not isinstance(logit_bias, Mapping):
+        raise ValueError(f"logit_bias: must be a mapping of token id to bias, got {type(logit_bias).__name__}")
+    for token, bias in logit_bias.items():
+        # bool is an int to Python and protobuf: True as a token id is a mistake, not token 1
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**32:
+            raise ValueError(f"logit_bias: keys are token ids (integers in 0..{2**32 - 1}), got {token!r}")
+        try:
+            s.logit_bias[token] = bias
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"logit_bias[{token}]: {e} (got {bias!r})") from None
 
 
 def _set(message: object, name: str, value: object) -> None:

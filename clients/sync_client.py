@@ -17,6 +17,7 @@ from loraplex.clients.requests import (
     Progress,
     UploadPlan,
     channel_options,
+    check_one_choice,
     generate_request,
 )
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
@@ -74,10 +75,12 @@ class LoraplexClient:
                  ) -> Iterator[GenerationEvent]:
         """Stream a generation as GenerationEvents; leaving the loop early cancels it on the server.
 
-        Keyword arguments: adapter, token_ids, messages, max_new_tokens, temperature, top_k, top_p,
-        seed, repetition_penalty, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,
-        request_id, json_schema, json_object (see loraplex.clients.requests.generate_request). ``timeout``
-        bounds the whole stream.
+        Keyword arguments (see loraplex.clients.requests.generate_request for each): adapter,
+        token_ids, messages, max_new_tokens, temperature, top_k, top_p, min_p, seed,
+        repetition_penalty, presence_penalty, frequency_penalty, logit_bias, stop, stop_token_ids,
+        min_tokens, ignore_eos, logprobs, top_logprobs, prompt_logprobs, n, skip_special_tokens,
+        request_id, json_schema, json_object. ``timeout`` bounds the whole stream. With ``n`` > 1
+        the choices' events interleave; each names its ``index``.
         """
         return self._stream(generate_request(prompt, **kwargs), timeout)
 
@@ -92,8 +95,13 @@ class LoraplexClient:
             call.cancel()  # no-op once finished; cancels the server side if we leave early
 
     def generate_text(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:
-        """The whole generation at once."""
+        """The whole generation at once (one choice: ``n`` > 1 is ``generate_choices``)."""
+        check_one_choice(kwargs)
         return GenerationResult.gather(list(self.generate(prompt, **kwargs)))
+
+    def generate_choices(self, prompt: str | None = None, **kwargs: Any) -> list[GenerationResult]:
+        """The ``n`` choices of one prompt (keyword ``n``, default 1), whole, in index order."""
+        return GenerationResult.gather_choices(list(self.generate(prompt, **kwargs)))
 
     # -- adapters ------------------------------------------------------------------------
     def upload_adapter(self, adapter_id: str, folder: str | os.PathLike[str], *, public: bool = False,
@@ -153,3 +161,4 @@ class LoraplexClient:
                 last = str(exc)
             time.sleep(interval)
         raise TimeoutError(f"{self.address} not SERVING after {timeout:.0f}s (last: {last})")
+

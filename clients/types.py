@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loraplex.v1 import inference_pb2 as pb
@@ -28,20 +29,29 @@ class Timings:
     total_s: float
 
 
+TopCandidates = tuple[tuple[int, float], ...]  # (token_id, logprob) pairs, most likely first
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationEvent:
     """One streamed message. ``finish_reason`` ("length", "stop", "abort", "error") is set on the last
-    one, together with ``usage`` and ``timings``. ``top_logprobs`` has, per token, (token_id, logprob)
-    pairs, most likely first."""
+    one of a choice, together with ``usage`` and ``timings``. ``top_logprobs`` has, per token,
+    (token_id, logprob) pairs, most likely first. ``index`` is the choice (request ``n``) the tokens
+    belong to. With ``prompt_logprobs`` asked for, a choice's first event carries one per prompt
+    token (the first token has none: NaN) in ``prompt_logprobs`` and their alternatives in
+    ``prompt_top_logprobs``."""
 
     request_id: str
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
-    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    top_logprobs: tuple[TopCandidates, ...] | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None
+    index: int = 0
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[TopCandidates, ...] | None = None
 
     @classmethod
     def from_pb(cls, msg: pb.GenerateResponse) -> "GenerationEvent":
@@ -50,18 +60,24 @@ class GenerationEvent:
             text=msg.text,
             token_ids=tuple(msg.token_ids),
             logprobs=tuple(msg.logprobs) if msg.logprobs else None,
-            top_logprobs=tuple(tuple((c.token_id, c.logprob) for c in t.candidates) for t in msg.top_logprobs)
-            if msg.top_logprobs else None,
+            top_logprobs=_candidates(msg.top_logprobs),
             finish_reason=FINISH_REASONS[msg.finish_reason],
             usage=Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens) if msg.HasField("usage") else None,
             timings=Timings(msg.timings.queue_s, msg.timings.ttft_s, msg.timings.total_s)
             if msg.HasField("timings") else None,
+            index=msg.index,
+            prompt_logprobs=tuple(msg.prompt_logprobs) if msg.prompt_logprobs else None,
+            prompt_top_logprobs=_candidates(msg.prompt_top_logprobs),
         )
+
+
+def _candidates(tops: Sequence[pb.TopLogprobs]) -> tuple[TopCandidates, ...] | None:
+    return tuple(tuple((c.token_id, c.logprob) for c in t.candidates) for t in tops) if tops else None
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
-    """A whole generation, gathered from its events."""
+    """A whole generation (one choice), gathered from its events."""
 
     request_id: str
     text: str
@@ -70,11 +86,20 @@ class GenerationResult:
     usage: Usage | None
     timings: Timings | None
     logprobs: tuple[float, ...] | None
+    index: int = 0
+    top_logprobs: tuple[TopCandidates, ...] | None = None
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[TopCandidates, ...] | None = None
 
     @classmethod
     def gather(cls, events: list[GenerationEvent]) -> "GenerationResult":
+        """One choice's events as a result; events of several choices (n > 1) are ValueError
+        (``gather_choices`` splits them)."""
+        indexes = sorted({e.index for e in events})
+        if len(indexes) > 1:
+            raise ValueError(f"events of {len(indexes)} choices (n > 1): use generate_choices / gather_choices")
         last = events[-1] if events else None
-        has_logprobs = any(e.logprobs for e in events)
+        first_prompt = next((e for e in events if e.prompt_logprobs is not None), None)
         return cls(
             request_id=last.request_id if last else "",
             text="".join(e.text for e in events),
@@ -82,8 +107,22 @@ class GenerationResult:
             finish_reason=last.finish_reason if last else None,
             usage=last.usage if last else None,
             timings=last.timings if last else None,
-            logprobs=tuple(lp for e in events for lp in (e.logprobs or ())) if has_logprobs else None,
+            logprobs=tuple(lp for e in events for lp in (e.logprobs or ())) if any(e.logprobs for e in events)
+            else None,
+            index=indexes[0] if indexes else 0,
+            top_logprobs=tuple(t for e in events for t in (e.top_logprobs or ()))
+            if any(e.top_logprobs for e in events) else None,
+            prompt_logprobs=first_prompt.prompt_logprobs if first_prompt else None,
+            prompt_top_logprobs=first_prompt.prompt_top_logprobs if first_prompt else None,
         )
+
+    @classmethod
+    def gather_choices(cls, events: list[GenerationEvent]) -> list["GenerationResult"]:
+        """Every choice of a request (``n``), in index order, each gathered from its own events."""
+        by_index: dict[int, list[GenerationEvent]] = {}
+        for e in events:
+            by_index.setdefault(e.index, []).append(e)
+        return [cls.gather(by_index[i]) for i in sorted(by_index)]
 
 
 @dataclass(frozen=True, slots=True)

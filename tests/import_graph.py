@@ -126,6 +126,7 @@ SERVER_TIERS = (
 # imports the other (what both need lives in the edge core).
 PROTOCOL_EDGES = (f"{_IS}.server", f"{_IS}.http")
 # What only a protocol edge may import: the edge core speaks no wire format.
+S3_CLIENTS = ("boto3", "botocore", "s3transfer")
 WIRE_FORMATS = ("grpc", "grpc_health", "grpc_reflection", "loraplex.v1", "starlette", "uvicorn", "h11")
 
 
@@ -160,6 +161,8 @@ def violation(edge: Edge) -> str | None:
         return "adapter_store is below inference_server and imports none of it"
     if top_src == "clients" and top_dst in ("inference_server", "kernels", "adapter_store", "torch"):
         return "clients need only the generated protos (no server code, no torch)"
+    if top_src == "inference_server" and dst.split(".")[0] in S3_CLIENTS:
+        return "inference_server reads no S3: the adapter store owns it (an s3:// load is the store's Import)"
     if top_src == "inference_server" and within(dst, "loraplex.kernels.cuda"):
         return "inference_server reaches the kernels through their device-agnostic entry points"
     if top_src == "inference_server" and top_dst == "adapter_store" and dst != "loraplex.adapter_store":

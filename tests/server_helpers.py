@@ -56,6 +56,11 @@ class FakeAdapters:
     def delete(self, adapter_id: str) -> None:
         self.source.delete(adapter_id)
 
+    def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
+        if not isinstance(self.source, StoreClient):
+            raise InvalidRequestError("this fake engine has no adapter store", "source")
+        return self.source.import_record(adapter_id, source, False, max_bytes).info
+
     def for_caller(self, caller: Principal) -> FakeAdapters:
         if isinstance(self.source, StoreClient):
             return FakeAdapters(self.source.for_caller(caller))
@@ -80,7 +85,9 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i - 3 for i in ids if i >= 3).decode(errors="replace")
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    chat_template = ""  # no Jinja template: tools are refused, as for any template of no known tool format
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
         return self.encode(text)
 

@@ -1,8 +1,9 @@
 """vLLM's runtime LoRA endpoints (#41 item 2) on the real engine (tiny Llama), through real
-sockets: off unless enabled (404, as vLLM); ``lora_path`` a folder on the server, an
-``s3://bucket/prefix`` (moto's S3 as a real HTTP endpoint) or a stored adapter id; the same
-validation and errors as an upload; ``/v1/models`` lists the loaded adapter with ``parent`` =
-the base; unload drops it from the listing and from the pool, whose used bytes fall by its
+sockets: off unless enabled (404, as vLLM); ``lora_path`` a folder on the server or a stored
+adapter id, and an ``s3://bucket/prefix`` refused without an adapter store even where this
+process has S3 credentials and the files are there (moto's S3; test_http_lora_s3_import.py loads
+one through a store); the same validation and errors as an upload; ``/v1/models`` lists the
+loaded adapter with ``parent`` = the base; unload drops it from the listing and from the pool, whose used bytes fall by its
 footprint (measured); with tenants, only admins read server folders and a tenant writes only its
 own namespace."""
 
@@ -69,7 +70,7 @@ def test_off_unless_enabled(tiny_llama_dir: Path, peft: Path, tmp_path: Path) ->
         srv.close()
 
 
-def test_load_from_a_folder_s3_and_the_store_then_unload(tiny_llama_dir: Path, peft: Path, tmp_path: Path) -> None:
+def test_load_from_a_folder_and_the_store_then_unload_and_s3_needs_a_store(tiny_llama_dir: Path, peft: Path, tmp_path: Path) -> None:
     srv, root = _serve(tiny_llama_dir, tmp_path / "adapters", enabled=True)
     client = openai.OpenAI(base_url=root + "/v1", api_key="x", max_retries=0, timeout=60)
     base = srv.server.state.engine.info.model_name
@@ -92,7 +93,12 @@ def test_load_from_a_folder_s3_and_the_store_then_unload(tiny_llama_dir: Path, p
         s3.create_bucket(Bucket="loras")
         for f in ("adapter_config.json", "adapter_model.safetensors"):
             s3.upload_file(str(peft / "mlp-r64" / f), "loras", f"team/mlp/{f}")
-        assert _post(root, "/v1/load_lora_adapter", {"lora_name": "mlp", "lora_path": "s3://loras/team/mlp"})[0] == 200
+        # no store: an s3:// path is refused, even with S3 credentials in this process's environment
+        status, text = _post(root, "/v1/load_lora_adapter", {"lora_name": "mlp", "lora_path": "s3://loras/team/mlp"})
+        error = json.loads(text)["error"]
+        assert (status, error["param"]) == (400, "lora_path") and "--adapter-store" in error["message"], error
+        assert "mlp" not in {m.id for m in client.models.list()}
+        assert _post(root, "/v1/load_lora_adapter", {"lora_name": "mlp", "lora_path": str(peft / "mlp-r64")})[0] == 200
         assert _post(root, "/v1/load_lora_adapter", {"lora_name": "copy", "lora_path": "acme/r8"})[0] == 200
         assert _post(root, "/v1/load_lora_adapter", {"lora_name": "acme/r8", "lora_path": "acme/r8"})[0] == 200
         listed = {m.id for m in client.models.list()}

@@ -2,7 +2,8 @@
 protos; inference_server -> the store's client side, kernels, protos; kernels -> nothing of
 the project), inside the GPU process the edges -> the edge core -> engine -> lora -> model
 (parallel above the engine, build.py above both; the gRPC edge and the HTTP edge import
-neither each other, and the edge core no wire format), the LoRA runtime's tiers only
+neither each other, and the edge core no wire format), the GPU process no S3 client (the store
+owns S3), the LoRA runtime's tiers only
 downwards, no modules import each other in a circle, and every import of the project names it
 under the one namespace (loraplex.kernels, not kernels). Read from the sources
 (tests/import_graph.py), nothing imported."""
@@ -75,6 +76,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("inference_server/edge/x.py", "from loraplex.inference_server.server.interceptor import status_for\n",
      "which is above it"),
     ("inference_server/edge/x.py", "from loraplex.inference_server.http import routes\n", "which is above it"),
+    ("inference_server/http/x.py", "def f():\n    import boto3\n", "reads no S3"),
+    ("inference_server/x.py", "from botocore.exceptions import ClientError\n", "reads no S3"),
     ("inference_server/edge/x.py", "import grpc\n", "speaks no wire format"),
     ("inference_server/edge/x.py", "from starlette.requests import Request\n", "speaks no wire format"),
     ("inference_server/edge/x.py", "from loraplex.v1 import inference_pb2\n", "speaks no wire format"),

@@ -133,3 +133,9 @@ class ChangeFeed(Protocol):
         once the feed is live; returns the function that unsubscribes."""
 
     def close(self) -> None: ...
+
+
+class Importer(Protocol):
+    def read(self, source: str, max_bytes: int) -> dict[str, bytes]:
+        """The files of the adapter at ``source`` (e.g. ``s3://bucket/prefix``), at most
+        ``max_bytes`` together; InvalidRequestError naming ``source`` for one it cannot read."""

@@ -18,6 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError, ProfileNotFound
 
 from loraplex.adapter_store.backends.base import ANY_HEAD
+from loraplex.adapter_store.backends.s3_import import S3Importer
 from loraplex.adapter_store.errors import BackendUnavailable, BlobMissing, HeadChanged
 from loraplex.adapter_store.settings import S3Settings
 
@@ -62,6 +63,11 @@ class S3BlobBackend:
         where = f" at {settings.endpoint_url}" if settings.endpoint_url else ""
         self.description = f"S3 bucket {settings.bucket!r}{where}"
         self._marker = f"{self._prefix}store-marker"  # outside heads/ and blobs/
+
+    def importer(self) -> S3Importer:
+        """An importer of adapters from other S3 prefixes, with this backend's client (its endpoint
+        and credentials): the store's Import."""
+        return S3Importer(self._client, self.description)
 
     def _call(self, fn: Callable[[], T], missing_ok: bool = False) -> T:
         """fn(), its failures as BackendUnavailable; where ``missing_ok`` (reading one key), a

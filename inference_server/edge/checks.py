@@ -11,6 +11,7 @@ import dataclasses
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from loraplex.adapter_store.errors import ContextLengthExceededError, InvalidRequestError
 from loraplex.inference_server.engine.api import PromptTokenizer
@@ -96,20 +97,22 @@ def text_of_parts(parts: Iterable[tuple[str, str | None]], field: str) -> str:
     return "".join(texts)
 
 
-def chat_prompt_ids(messages: list[dict[str, str]], tokenizer: PromptTokenizer, field: str,
-                    template_field: str) -> list[int]:
-    """The chat template applied to ``messages`` ({role, content}); errors name ``field`` (a
-    message) or ``template_field`` (no template, or the template refused them)."""
+def chat_prompt_ids(messages: list[dict[str, Any]], tokenizer: PromptTokenizer, field: str,
+                    template_field: str, tools: list[dict[str, Any]] | None = None,
+                    roles: tuple[str, ...] = CHAT_ROLES) -> list[int]:
+    """The chat template applied to ``messages`` ({role, content}, and for a template that renders
+    tools, ``tools`` and the ``roles`` of tool turns); errors name ``field`` (a message) or
+    ``template_field`` (no template, or the template refused them)."""
     if not messages:
         raise InvalidRequestError("at least one message is required", field)
     for i, m in enumerate(messages):
         if not m["role"]:
             raise InvalidRequestError(f"message {i} has no role", f"{field}.role")
-        if m["role"] not in CHAT_ROLES:
-            raise InvalidRequestError(f"message {i} has role {m['role']!r}; roles are {', '.join(CHAT_ROLES)}",
+        if m["role"] not in roles:
+            raise InvalidRequestError(f"message {i} has role {m['role']!r}; roles are {', '.join(roles)}",
                                       f"{field}.role")
     try:
-        return tokenizer.apply_chat_template(messages)
+        return tokenizer.apply_chat_template(messages, tools) if tools else tokenizer.apply_chat_template(messages)
     except ValueError as exc:  # no chat template, or the template refused the messages
         raise InvalidRequestError(str(exc), template_field) from None
 

@@ -22,7 +22,15 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    @property
+    def chat_template(self) -> str:
+        """The chat template's Jinja text ("" without one): the edge reads its tool-call format."""
+        ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """transformers' ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``."""
+        ...
 
     def decode(self, ids: list[int]) -> str:
         """Token ids -> text (the HTTP edge names each token of a logprobs answer by its text)."""
@@ -39,6 +47,11 @@ class EdgeAdapters(Protocol):
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
 
     def delete(self, adapter_id: str) -> None: ...
+
+    def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
+        """Store the adapter under ``source`` (``s3://bucket/prefix``) as ``adapter_id``, read by
+        the adapter store with its own S3 client (blocking); refused without a store."""
+        ...
 
     def for_caller(self, caller: Principal) -> EdgeAdapters:
         """These adapters with every call made on ``caller``'s behalf (a store applies the tenant

@@ -23,13 +23,13 @@ from loraplex.inference_server.edge.checks import MAX_CHOICES, RequestLimits
 from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.grammar import check_schema
 from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
-from loraplex.inference_server.http import tools as tool_calls
+from loraplex.inference_server.http import tool_formats, tools as tool_calls
+from loraplex.inference_server.http.chat_turns import chat_turns
 from loraplex.inference_server.http.prompts import completion_prompts
 from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, ignored_fields
 
 T = TypeVar("T")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
-_ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name of the system role
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,27 +172,6 @@ def _stopping(body: _Sampling, requested: int | None, max_param: str, limits: Re
                     {"max_new_tokens": max_param, "stop_strings": "stop"})
 
 
-def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
-    """{role, content} turns; an assistant turn's tool calls and a tool turn's result in the
-    tool-call format's text (tools.py)."""
-    out = []
-    for i, m in enumerate(body.messages):
-        content = m.content if isinstance(m.content, str) or m.content is None else edge.text_of_parts(
-            ((part.type, part.text) for part in m.content), f"messages[{i}].content")
-        role = _ROLE_ALIASES.get(m.role, m.role)
-        if m.tool_calls and role == "assistant":
-            calls = tool_calls.call_text(m.tool_calls, f"messages[{i}].tool_calls")
-            content = f"{content}\n{calls}" if content else calls
-        elif role == "tool":
-            if content is None:
-                raise InvalidRequestError(f"message {i} has no content", f"messages[{i}].content")
-            role, content = "user", tool_calls.response_text(content)
-        if content is None:
-            raise InvalidRequestError(f"message {i} has no content", f"messages[{i}].content")
-        out.append({"role": role, "content": content})
-    return out
-
-
 def _choices(body: _Sampling, best_of: int | None) -> int:
     """How many engine requests answer ``body``: n, or best_of when it is larger."""
     if best_of is None:
@@ -247,7 +226,9 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     """Validate a /v1/chat/completions body and apply the tokenizer's chat template."""
     _check_supported(body)
     grammar = _response_format(body)
-    tools = tool_calls.tool_use(body.tools, body.tool_choice)
+    template = tokenizer.chat_template
+    fmt = tool_formats.detect(template)
+    tools = tool_calls.tool_use(body.tools, body.tool_choice, fmt, template)
     if tools is not None:
         if grammar is not None:
             raise InvalidRequestError("cannot be combined with tools (their calls have their own format)",
@@ -260,11 +241,13 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     sampling = _sampling(body, limits, body.logprobs, top, "top_logprobs")
     requested, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
                         is not None else (body.max_tokens, "max_tokens"))
-    messages = _chat_messages(body)
+    messages = chat_turns(body, fmt, template)
     if tools is not None:
         messages = tools.messages(messages)
-    edge.check_text_length("".join(m["content"] for m in messages), limits, "messages")
-    ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages")
+    edge.check_text_length("".join(m["content"] or "" for m in messages), limits, "messages")
+    roles = (*edge.CHAT_ROLES, "tool") if fmt is not None and fmt.in_template else edge.CHAT_ROLES
+    ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages",
+                               tools.template_tools() if tools is not None else None, roles)
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
     stopping = _stopping(body, requested, param, limits, prompt, "messages")
     requests = edge.choice_requests(prompt, adapter, sampling, stopping, body.n,

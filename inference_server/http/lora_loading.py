@@ -1,20 +1,21 @@
 """vLLM's runtime LoRA endpoints (``POST /v1/load_lora_adapter``, ``/v1/unload_lora_adapter``):
 where a ``lora_path`` points, and the adapter files read from there.
 
-``lora_path`` is one of: ``s3://bucket/prefix`` (the PEFT files under that prefix, read with
-boto3's own configuration: AWS_ENDPOINT_URL, credentials, region), a folder on the server, or
-the id of an adapter already stored. The files then go through the same validation and store
-as an UploadAdapter call (``EdgeAdapters.put``), and the adapter is loaded into the device pool.
-A folder or a bucket is read with the server's own file system and credentials, so with
-``--auth tokens`` only an admin may name one; a tenant may load a stored adapter it can read.
+``lora_path`` is one of: ``s3://bucket/prefix`` (imported by the adapter store sidecar with its
+own S3 client and credentials: ``S3Path``; this process reads no S3, and without a store such a
+path is refused naming ``--adapter-store``), a folder on the server, or the id of an adapter
+already stored. A folder's files then go through the same validation and store as an
+UploadAdapter call (``EdgeAdapters.put``), and the adapter is loaded into the device pool. A
+folder or a bucket is read with the server's (or its store's) file system and credentials, so
+with ``--auth tokens`` only an admin may name one; a tenant may load a stored adapter it can read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.adapter_store.errors import InvalidRequestError, PermissionDeniedError, UnavailableError
+from loraplex.adapter_store.errors import InvalidRequestError, PermissionDeniedError
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.engine.api import EdgeAdapters
 
@@ -23,15 +24,25 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_FILES = (CONFIG_FILE, WEIGHTS_FILE)  # what is read (a PEFT folder's other files, pickles included, are not)
 
 
+@dataclass(frozen=True, slots=True)
+class S3Path:
+    """A ``lora_path`` of ``s3://bucket/prefix``: the adapter store imports it (EdgeAdapters.import_s3)."""
+
+    url: str
+
+
 def lora_files(lora_path: str, adapters: EdgeAdapters, may_read_server: bool, max_bytes: int
-               ) -> dict[str, bytes] | str:
-    """The PEFT files ``lora_path`` names, or the id of the stored adapter it names (str).
+               ) -> dict[str, bytes] | str | S3Path:
+    """The PEFT files ``lora_path`` names, the id of the stored adapter it names (str), or the
+    S3 prefix it names (for the store to import).
     ``may_read_server``: whether the caller may have the server read its folders and buckets."""
     if not lora_path:
         raise InvalidRequestError("must be non-empty", "lora_path")
     if lora_path.startswith("s3://"):
         _check_may_read(may_read_server, lora_path)
-        return _s3_files(lora_path, max_bytes)
+        if not lora_path.removeprefix("s3://").partition("/")[0]:
+            raise InvalidRequestError(f"{lora_path!r} names no bucket (s3://bucket/prefix)", "lora_path")
+        return S3Path(lora_path)
     folder = Path(lora_path)
     if folder.is_absolute() or folder.is_dir():
         _check_may_read(may_read_server, lora_path)
@@ -62,25 +73,3 @@ def _folder_files(folder: Path, max_bytes: int) -> dict[str, bytes]:
         raise InvalidRequestError(f"{str(folder)!r} has no {', '.join(missing)} (a PEFT LoRA folder)", "lora_path")
     _checked_size({name: (folder / name).stat().st_size for name in PEFT_FILES}, max_bytes, str(folder))
     return {name: (folder / name).read_bytes() for name in PEFT_FILES}
-
-
-def _s3_files(url: str, max_bytes: int, client_factory: Callable | None = None) -> dict[str, bytes]:
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    if not bucket:
-        raise InvalidRequestError(f"{url!r} names no bucket (s3://bucket/prefix)", "lora_path")
-    import boto3  # noqa: PLC0415  (the s3 extra; only for s3:// paths)
-    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
-
-    client = (client_factory or (lambda: boto3.client("s3")))()
-    keys = {name: f"{prefix.rstrip('/')}/{name}" if prefix else name for name in PEFT_FILES}
-    try:
-        sizes = {name: client.head_object(Bucket=bucket, Key=key)["ContentLength"] for name, key in keys.items()}
-        _checked_size(sizes, max_bytes, url)
-        return {name: client.get_object(Bucket=bucket, Key=key)["Body"].read() for name, key in keys.items()}
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code in ("404", "NoSuchKey", "NoSuchBucket", "403", "AccessDenied"):
-            raise InvalidRequestError(f"cannot read the PEFT files under {url!r} ({code})", "lora_path") from None
-        raise UnavailableError(f"S3 refused reading {url!r}: {exc}") from None
-    except BotoCoreError as exc:
-        raise UnavailableError(f"S3 is unreachable for {url!r}: {exc}") from None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
-from loraplex.inference_server.http.tools import held_back, parse_calls
+from loraplex.inference_server.http.tools import ToolUse
 
 Decode = Callable[[list[int]], str]
 
@@ -161,22 +161,26 @@ class ChatFormat(_Format):
 
     prefix: str = "chatcmpl"
     started: set[int] = field(default_factory=set)
-    tools: bool = False
+    tools: ToolUse | None = None  # the request's tools, in the model's tool-call format
     held: dict[int, str] = field(default_factory=dict)  # per choice: streamed text not sent yet
+    spoke: set[int] = field(default_factory=set)  # choices that sent text (a call no longer starts them)
 
     def _delta(self, event: TokenEvent, index: int) -> tuple[dict, str | None]:
         """A chunk's delta and finish reason (with tools: the text that is safe to send, and the
         calls once the choice ends)."""
         finish = _finish(event)
-        if not self.tools:
+        if self.tools is None:
             return {"content": event.text}, finish
         text = self.held.pop(index, "") + event.text
+        at_start = index not in self.spoke
         if event.finish_reason is None:
-            keep = held_back(text)
+            keep = self.tools.format.held_back(text, at_start)
             if keep:
                 self.held[index] = text[len(text) - keep:]
+            if keep < len(text):
+                self.spoke.add(index)
             return {"content": text[: len(text) - keep]}, None
-        content, calls = parse_calls(text)
+        content, calls = self.tools.parse(text) if at_start or self.tools.format.begin else (text, [])
         if not calls:
             return {"content": text}, finish
         return {"content": content or "", "tool_calls": [c.to_json(i) for i, c in enumerate(calls)]}, "tool_calls"
@@ -212,7 +216,7 @@ class ChatFormat(_Format):
             logprobs = {"content": [c for e in events for c in self._content(e)]} if self.logprobs else None
             message = {"role": "assistant", "content": "".join(e.text for e in events)}
             finish = _finish(events[-1])
-            content, calls = parse_calls(message["content"]) if self.tools else (message["content"], [])
+            content, calls = self.tools.parse(message["content"]) if self.tools else (message["content"], [])
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": [c.to_json() for c in calls]}
                 finish = "tool_calls"

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -38,7 +38,7 @@ from loraplex.inference_server.http import convert, waiting
 from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
-from loraplex.inference_server.http.lora_loading import lora_files
+from loraplex.inference_server.http.lora_loading import S3Path, lora_files
 from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
 from loraplex.inference_server.http.schemas import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
@@ -48,6 +48,7 @@ from loraplex.inference_server.http.streaming import EventStreamResponse, sse_ev
 log = logging.getLogger(__name__)
 IGNORED_FIELDS_HEADER = "X-Loraplex-Ignored-Fields"
 Handler = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +176,12 @@ class OpenAIRoutes:
                 principal = principal_of(caller)
                 found = await asyncio.to_thread(lora_files, body.lora_path, adapters,
                                                 principal is None or principal.is_admin, self._config.max_upload_bytes)
-                if found != name:
+                if isinstance(found, S3Path):
+                    async with self._tenancy.quota_held(name):
+                        await self._tenancy.check_upload_quota(caller, engine, name, {})  # bytes: see HTTP.md
+                        await _as_lora_path(asyncio.to_thread(adapters.import_s3, name, found.url,
+                                                              self._config.max_upload_bytes))
+                elif found != name:
                     files = await asyncio.to_thread(adapters.files, found) if isinstance(found, str) else found
                     async with self._tenancy.quota_held(name):
                         await self._tenancy.check_upload_quota(caller, engine, name, dict(files))
@@ -239,7 +245,7 @@ def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: conver
                   n=decoded.n)
     if fmt_type is CompletionFormat:
         return CompletionFormat(**common, echo=decoded.echo, prompt_ids=decoded.prompts)
-    return fmt_type(**common, tools=decoded.tools is not None)
+    return fmt_type(**common, tools=decoded.tools)
 
 
 def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str]:
@@ -250,3 +256,13 @@ def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str
     log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
                 ", ".join(ignored))
     return {IGNORED_FIELDS_HEADER: ",".join(ignored)}
+
+
+async def _as_lora_path(work: Awaitable[T]) -> T:
+    """``work``, a refusal of the store's Import ``source`` named as the caller sent it (``lora_path``)."""
+    try:
+        return await work
+    except InvalidRequestError as exc:
+        if exc.field != "source":
+            raise
+        raise InvalidRequestError(str(exc).removeprefix("source: "), "lora_path") from None

@@ -1,14 +1,14 @@
 """Tool calling on the chat endpoint: the tools in the prompt, the output constrained to the
-tool-call format, and the calls read back out of the text as OpenAI's ``tool_calls``.
+model's tool-call format, and the calls read back out of the text as OpenAI's ``tool_calls``.
 
-The format is the one SmolLM2-Instruct was trained on (its model card; its chat template has no
-tool section, so the tools go in a system message): the model writes
-``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>``, one list of calls in one tag.
+The format is the one the model's chat template teaches (tool_formats.py ``detect``): where the
+template renders tools itself (Qwen/Hermes, Llama 3.1/3.2, Mistral) the tools and earlier tool
+turns go to the template as they are (the prompt is transformers' ``apply_chat_template(...,
+tools=...)``); SmolLM2-Instruct's template has no tool section, so its model card's format is
+written here in a system turn. A template in no known format refuses tools (400 naming them).
 ``tool_choice`` decides the grammar (engine/grammar.py): ``"required"`` and a named function make
-that tag the whole output (the named function's the only call allowed), ``"auto"`` lets the model
-answer in text or write the tag (whose JSON is then constrained), ``"none"`` leaves the tools out.
-Earlier turns go back into the prompt in the same format: an assistant message's ``tool_calls``
-as its tag, a ``tool`` message's result as a user turn in ``<tool_response>`` tags.
+a call the whole output (the named function's the only call allowed), ``"auto"`` lets the model
+answer in text or call, ``"none"`` leaves the tools out.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import Any
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.engine.grammar import check_schema
 from loraplex.inference_server.engine.request import GrammarSpec
+from loraplex.inference_server.http.tool_formats import FORMATS, ToolFormat, describe
 
-BEGIN, END = "<tool_call>", "</tool_call>"
+SMOLLM2 = FORMATS["smollm2"]
+BEGIN, END = SMOLLM2.begin, SMOLLM2.end
 MAX_TOOLS = 128
 _PROMPT = """You are an expert in composing functions. You are given a question and a set of possible functions. \
 Based on the question, you call one or more of the functions to achieve the purpose.
@@ -65,38 +67,53 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ToolUse:
-    """A chat request's tools and what ``tool_choice`` allows: ``forced`` is None for "auto",
-    else the names of the functions one of which must be called ("required": all of them)."""
+    """A chat request's tools, what ``tool_choice`` allows (``forced`` None for "auto", else the
+    names of the functions one of which must be called; "required": all of them) and the model's
+    tool-call format."""
 
     tools: tuple[Tool, ...]
     forced: tuple[str, ...] | None
+    format: ToolFormat = SMOLLM2
 
     def system_prompt(self) -> str:
         tools = json.dumps([t.to_json() for t in self.tools])
         return _PROMPT.format(tools=tools, rule=_RULES["auto" if self.forced is None else "required"])
 
-    def grammar(self) -> GrammarSpec:
-        """The output's grammar: the tag of a list of calls, each of an allowed function with
-        arguments valid for its parameters."""
+    def grammar(self) -> GrammarSpec | None:
+        """The output's grammar: calls in the model's format, each of an allowed function with
+        arguments valid for its parameters (None: "auto" in a format the model opens freely)."""
         allowed = [t for t in self.tools if self.forced is None or t.name in self.forced]
-        calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                  "required": ["name", "arguments"], "additionalProperties": False} for t in allowed]
-        schema = {"type": "array", "minItems": 1,
-                  "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
-        return GrammarSpec("tagged_json", json.dumps(schema), BEGIN, END, free_text=self.forced is None)
+        return self.format.grammar([self.format.call_schema(t.name, t.parameters) for t in allowed],
+                                   self.forced is not None)
 
-    def messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (OpenAI's shape), where it renders them."""
+        if not self.format.in_template:
+            return None
+        return [{"type": "function", "function": t.to_json()} for t in self.tools]
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` with the tools' system prompt first (before the caller's own system
-        message, in one system turn)."""
+        message, in one system turn), for a format whose template does not render tools."""
+        if self.format.in_template:
+            return messages
         prompt = self.system_prompt()
         if messages and messages[0]["role"] == "system":
             return [{"role": "system", "content": prompt + "\n\n" + messages[0]["content"]}, *messages[1:]]
         return [{"role": "system", "content": prompt}, *messages]
 
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(the text outside the calls, None if empty; the calls) of a model's answer."""
+        rest, calls = self.format.parse(text)
+        return rest, [ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(arguments))
+                      for name, arguments in calls]
 
-def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> ToolUse | None:
-    """The request's ToolUse, or None when no tool may be called (no tools, or "none"); a bad
-    tool or choice is InvalidRequestError naming it."""
+
+def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
+             fmt: ToolFormat | None, template: str = "") -> ToolUse | None:
+    """The request's ToolUse in ``fmt`` (the format of the model's chat template ``template``),
+    or None when no tool may be called (no tools, or "none"); a bad tool or choice, or a
+    template in no known format (``fmt`` None), is InvalidRequestError naming it."""
     if tool_choice is not None and not tools and tool_choice != "none":
         raise InvalidRequestError("needs tools", "tool_choice")
     if not tools or tool_choice == "none":
@@ -107,17 +124,21 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, An
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
         raise InvalidRequestError("two tools have one name", "tools")
+    if fmt is None:
+        raise InvalidRequestError(f"{describe(template)}, so the format of its tool calls is not known (known: "
+                                  f"{', '.join(FORMATS)}); tools are refused rather than written in another "
+                                  "model's format", "tools")
     if tool_choice is None or tool_choice == "auto":
-        return ToolUse(parsed, None)
+        return ToolUse(parsed, None, fmt)
     if tool_choice == "required":
-        return ToolUse(parsed, tuple(names))
+        return ToolUse(parsed, tuple(names), fmt)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
         raise InvalidRequestError('must be "none", "auto", "required" or {"type": "function", "function": '
                                   '{"name": ...}}', "tool_choice")
     if name not in names:
         raise InvalidRequestError(f"names {name!r}, which is not among the tools", "tool_choice")
-    return ToolUse(parsed, (name,))
+    return ToolUse(parsed, (name,), fmt)
 
 
 def _tool(i: int, tool: Any) -> Tool:
@@ -159,34 +180,11 @@ def response_text(content: str) -> str:
 
 
 def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
-    """(the text outside the tag, None if empty; the calls in it) of a model's answer. A tag
-    whose JSON does not parse (an answer cut by max_tokens) stays text, with no calls."""
-    start = text.find(BEGIN)
-    end = text.find(END, start + len(BEGIN)) if start >= 0 else -1
-    if start < 0 or end < 0:
-        return text, []
-    try:
-        entries = json.loads(text[start + len(BEGIN) : end])
-    except ValueError:
-        return text, []
-    if isinstance(entries, dict):
-        entries = [entries]
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
-                                                for e in entries):
-        return text, []
-    calls = [ToolCall(f"call_{uuid.uuid4().hex[:24]}", e["name"], json.dumps(e.get("arguments", {})))
-             for e in entries]
-    rest = (text[:start] + text[end + len(END):]).strip()
-    return rest or None, calls
+    """SmolLM2's calls read out of ``text`` (ToolUse.parse in its format)."""
+    return ToolUse((), None, SMOLLM2).parse(text)
 
 
 def held_back(text: str) -> int:
-    """How many characters at the end of streamed ``text`` must wait: all from a tag's start
-    on, or a trailing piece that may become the tag's start."""
-    start = text.find(BEGIN)
-    if start >= 0:
-        return len(text) - start
-    for k in range(min(len(BEGIN) - 1, len(text)), 0, -1):
-        if BEGIN.startswith(text[-k:]):
-            return k
-    return 0
+    """How many characters at the end of streamed SmolLM2 ``text`` must wait: all from a tag's
+    start on, or a trailing piece that may become the tag's start."""
+    return SMOLLM2.held_back(text, at_start=False)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from loraplex.adapter_store.errors import AdapterValidationError, InvalidRequestError
 from loraplex.adapter_store.format.files import (AdapterFiles, AdapterInfo, AdapterSource, ChangeFollowedSource,
                                                  TenantScopedSource)
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.model.config import ModelConfig
+
+S3_NEEDS_STORE = ("s3:// paths are imported by the adapter store sidecar, with its S3 credentials; this server "
+                  "keeps its adapters in a local directory and reads no S3: start it with --adapter-store HOST:PORT "
+                  "(a loraplex-store with an S3 blob backend)")
 
 
 class ManagedAdapters:
@@ -58,6 +63,24 @@ class ManagedAdapters:
         parse_adapter_files(files, self._base, self._max_rank)
         info = self.source.put(adapter_id, files, public)
         self._manager.invalidate(adapter_id)
+        return info
+
+    def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
+        """Have the adapter store import ``source`` (``s3://bucket/prefix``) as ``adapter_id``:
+        the store reads it with its own S3 client and checks it as an upload; then it is checked
+        against this server's base model as ``put`` checks files (one that does not fit is deleted
+        again). Without a store (a local adapter directory) InvalidRequestError naming ``source``:
+        this process reads no S3."""
+        import_record = getattr(self.source, "import_record", None)
+        if import_record is None:
+            raise InvalidRequestError(S3_NEEDS_STORE, "source")
+        info = import_record(validate_adapter_id(adapter_id), source, False, max_bytes).info
+        self._manager.invalidate(adapter_id)
+        try:
+            self.source.resolve(adapter_id)  # parsed against the base model (the store may not know it)
+        except AdapterValidationError:
+            self.source.delete(adapter_id)
+            raise
         return info
 
     def delete(self, adapter_id: str) -> None:

@@ -115,20 +115,27 @@ class Tokenizer:
         """Token ids -> token strings (byte-level pieces, e.g. 'Ġhello')."""
         return list(self._tok.convert_ids_to_tokens(list(ids)))
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The chat template applied to ``messages``, with the assistant generation prompt."""
+    @property
+    def chat_template(self) -> str:
+        """The chat template's Jinja text ("" without one)."""
+        return self._tok.chat_template if isinstance(self._tok.chat_template, str) else ""
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The chat template applied to ``messages`` (and ``tools``, OpenAI's function tools, for a
+        template that renders them), with the assistant generation prompt."""
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a raw prompt instead")
         _check_messages(messages)
-        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+                            ) -> list[int]:
         """Chat messages -> prompt token ids, ending with the assistant generation prompt.
 
-        Same ids as transformers' ``apply_chat_template(..., add_generation_prompt=True)``:
+        Same ids as transformers' ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``:
         the template text is tokenized without adding special tokens again.
         """
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools), add_special_tokens=False)
 
 
 def _check_messages(messages: Any) -> None:
