@@ -25,7 +25,7 @@ from typing import TypeVar
 import grpc
 
 from loraplex.adapter_store.backends.base import BlobCache
-from loraplex.adapter_store.convert import event_from_pb, record_from_pb
+from loraplex.adapter_store.convert import base_model_to_pb, event_from_pb, record_from_pb
 from loraplex.adapter_store.errors import (
     FIELD_METADATA_KEY,
     AdapterCorruptError,
@@ -39,7 +39,7 @@ from loraplex.adapter_store.errors import (
     StoreRefusedError,
     UnavailableError,
 )
-from loraplex.adapter_store.format.base_shapes import BaseShapes
+from loraplex.adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
 from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.adapter_store.protocol import MAX_MESSAGE_BYTES
@@ -224,13 +224,22 @@ class StoreClient:
         msg = self._call(lambda: self._stub.Put(requests(), timeout=self._timeout), adapter_id, idempotent=False)
         return record_from_pb(msg)
 
-    def import_record(self, adapter_id: str, source: str, public: bool = False, max_bytes: int = 0) -> StoredRecord:
+    def import_record(self, adapter_id: str, source: str, public: bool = False, max_bytes: int = 0,
+                      base: HFBaseShapes | None = None, max_rank: int = 0) -> StoredRecord:
         """Have the store import the adapter under ``source`` (``s3://bucket/prefix``) as
         ``adapter_id``, read with the store's S3 client and checked as a Put is (``max_bytes``: a
-        lower size limit than the store's own; 0 = the store's)."""
-        request = pb.StoreImportRequest(adapter_id=adapter_id, source=source, public=public, max_bytes=max_bytes)
+        lower size limit than the store's own; 0 = the store's). ``base``: the caller's base
+        model, which the files must fit too (ranks up to ``max_rank``), checked before anything
+        is stored."""
+        request = pb.StoreImportRequest(adapter_id=adapter_id, source=source, public=public, max_bytes=max_bytes,
+                                        base=None if base is None else base_model_to_pb(base, max_rank))
         msg = self._call(lambda: self._stub.Import(request, timeout=self._timeout), adapter_id, idempotent=False)
         return record_from_pb(msg)
+
+    def import_adapter(self, adapter_id: str, source: str, max_bytes: int, base: HFBaseShapes,
+                       max_rank: int) -> AdapterInfo:
+        """format.files.S3ImportingSource: ``import_record``'s info (private)."""
+        return self.import_record(adapter_id, source, False, max_bytes, base, max_rank).info
 
     def fetch(self, adapter_id: str) -> tuple[StoredRecord, dict[str, bytes]]:
         """The current record and its files (checked end to end), without parsing them."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.format.architectures import Dims
+from loraplex.adapter_store.format.base_shapes import HFBaseShapes
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, FileEntry, StoredRecord
@@ -75,3 +78,22 @@ def event_from_pb(msg: pb.StoreWatchEvent) -> ChangeEvent:
     if msg.kind not in _KINDS_BACK:
         raise ValueError(f"unknown watch event kind {msg.kind}")
     return ChangeEvent(_KINDS_BACK[msg.kind], msg.adapter_id, msg.version, msg.sha256, msg.time.ToNanoseconds() / 1e9)
+
+
+def base_model_to_pb(base: HFBaseShapes, max_rank: int) -> pb.StoreBaseModel:
+    d = base.dims
+    return pb.StoreBaseModel(model_type=base.model_type, num_layers=d.num_layers, hidden=d.hidden,
+                             intermediate=d.intermediate, q=d.q, kv=d.kv, max_rank=max_rank)
+
+
+def base_model_from_pb(msg: pb.StoreBaseModel) -> tuple[HFBaseShapes, int]:
+    """(the base, its rank cap) an Import names; InvalidRequestError naming ``base`` if unusable."""
+    try:
+        dims = Dims(num_layers=msg.num_layers, hidden=msg.hidden, intermediate=msg.intermediate, q=msg.q, kv=msg.kv)
+        base = HFBaseShapes(model_type=msg.model_type, dims=dims)
+        base.architecture  # noqa: B018  (an unknown model type is refused here, by name)
+    except (ValueError, KeyError) as e:
+        raise InvalidRequestError(f"is not a base model loraplex serves ({e})", "base") from None
+    if msg.max_rank < 1:
+        raise InvalidRequestError("max_rank must be >= 1", "base") from None
+    return base, msg.max_rank

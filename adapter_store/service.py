@@ -23,7 +23,7 @@ import grpc
 
 from loraplex.adapter_store.auth import caller_of
 from loraplex.adapter_store.call_deadline import CallDeadline
-from loraplex.adapter_store.convert import event_to_pb, record_to_pb
+from loraplex.adapter_store.convert import base_model_from_pb, event_to_pb, record_to_pb
 from loraplex.adapter_store.decoding import Undecodable, lenient
 from loraplex.adapter_store.errors import (
     FIELD_METADATA_KEY,
@@ -34,6 +34,7 @@ from loraplex.adapter_store.errors import (
     status_of,
 )
 from loraplex.adapter_store.format.naming import validate_adapter_id
+from loraplex.adapter_store.format.peft_format import parse_adapter_upload
 from loraplex.adapter_store.protocol import SERVICE_NAME
 from loraplex.adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
 from loraplex.adapter_store.store import Store
@@ -157,6 +158,8 @@ class AdapterStoreService:
         limit = min(request.max_bytes or self._store.max_adapter_bytes, self._store.max_adapter_bytes)
         deadline = CallDeadline(context.time_remaining())
         files = await _until_caller_leaves(deadline, importer.read, request.source, limit)
+        if request.HasField("base"):  # the importing server's base: checked before anything is stored
+            parse_adapter_upload(files, *base_model_from_pb(request.base))
         record = await _until_caller_leaves(deadline, self._store.put, adapter_id, files, request.public,
                                             deadline=deadline)
         return record_to_pb(record)

@@ -116,6 +116,23 @@ def test_what_an_upload_refuses_is_refused_naming_lora_path(stack, tmp_path: Pat
         store.stat(f"bad-{prefix}")  # nothing stored
 
 
+def test_a_misfit_import_over_a_stored_adapter_keeps_the_stored_one(stack, tmp_path: Path) -> None:
+    """Another base model's adapter imported under a name already stored is refused before the
+    store writes anything: the stored version stays, and still serves."""
+    srv, root, moto, target, peft = stack
+    with LoraplexClient(srv.address, timeout=60) as client:
+        client.upload_adapter("acme/keep", peft / "attn-r8")
+    with StoreClient(target) as store:
+        before = store.stat("acme/keep").info
+    answer = _answer(root, "acme/keep")
+    _put_prefix(moto, "misfit", write_fake_adapter(tmp_path / "fake"))
+    status, text = _post(root, "/v1/load_lora_adapter", {"lora_name": "acme/keep", "lora_path": "s3://loras/misfit"})
+    assert status == 400 and "shape" in json.loads(text)["error"]["message"], text
+    with StoreClient(target) as store:
+        assert store.stat("acme/keep").info == before
+    assert _answer(root, "acme/keep") == answer
+
+
 def test_a_missing_bucket_is_the_stores_named_error(stack) -> None:
     _, root, _, _, _ = stack
     status, text = _post(root, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "s3://no-such-bucket/a"})

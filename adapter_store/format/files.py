@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from loraplex.adapter_store.format.base_shapes import HFBaseShapes
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
 
@@ -75,6 +76,16 @@ class ChangeFollowedSource(AdapterSource, Protocol):
 
     def watch(self) -> Iterable[object]: ...
 
+
+
+@runtime_checkable
+class S3ImportingSource(AdapterSource, Protocol):
+    """A source that imports an adapter from S3 itself (the store sidecar, with its own
+    credentials), checked as an upload is and against the caller's base model (``base``, at
+    most ``max_rank``) before anything is stored."""
+
+    def import_adapter(self, adapter_id: str, source: str, max_bytes: int, base: HFBaseShapes,
+                       max_rank: int) -> AdapterInfo: ...
 
 def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:
     """(version, sha256 of the weights): the version hashes config and weights together.

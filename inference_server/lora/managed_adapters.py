@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loraplex.adapter_store.errors import AdapterValidationError, InvalidRequestError
+from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.format.base_shapes import HFBaseShapes
 from loraplex.adapter_store.format.files import (AdapterFiles, AdapterInfo, AdapterSource, ChangeFollowedSource,
-                                                 TenantScopedSource)
+                                                 S3ImportingSource, TenantScopedSource)
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
@@ -67,20 +68,15 @@ class ManagedAdapters:
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
         """Have the adapter store import ``source`` (``s3://bucket/prefix``) as ``adapter_id``:
-        the store reads it with its own S3 client and checks it as an upload; then it is checked
-        against this server's base model as ``put`` checks files (one that does not fit is deleted
-        again). Without a store (a local adapter directory) InvalidRequestError naming ``source``:
+        the store reads it with its own S3 client and checks it as an upload and against this
+        server's base model and rank cap, all before it stores anything (a misfit replaces no
+        version already there). Without a store (a local adapter directory) InvalidRequestError naming ``source``:
         this process reads no S3."""
-        import_record = getattr(self.source, "import_record", None)
-        if import_record is None:
+        if not isinstance(self.source, S3ImportingSource):
             raise InvalidRequestError(S3_NEEDS_STORE, "source")
-        info = import_record(validate_adapter_id(adapter_id), source, False, max_bytes).info
+        base = HFBaseShapes(self._base.model_type, self._base.dims)
+        info = self.source.import_adapter(validate_adapter_id(adapter_id), source, max_bytes, base, self._max_rank)
         self._manager.invalidate(adapter_id)
-        try:
-            self.source.resolve(adapter_id)  # parsed against the base model (the store may not know it)
-        except AdapterValidationError:
-            self.source.delete(adapter_id)
-            raise
         return info
 
     def delete(self, adapter_id: str) -> None:
