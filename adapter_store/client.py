@@ -198,16 +198,16 @@ class StoreClient:
         public: bool = False,
     ) -> StoredRecord:
         """Upload ``files`` (readable by every tenant when ``public``); ``progress(sent, total)``
-        is called as chunks go out. With a ``base``
-        the files are first checked here too, so a sidecar that does not know the base model
-        still never stores an adapter that does not fit it."""
-        if self._base is not None:
-            parse_adapter_files(files, self._base, self._max_rank)
+        is called as chunks go out. With a ``base``, it travels in the metadata and the store
+        checks the files against it in its one parse, so a sidecar that does not know the base
+        model still never stores an adapter that does not fit it (nothing is parsed here: the
+        server checked them once already, the store is the durable gate)."""
         names = sorted(files)
+        base = None if self._base is None else base_model_to_pb(self._base, self._max_rank)
         total = sum(len(files[n]) for n in names)
 
         def requests() -> Iterator[pb.StorePutRequest]:
-            meta = pb.StorePutMetadata(adapter_id=adapter_id, public=public, files=[
+            meta = pb.StorePutMetadata(adapter_id=adapter_id, public=public, base=base, files=[
                 pb.StoredFile(name=n, size=len(files[n]), sha256=hashlib.sha256(files[n]).hexdigest()) for n in names
             ])
             yield pb.StorePutRequest(metadata=meta)

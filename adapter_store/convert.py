@@ -6,7 +6,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.adapter_store.format.architectures import Dims
-from loraplex.adapter_store.format.base_shapes import HFBaseShapes
+from loraplex.adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, FileEntry, StoredRecord
@@ -80,7 +80,7 @@ def event_from_pb(msg: pb.StoreWatchEvent) -> ChangeEvent:
     return ChangeEvent(_KINDS_BACK[msg.kind], msg.adapter_id, msg.version, msg.sha256, msg.time.ToNanoseconds() / 1e9)
 
 
-def base_model_to_pb(base: HFBaseShapes, max_rank: int) -> pb.StoreBaseModel:
+def base_model_to_pb(base: BaseShapes, max_rank: int) -> pb.StoreBaseModel:
     d = base.dims
     return pb.StoreBaseModel(model_type=base.model_type, num_layers=d.num_layers, hidden=d.hidden,
                              intermediate=d.intermediate, q=d.q, kv=d.kv, max_rank=max_rank)

@@ -34,7 +34,6 @@ from loraplex.adapter_store.errors import (
     status_of,
 )
 from loraplex.adapter_store.format.naming import validate_adapter_id
-from loraplex.adapter_store.format.peft_format import parse_adapter_upload
 from loraplex.adapter_store.protocol import SERVICE_NAME
 from loraplex.adapter_store.records import KIND_RESYNC, ChangeEvent, StoredRecord
 from loraplex.adapter_store.store import Store
@@ -138,7 +137,7 @@ class AdapterStoreService:
         upload = await receive_upload(requests, self._store.max_adapter_bytes,
                                       lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
         record = await _until_caller_leaves(deadline, self._store.put, upload.adapter_id, upload.files,
-                                            upload.public, upload.digests, deadline=deadline)
+                                            upload.public, upload.digests, deadline=deadline, fits=upload.fits)
         return record_to_pb(record)
 
     @_unary
@@ -158,10 +157,9 @@ class AdapterStoreService:
         limit = min(request.max_bytes or self._store.max_adapter_bytes, self._store.max_adapter_bytes)
         deadline = CallDeadline(context.time_remaining())
         files = await _until_caller_leaves(deadline, importer.read, request.source, limit)
-        if request.HasField("base"):  # the importing server's base: checked before anything is stored
-            parse_adapter_upload(files, *base_model_from_pb(request.base))
+        fits = base_model_from_pb(request.base) if request.HasField("base") else None
         record = await _until_caller_leaves(deadline, self._store.put, adapter_id, files, request.public,
-                                            deadline=deadline)
+                                            deadline=deadline, fits=fits)
         return record_to_pb(record)
 
     async def _readable(self, caller: Principal | None, adapter_id: str) -> StoredRecord | None:

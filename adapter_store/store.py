@@ -20,6 +20,7 @@ from loraplex.adapter_store.degradation import Degradation
 from loraplex.adapter_store.errors import (
     AdapterCorruptError,
     AdapterNotFoundError,
+    AdapterValidationError,
     BackendUnavailable,
     BlobMissing,
     HeadChanged,
@@ -27,7 +28,7 @@ from loraplex.adapter_store.errors import (
     LeaseLost,
     UnavailableError,
 )
-from loraplex.adapter_store.format.base_shapes import BaseShapes
+from loraplex.adapter_store.format.base_shapes import BaseShapes, same_shapes
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_upload
 from loraplex.adapter_store.index_keeper import IndexKeeper
@@ -75,17 +76,19 @@ class Store:
 
     def put(
         self, adapter_id: str, files: Mapping[str, bytes], public: bool = False, digests: Mapping[str, str] | None = None,
-        deadline: CallDeadline | None = None,
+        deadline: CallDeadline | None = None, fits: tuple[BaseShapes, int] | None = None,
     ) -> StoredRecord:
         """Validate ``files`` (a PEFT folder) and make them the adapter's new version, readable by
         every tenant when ``public`` (the flag is part of the record: each put sets it anew).
+        ``fits``: the uploading server's base model and rank cap, checked in the same one parse
+        (they must agree with the store's own base, if it has one).
         ``digests``: the files' sha256, hashed from these very bytes by the caller (an upload
         does, to check them), so they are not hashed again. ``deadline``: the caller's; the
         lock wait ends before it, and the put does not commit once the caller is gone."""
         try:
             validate_adapter_id(adapter_id)
             check_upload_files(files, self.max_adapter_bytes)
-            spec = parse_adapter_upload(files, self.base, self.max_rank)
+            spec = parse_adapter_upload(files, *self._checked_against(fits))
         except InvalidRequestError:
             self.metrics.uploads.labels("invalid").inc()
             raise
@@ -337,6 +340,17 @@ class Store:
             log.warning("at start: %s; serving without it until it answers", e)
 
     # ------------------------------------------------------------------ events and helpers
+
+    def _checked_against(self, fits: tuple[BaseShapes, int] | None) -> tuple[BaseShapes | None, int]:
+        """(base, rank cap) an upload is parsed against: the uploader's, within the store's own."""
+        if fits is None:
+            return self.base, self.max_rank
+        base, max_rank = fits
+        if self.base is not None and not same_shapes(self.base, base):
+            raise AdapterValidationError(f"the uploading server's base model ({base.model_type}, {base.num_layers} "
+                                         f"layers) is not this store's --base-config ({self.base.model_type}, "
+                                         f"{self.base.num_layers} layers)")
+        return base, min(max_rank, self.max_rank)
 
     def subscribe(self, callback: Callable[[ChangeEvent], None]) -> Callable[[], None]:
         """Change events (from any thread), starting with a resync; returns the unsubscribe function."""

@@ -13,8 +13,10 @@ import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from loraplex.adapter_store.convert import base_model_from_pb
 from loraplex.adapter_store.decoding import Undecodable
 from loraplex.adapter_store.errors import AdapterValidationError, InvalidRequestError
+from loraplex.adapter_store.format.base_shapes import HFBaseShapes
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.records import check_file_name
 from loraplex.v1 import store_pb2 as pb
@@ -31,6 +33,7 @@ class ReceivedUpload:
     files: dict[str, bytes]
     public: bool
     digests: dict[str, str]  # sha256 hex of each file, computed from the received bytes
+    fits: tuple[HFBaseShapes, int] | None  # the uploading server's base model and rank cap, if it sent them
 
 
 async def receive_upload(
@@ -57,7 +60,8 @@ async def receive_upload(
             f"truncated upload: the stream ended after {len(buf)} of the {total} declared bytes"
         )
     files, digests = await asyncio.to_thread(_split, memoryview(buf), declared)  # hashing 80 MB: not on the loop
-    return ReceivedUpload(adapter_id, files, meta.public, digests)
+    fits = base_model_from_pb(meta.base) if meta.HasField("base") else None
+    return ReceivedUpload(adapter_id, files, meta.public, digests, fits)
 
 
 def _metadata(msg: object) -> pb.StorePutMetadata:

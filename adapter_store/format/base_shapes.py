@@ -15,6 +15,12 @@ class BaseShapes(Protocol):
     """The base model as adapter validation sees it."""
 
     @property
+    def model_type(self) -> str: ...
+
+    @property
+    def dims(self) -> Dims: ...
+
+    @property
     def num_layers(self) -> int: ...
 
     @property
@@ -44,3 +50,9 @@ class HFBaseShapes:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> HFBaseShapes:
         return cls(model_type=model_type_of(cfg), dims=Dims.from_hf(cfg))
+
+
+def same_shapes(a: BaseShapes, b: BaseShapes) -> bool:
+    """Whether an adapter that fits ``a`` fits ``b``: one family, layer count and projection shapes."""
+    return (a.architecture is b.architecture and a.num_layers == b.num_layers
+            and a.projection_shapes() == b.projection_shapes())
