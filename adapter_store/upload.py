@@ -1,4 +1,5 @@
-"""Reassemble a Put stream (metadata, then the files' bytes back to back) into {name: bytes}.
+"""Reassemble a Put stream (metadata, then the files' bytes back to back) into {name: bytes},
+with the one assembler (assembly.py).
 
 The metadata declares every file and its size, so an upload over the limit is refused
 before its bytes arrive, and a truncated or overlong stream is caught. Nothing is stored
@@ -8,11 +9,11 @@ here: the store validates the complete files and then commits them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from loraplex.adapter_store.assembly import Assembly, AssemblyError, DeclaredFile, Fault
 from loraplex.adapter_store.convert import base_model_from_pb
 from loraplex.adapter_store.decoding import Undecodable
 from loraplex.adapter_store.errors import AdapterValidationError, InvalidRequestError
@@ -47,19 +48,16 @@ async def receive_upload(
     adapter_id = validate_adapter_id(meta.adapter_id)
     if check_id is not None:
         check_id(adapter_id)
-    declared = _declared_files(meta, max_bytes)
-    total = sum(size for _, size, _ in declared)
-    buf = bytearray()  # grows as bytes arrive: a declaration alone takes no memory
-    async for msg in stream:
-        chunk = _chunk(msg)
-        if len(buf) + len(chunk) > total:
-            raise AdapterValidationError(f"the stream carries more bytes than the {total} its metadata declares")
-        buf += chunk
-    if len(buf) < total:
-        raise AdapterValidationError(
-            f"truncated upload: the stream ended after {len(buf)} of the {total} declared bytes"
-        )
-    files, digests = await asyncio.to_thread(_split, memoryview(buf), declared)  # hashing 80 MB: not on the loop
+    assembly = Assembly(_declared_files(meta, max_bytes))  # grows as bytes arrive: a declaration takes none
+    try:
+        async for msg in stream:
+            assembly.add(_chunk(msg))
+        if assembly.received < assembly.total:
+            raise AdapterValidationError(f"truncated upload: the stream ended after {assembly.received} of the "
+                                         f"{assembly.total} declared bytes")
+        files, digests = await asyncio.to_thread(assembly.finish)  # hashing 80 MB: not on the loop
+    except AssemblyError as e:
+        raise _refusal(e) from None
     fits = base_model_from_pb(meta.base) if meta.HasField("base") else None
     return ReceivedUpload(adapter_id, files, meta.public, digests, fits)
 
@@ -74,7 +72,13 @@ def _metadata(msg: object) -> pb.StorePutMetadata:
     return msg.metadata
 
 
-def _declared_files(meta: pb.StorePutMetadata, max_bytes: int) -> list[tuple[str, int, str]]:
+def _refusal(e: AssemblyError) -> AdapterValidationError:
+    if e.fault is Fault.OVERLONG:
+        return AdapterValidationError(f"the stream carries more bytes than the {e.declared} its metadata declares")
+    return AdapterValidationError(f"{e.name}: its bytes do not match the declared sha256 (corrupted in transit?)")
+
+
+def _declared_files(meta: pb.StorePutMetadata, max_bytes: int) -> list[DeclaredFile]:
     if not meta.files:
         raise InvalidRequestError("declare the files that follow (adapter_config.json, ...)", "metadata.files")
     if len(meta.files) > MAX_FILES:
@@ -87,8 +91,8 @@ def _declared_files(meta: pb.StorePutMetadata, max_bytes: int) -> list[tuple[str
         if f.sha256 and not _SHA256.match(f.sha256):
             raise InvalidRequestError(f"{f.name}: sha256 must be 64 lowercase hex digits", "metadata.files.sha256")
         seen.add(f.name)
-        out.append((f.name, f.size, f.sha256))
-    total = sum(size for _, size, _ in out)
+        out.append(DeclaredFile(f.name, f.size, f.sha256))
+    total = sum(f.size for f in out)
     if total > max_bytes:
         raise AdapterValidationError(f"adapter is {total} bytes, over the store's limit of {max_bytes} bytes")
     return out
@@ -100,17 +104,3 @@ def _chunk(msg: object) -> bytes:
     if not isinstance(msg, pb.StorePutRequest) or msg.WhichOneof("kind") != "chunk":
         raise InvalidRequestError("after the metadata, every message must be a chunk", "chunk")
     return msg.chunk
-
-
-def _split(view: memoryview, declared: list[tuple[str, int, str]]) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The files and their sha256 (hashed once here, checked against the declared digests; the
-    store's record reuses them)."""
-    files, digests, pos = {}, {}, 0
-    for name, size, sha in declared:
-        data = bytes(view[pos : pos + size])
-        pos += size
-        digest = hashlib.sha256(data).hexdigest()
-        if sha and digest != sha:
-            raise AdapterValidationError(f"{name}: its bytes do not match the declared sha256 (corrupted in transit?)")
-        files[name], digests[name] = data, digest
-    return files, digests

@@ -91,7 +91,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
                 if not assembler.complete:
                     await _cancellation_lands()
-                adapter_id, files = assembler.finish()
+                adapter_id, files = await asyncio.to_thread(assembler.finish)  # hashing 80 MB: not on the loop
                 async with self._tenancy.quota_held(adapter_id):
                     await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
                     writer = self._tenancy.adapters_for(context, engine)

@@ -1,4 +1,5 @@
-"""Reassemble an UploadAdapter client stream into {filename: bytes}, enforcing limits.
+"""Reassemble an UploadAdapter client stream into {filename: bytes}, enforcing limits, with the
+one assembler (adapter_store/assembly.py): this file reads the protocol and words its faults.
 
 The metadata message comes first and declares every file and its size, so an upload over
 the size limit is refused before its bytes arrive, and a truncated upload is detected.
@@ -8,9 +9,9 @@ validates them and publishes them atomically.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from loraplex.adapter_store.assembly import Assembly, AssemblyError, DeclaredFile, Fault
 from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError
 from loraplex.inference_server.server.convert import adapter_id_from_pb
 from loraplex.v1 import inference_pb2 as pb
@@ -30,13 +31,6 @@ class UploadLimits:
             raise ValueError(f"max_files must be >= 1, got {self.max_files}")
 
 
-@dataclass(slots=True)
-class _File:
-    size: int
-    sha256: str
-    data: bytearray = field(default_factory=bytearray)
-
-
 def _check_file_name(name: str) -> None:
     if not name or len(name) > MAX_FILE_NAME_LEN or name.startswith(".") or "/" in name or "\\" in name \
             or "\x00" in name:
@@ -51,12 +45,15 @@ class UploadAssembler:
         self._limits = limits
         self._adapter_id: str | None = None
         self._public = False
-        self._files: dict[str, _File] = {}
-        self.received_bytes = 0
+        self._assembly: Assembly | None = None
 
     @property
     def adapter_id(self) -> str | None:
         return self._adapter_id
+
+    @property
+    def received_bytes(self) -> int:
+        return 0 if self._assembly is None else self._assembly.received
 
     @property
     def public(self) -> bool:
@@ -83,52 +80,54 @@ class UploadAssembler:
             raise InvalidRequestError("declare at least one file", "metadata.files")
         if len(meta.files) > self._limits.max_files:
             raise InvalidRequestError(f"at most {self._limits.max_files} files", "metadata.files")
+        declared: dict[str, DeclaredFile] = {}
         for f in meta.files:
             _check_file_name(f.name)
-            if f.name in self._files:
+            if f.name in declared:
                 raise InvalidRequestError(f"{f.name!r} is declared twice", "metadata.files")
             if f.sha256 and (len(f.sha256) != 64 or any(c not in "0123456789abcdef" for c in f.sha256.lower())):
                 raise InvalidRequestError(f"{f.name!r}: not a hex sha256 digest", "metadata.files.sha256")
-            self._files[f.name] = _File(size=f.size_bytes, sha256=f.sha256.lower())
-        total = sum(f.size for f in self._files.values())
+            declared[f.name] = DeclaredFile(f.name, f.size_bytes, f.sha256.lower())
+        total = sum(f.size for f in declared.values())
         if total > self._limits.max_upload_bytes:
             raise ResourceExhaustedError(
                 f"upload of {total} bytes is over this server's limit of {self._limits.max_upload_bytes} bytes"
             )
         self._public = meta.public
         self._adapter_id = adapter_id
+        self._assembly = Assembly(list(declared.values()))
 
     def _chunk(self, chunk: pb.FileChunk) -> None:
-        if self._adapter_id is None:
+        if self._assembly is None:
             raise InvalidRequestError("the first message must carry the metadata", "metadata")
-        entry = self._files.get(chunk.name)
-        if entry is None:
-            raise InvalidRequestError(f"{chunk.name!r} was not declared in the metadata", "chunk.name")
-        if len(entry.data) + len(chunk.data) > entry.size:
-            raise InvalidRequestError(
-                f"{chunk.name!r}: more bytes than the declared size of {entry.size}", "chunk.data"
-            )
-        entry.data += chunk.data
-        self.received_bytes += len(chunk.data)
+        try:
+            self._assembly.add(chunk.data, chunk.name)
+        except AssemblyError as e:
+            raise _refusal(e) from None
 
     @property
     def complete(self) -> bool:
         """Whether the metadata and every declared byte have arrived."""
-        return self._adapter_id is not None and all(len(f.data) == f.size for f in self._files.values())
+        return self._assembly is not None and self._assembly.complete
 
     def finish(self) -> tuple[str, dict[str, bytes]]:
         """(adapter_id, files) once every declared byte has arrived and every checksum matches."""
-        if self._adapter_id is None:
+        if self._adapter_id is None or self._assembly is None:
             raise InvalidRequestError("the upload stream was empty; send the metadata first", "metadata")
-        files = {}
-        for name, entry in self._files.items():
-            if len(entry.data) != entry.size:
-                raise InvalidRequestError(
-                    f"{name!r}: received {len(entry.data)} of {entry.size} declared bytes (upload incomplete)",
-                    "metadata.files.size_bytes",
-                )
-            if entry.sha256 and hashlib.sha256(entry.data).hexdigest() != entry.sha256:
-                raise InvalidRequestError(f"{name!r}: sha256 does not match the received bytes",
-                                          "metadata.files.sha256")
-            files[name] = bytes(entry.data)
+        try:
+            files, _ = self._assembly.finish()
+        except AssemblyError as e:
+            raise _refusal(e) from None
         return self._adapter_id, files
+
+
+def _refusal(e: AssemblyError) -> InvalidRequestError:
+    """An assembly fault in this API's words and fields."""
+    if e.fault is Fault.UNDECLARED:
+        return InvalidRequestError(f"{e.name!r} was not declared in the metadata", "chunk.name")
+    if e.fault is Fault.OVERLONG:
+        return InvalidRequestError(f"{e.name!r}: more bytes than the declared size of {e.declared}", "chunk.data")
+    if e.fault is Fault.TRUNCATED:
+        return InvalidRequestError(f"{e.name!r}: received {e.got} of {e.declared} declared bytes (upload incomplete)",
+                                   "metadata.files.size_bytes")
+    return InvalidRequestError(f"{e.name!r}: sha256 does not match the received bytes", "metadata.files.sha256")
