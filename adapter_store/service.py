@@ -31,6 +31,7 @@ from loraplex.adapter_store.errors import (
     AdapterNotFoundError,
     InvalidRequestError,
     PermissionDeniedError,
+    field_of,
     status_of,
 )
 from loraplex.adapter_store.format.naming import validate_adapter_id
@@ -58,7 +59,7 @@ def _status(context: grpc.aio.ServicerContext, exc: Exception) -> tuple[grpc.Sta
     status = status_of(exc)
     if status is not None:
         code = grpc.StatusCode[status.grpc]
-        field = getattr(exc, "field", None)
+        field = field_of(exc)
         if field:
             context.set_trailing_metadata(((FIELD_METADATA_KEY, field),))
         log.info("%s: %s", code.name, exc)

@@ -32,7 +32,7 @@ from loraplex.adapter_store.format.base_shapes import BaseShapes, same_shapes
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_upload
 from loraplex.adapter_store.index_keeper import IndexKeeper
-from loraplex.adapter_store.listing import HeadScanner
+from loraplex.adapter_store.listing import HeadScanner, UnreadableHead
 from loraplex.adapter_store.metrics import StoreMetrics
 from loraplex.adapter_store.records import (KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord,
                                             check_upload_files)
@@ -177,7 +177,7 @@ class Store:
             if what != "store":
                 raise
             log.warning("%s; the new upload replaces it", e)
-            return None, getattr(e, "tag", None)
+            return None, e.tag if isinstance(e, UnreadableHead) else None
 
     def _unavailable(self, what: str, e: BackendUnavailable) -> UnavailableError:
         return UnavailableError(

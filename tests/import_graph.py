@@ -93,7 +93,7 @@ def within(name: str, prefix: str) -> bool:
 # adapter_store is the sidecar (service, store, backends, settings, main...).
 STORE_CLIENT_SIDE = (
     *(f"loraplex.adapter_store.{name}" for name in (
-        "errors", "protocol", "decoding", "secret", "client", "watcher", "records", "convert", "backends.base",
+        "errors", "protocol", "decoding", "secret", "client", "watcher", "records", "convert", "assembly", "backends.base",
         "format", "tenants")),
 )
 

@@ -89,7 +89,7 @@ def _rank0(model_dir: str, adapter_dir: str, requests: list, out) -> None:
         tokens = {rid: tokens_of(events) for rid, events in run_all(engine, requests).items()}
         # a worker that dies fails the next step with an error instead of hanging it
         engine = build_engine(AsyncEngine, config, ModelSource(path=model_dir), adapter_dir, progress=False)
-        for proc in engine._core.runner.workers.procs:
+        for proc in engine._core.runner.peers.workers.procs:
             proc.kill()
             proc.join(10)
         after = run_all(engine, [requests[1]])[requests[1].request_id]

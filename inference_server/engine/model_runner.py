@@ -28,6 +28,7 @@ from loraplex.inference_server.engine.sampler import (SampleResult, SampleRow, T
                                                        logprobs_on_device, sample, to_device)
 from loraplex.inference_server.engine.seen_tokens import OutputCounts, SeenTokens
 from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
+from loraplex.inference_server.engine.step_peers import StepPeers
 from loraplex.inference_server.engine.step_plan import plan_step, run_forward
 from loraplex.inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
 from loraplex.inference_server.lora.layers import LoraContext, attach_lora
@@ -74,7 +75,6 @@ _PROMPT_LOGPROB_ROWS = 256  # rows of a prompt chunk whose logits are made at on
 
 
 class ModelRunner:
-    prompt_logprobs = True  # can compute a prompt's own log-probabilities (eager steps)
 
     def __init__(
         self,
@@ -86,16 +86,21 @@ class ModelRunner:
         max_num_batched_tokens: int,
         lora_attach: Callable[[nn.Module, LoraContext], None] = attach_lora,
         options: RunnerOptions = RunnerOptions(),
+        peers: StepPeers | None = None,
     ) -> None:
         self.model = model
+        self.peers = peers
+        self.prompt_logprobs = peers is None  # can compute a prompt's own log-probabilities (eager steps)
         self.config = config
         self.blocks = blocks
         self.device = adapter_pool.device
         self.dtype = adapter_pool.dtype
         max_len = options.max_model_len or config.max_position_embeddings
         rows = max([max_num_seqs, *options.cuda_graph_sizes, min(MAX_GRAPH_ROWS, max_num_batched_tokens)])
-        self.decode_workspace = _decode_workspace(config, self.dtype, self.device, rows, max_len)
-        use_graphs = bool(options.cuda_graph_sizes) and self.decode_workspace is not None and self.dtype in _GRAPH_DTYPES
+        # with peers, every rank runs the same portable attention (the workers have no workspace)
+        self.decode_workspace = (None if peers is not None
+                                 else _decode_workspace(config, self.dtype, self.device, rows, max_len))
+        use_graphs = peers is None and bool(options.cuda_graph_sizes) and self.decode_workspace is not None and self.dtype in _GRAPH_DTYPES
         # with graphs, one block past the block manager's: the slot padding rows write to
         self.kv_caches = [
             torch.zeros(2, blocks.num_blocks + use_graphs, blocks.block_size, config.num_kv_heads, config.head_dim,
@@ -110,7 +115,8 @@ class ModelRunner:
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
                                              options.max_lora_rank)
         self.graphs = None
-        self.why_eager = _why_eager(options, self.device, self.dtype, self.decode_workspace, config)
+        self.why_eager = peers.why_eager if peers is not None else _why_eager(
+            options, self.device, self.dtype, self.decode_workspace, config)
         if use_graphs:
             shape = GraphShape(tuple(sorted(s for s in options.cuda_graph_sizes if s <= max_num_batched_tokens)),
                                -(-max_len // blocks.block_size), blocks.block_size, blocks.num_blocks * blocks.block_size)
@@ -162,6 +168,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, seqs: Seq[Sequence], num_tokens: Seq[int]) -> StepOutput:
         plan = plan_step(seqs, num_tokens, self.blocks.block_size)
+        if self.peers is not None:
+            self.peers.send(plan)
         sample_seqs = [seqs[i] for i in plan.sampled]
         eager = self.graphs is None or _wants_prompt_logprobs(seqs)  # prompt log-probabilities need every row
         size = None if eager else self.graphs.size_for(plan)
@@ -248,7 +256,9 @@ class ModelRunner:
         return torch.Generator(device=self.device).manual_seed(seed)
 
     def close(self) -> None:
-        """Release what the runner started besides tensors (tensor-parallel workers); no-op here."""
+        """Release what the runner started besides tensors (its peers: tensor-parallel workers)."""
+        if self.peers is not None:
+            self.peers.close()
 
 
 def _fed_rows(plan, seqs: Seq[Sequence], feed: LaunchedStep | None):

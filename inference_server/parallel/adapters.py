@@ -1,10 +1,10 @@
-"""Rank 0's adapter manager: the usual residency bookkeeping, packing every rank's shard.
+"""Rank 0's adapter packing: the pool's usual residency bookkeeping, with every rank's shard packed.
 
 The bookkeeping (LRU, reference counts, FIFO admission, host tier) stays on rank 0 only.
 The host tier holds every rank's packed shard one after the other; rank 0 copies its own
 into its pool as usual. Each placement is also queued as a ``ShardLoad`` (the workers'
 shards copied out of the host tier, so a later eviction there cannot overwrite them); the
-runner sends the queue with the next step and scatters each worker its shard, which the
+runner's peers (peers.py) send the queue with the next step and scatters each worker its shard, which the
 worker copies to the same offset of its own pool before running that step's forward.
 Placements are queued before the adapter is marked ready, and a request is scheduled only
 after that, so a worker always has an adapter before the first step that reads it. Offsets
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.adapter_store.format.peft_format import AdapterSpec
-from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.lora.pool.host_cache import PackedAdapter
-from loraplex.inference_server.lora.resident import AdapterLayout, ResidentAdapter
+from loraplex.inference_server.lora.resident import AdapterLayout
 from loraplex.inference_server.model.config import ModelConfig
 from loraplex.inference_server.parallel.lora import pack_shards, shard_layout
 
@@ -38,32 +37,32 @@ class ShardLoad:
         return self.shards.shape[1]
 
 
-class ParallelAdapterPool(AdapterPool):
-    """AdapterPool for rank 0 of a tensor-parallel group of ``world_size`` ranks."""
+class TensorParallelPacking:
+    """The pool's HostPacking (lora/pool/host_packing.py) on rank 0 of ``world_size`` ranks: every
+    rank's shard packed in the host tier, this rank's pool laid out for one shard, and each
+    placement queued for the workers (``take_loads``)."""
 
-    def __init__(self, *args, world_size: int, **kwargs) -> None:
+    def __init__(self, full_config: ModelConfig, world_size: int) -> None:
         self.world_size = world_size
-        self._full_config: ModelConfig = args[1] if len(args) > 1 else kwargs["model_config"]
+        self._full_config = full_config
         self._loads: list[ShardLoad] = []
         self._loads_lock = threading.Lock()
-        super().__init__(*args, **kwargs)
 
-    def _pool_layout(self, spec: AdapterSpec) -> AdapterLayout:
+    def layout(self, spec: AdapterSpec) -> AdapterLayout:
         return shard_layout(spec, self._full_config, self.world_size)
 
-    def _host_elements(self, layout: AdapterLayout) -> int:
+    def host_elements(self, layout: AdapterLayout) -> int:
         return self.world_size * layout.num_elements
 
-    def _pack(self, spec: AdapterSpec, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-        return pack_shards(spec, tensors, self._full_config, self.world_size, self.dtype, out=out)[0]
+    def pack(self, spec: AdapterSpec, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        return pack_shards(spec, tensors, self._full_config, self.world_size, out.dtype, out=out)[0]
 
-    def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
+    def placed(self, start: int, packed: PackedAdapter) -> None:
         n = packed.layout.num_elements
         if self.world_size > 1:
             shards = packed.flat[n : self.world_size * n].view(self.world_size - 1, n).clone()
             with self._loads_lock:
-                self._loads.append(ShardLoad(ra.start, shards))
-        super()._copy_in(ra, packed)
+                self._loads.append(ShardLoad(start, shards))
 
     def take_loads(self) -> list[ShardLoad]:
         """The placements not yet sent to the workers, oldest first (the step loop calls it)."""

@@ -23,12 +23,15 @@ import torch.multiprocessing as mp
 
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
+from loraplex.inference_server.engine.model_runner import ModelRunner
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource
 from loraplex.inference_server.model.loading import load_checkpoint
-from loraplex.inference_server.parallel.adapters import ParallelAdapterPool
+from loraplex.inference_server.parallel.adapters import TensorParallelPacking
 from loraplex.inference_server.parallel.group import TPGroup, join_group, leave_group, rank_device
 from loraplex.inference_server.parallel.layers import TensorParallelLM
-from loraplex.inference_server.parallel.runner import ParallelModelRunner
+from loraplex.inference_server.parallel.lora import attach_tp_lora
+from loraplex.inference_server.parallel.peers import TensorParallelPeers
 from loraplex.inference_server.parallel.shard import load_sharded_model, local_config
 from loraplex.inference_server.parallel.worker import TensorParallelWorker
 
@@ -167,11 +170,15 @@ def build_parallel_engine(cls, config: EngineConfig, model: ModelSource, adapter
         rank0 = dataclasses.replace(config, device=device, num_kv_blocks=blocks, adapter_pool_bytes=pool,
                                     adapter_pool_memory_fraction=None)
 
+        packing = TensorParallelPacking(ckpt.config, world)
+        peers = TensorParallelPeers(group, packing, workers)
+
         def runner(module, _model_config, block_manager, manager, max_num_seqs, max_num_batched_tokens):
-            return ParallelModelRunner(module, block_manager, manager, max_num_seqs, max_num_batched_tokens, workers)
+            return ModelRunner(module, module.local_config, block_manager, manager.pool, max_num_seqs,
+                               max_num_batched_tokens, lora_attach=attach_tp_lora, peers=peers)
 
         return assemble(cls, rank0, module, ckpt.config, ckpt.tokenizer, adapters,
-                        manager_factory=lambda *a: ParallelAdapterPool(*a, world_size=world), runner_factory=runner)
+                        manager_factory=lambda *a: AdapterPool(*a, host_packing=packing), runner_factory=runner)
     except BaseException:
         if workers is not None:
             workers.stop(timeout_s=0.0)

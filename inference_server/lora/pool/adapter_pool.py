@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 
 import torch
 
@@ -33,6 +32,7 @@ from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec,
 from loraplex.inference_server.lora.pool.copier import PoolCopier
 from loraplex.inference_server.lora.pool.device_packing import plan_device_pack, stage
 from loraplex.inference_server.lora.pool.host_cache import HostAdapterCache, PackedAdapter
+from loraplex.inference_server.lora.pool.host_packing import HostPacking
 from loraplex.inference_server.lora.pool.packing import plan_layout
 from loraplex.inference_server.lora.pool.pool_stats import PoolMetrics, PoolStats
 from loraplex.inference_server.lora.pool.pool_writes import PoolWrites, WriteListener
@@ -42,9 +42,6 @@ from loraplex.inference_server.lora.resident import AdapterLayout, ResidentAdapt
 from loraplex.inference_server.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
-
-# (spec, zero-copy tensor views, zeroed host-tier buffer) -> the packed flat tensor
-PackHook = Callable[[AdapterSpec, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
 class AcquireCancelled(Exception):
@@ -63,8 +60,10 @@ class AdapterPool:
         device: torch.device | str,
         acquire_timeout_s: float | None = None,
         host_cache_bytes: int = 1 << 30,
+        host_packing: HostPacking | None = None,
     ) -> None:
         self.source = source
+        self._packing = host_packing
         self.config = model_config
         self.dtype = dtype
         self.pool = torch.zeros(pool_elements, dtype=dtype, device=device)
@@ -184,28 +183,17 @@ class AdapterPool:
         leased.append(packed)
         return packed
 
-    # Packing hooks. By default the host tier holds the adapter's raw tensors and the device
-    # lays them out (device_packing). A subclass that needs the packed layout on the host
-    # defines ``_pack`` (and ``_host_elements``): tensor parallelism
-    # (inference_server/parallel/adapters.py) packs every rank's shard there, the workers
-    # get theirs from it, and lays out the pool for one rank's shard (``_pool_layout``).
-    _pack: PackHook | None = None
-
     def _pool_layout(self, spec: AdapterSpec) -> AdapterLayout:
         """Where the adapter's A/B blocks go in this process's pool."""
-        return plan_layout(spec, self.config)
-
-    def _host_elements(self, layout: AdapterLayout) -> int:
-        """Host-tier elements (model dtype) one adapter packed by ``_pack`` takes."""
-        return layout.num_elements
+        return plan_layout(spec, self.config) if self._packing is None else self._packing.layout(spec)
 
     def _stage(
         self, adapter_id: str, version: str, spec: AdapterSpec, weights: bytes, layout: AdapterLayout
     ) -> PackedAdapter:
         """The adapter in a host-tier buffer: its raw tensors (one memcpy) and the plan that
-        lays them out on the device; with a ``_pack`` hook, packed on the host instead."""
-        if self._pack is not None:
-            return self._stage_packed(self._pack, adapter_id, version, spec, weights, layout)
+        lays them out on the device; with a HostPacking (host_packing.py), packed on the host instead."""
+        if self._packing is not None:
+            return self._stage_packed(self._packing, adapter_id, version, spec, weights, layout)
         plan, table = plan_device_pack(spec, weights, layout, self.config)
         buffer, start = self.host.reserve(plan.staged_bytes, torch.uint8, zero=False)
         try:
@@ -216,12 +204,12 @@ class AdapterPool:
         return PackedAdapter(adapter_id, version, buffer, layout, start, plan=plan)
 
     def _stage_packed(
-        self, pack: PackHook,
+        self, packing: HostPacking,
         adapter_id: str, version: str, spec: AdapterSpec, weights: bytes, layout: AdapterLayout,
     ) -> PackedAdapter:
-        buffer, start = self.host.reserve(self._host_elements(layout), self.dtype)
+        buffer, start = self.host.reserve(packing.host_elements(layout), self.dtype)
         try:
-            flat = pack(spec, tensor_views(weights), buffer)  # header checked: views cannot overrun
+            flat = packing.pack(spec, tensor_views(weights), buffer)  # header checked: views cannot overrun
         except BaseException:
             self.host.abandon(start)
             raise
@@ -301,6 +289,8 @@ class AdapterPool:
 
     def _copy_in(self, ra: ResidentAdapter, packed: PackedAdapter) -> None:
         try:
+            if self._packing is not None:
+                self._packing.placed(ra.start, packed)
             self._writes.write(ra.start, packed)
         except BaseException:
             with self._cond:
