@@ -1,4 +1,4 @@
-"""benchmarks/results.py writes each benchmark's section of RESULTS.md: a run replaces the
+"""benchmarks/common/results.py writes each benchmark's section of RESULTS.md: a run replaces the
 section of its title and leaves the rest of the page as it was; a title the page does not have
 yet is appended as a section of its own, whatever the file ended with (a hand-written note
 ending without a blank line must not run into the next heading). And benchmarks/RESULTS.md
@@ -7,15 +7,13 @@ itself reads as a report: short, the targets table first, no session diary."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.common.results import append_section, format_section, record_results, replace_section
 
-from results import append_section, format_section, record_results, replace_section  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TABLE = ["| a | b |", "| --- | --- |", "| 1 | 2 |"]
 PAGE_HEAD = "# Results\n\n## Targets\n\n| target | current |\n| --- | --- |\n| x <= 1 | 0.9 |\n\n"

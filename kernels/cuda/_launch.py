@@ -70,7 +70,7 @@ SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_de
 # 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 / 114.6 / 121.9. The 128-row cluster kernels hold
 # 2 blocks an SM at most (shared memory), and one is faster (H200, shrink alone, ksplit 4 / 8:
 # r16 16.9 / 20.4 us; r64 24.9 / 26.5; r128 37.7 / 36.5; r16 at cap 128 22.7 / 25.1), as
-# benchmarks/bench_prefill_tunables.py measures it.
+# benchmarks/kernels/bench_prefill_tunables.py measures it.
 PREFILL_MAX_BLOCKS_PER_SM = 1
 # sm_90: the prefill shrink's x tiles come by TMA (one copy a stage, kernels/cuda/_tensor_map.py)
 # where x fits a tensor map; off (or elsewhere): the cp.async copies. TENSOR_MAPS_KEPT: maps kept

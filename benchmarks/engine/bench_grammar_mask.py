@@ -8,7 +8,7 @@ for a JSON schema (an order: nested objects, an array of objects, enums, integer
 documents (tokenized as the model would write them), each row at its own position, and start
 again at the end. Also: one compile of the schema (what a cache miss costs a request).
 
-    python benchmarks/bench_grammar_mask.py [--batch 256] [--steps 64] [--results benchmarks/RESULTS.md]
+    python -m benchmarks.engine.bench_grammar_mask [--batch 256] [--steps 64] [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -18,16 +18,14 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import record_results  # noqa: E402
+from benchmarks.common.results import record_results
 
 SCHEMA = {
     "type": "object",
@@ -210,8 +208,8 @@ def main() -> None:
     print(notes)
     if args.results:
         record_results(args.results, f"Grammar masks: xgrammar against llguidance, batch {args.batch}",
-                       f"python benchmarks/bench_grammar_mask.py --batch {args.batch} --steps {args.steps}", table,
-                       notes)
+                       f"python -m benchmarks.engine.bench_grammar_mask --batch {args.batch} --steps {args.steps}",
+                       table, notes)
 
 
 if __name__ == "__main__":

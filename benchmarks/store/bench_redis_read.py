@@ -2,7 +2,7 @@
 read by one GET, by ranged GETs over 1-8 reader threads, the sha256 alone, and the store's
 own read (RedisBlobCache.pieces + StoredRecord.unpack_pieces: ranges, hashed as they land).
 
-    python benchmarks/bench_redis_read.py --redis-url redis://127.0.0.1:6379/0 [--mb 80]
+    python -m benchmarks.store.bench_redis_read --redis-url redis://127.0.0.1:6379/0 [--mb 80]
 """
 
 from __future__ import annotations
@@ -11,19 +11,16 @@ import argparse
 import hashlib
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
-from loraplex.adapter_store.backends import redis_cache  # noqa: E402
-from loraplex.adapter_store.backends.redis_conn import connect  # noqa: E402
-from loraplex.adapter_store.records import FileEntry, StoredRecord  # noqa: E402
-from loraplex.adapter_store.settings import RedisSettings  # noqa: E402
-from loraplex.adapter_store.format.files import AdapterInfo  # noqa: E402
+from loraplex.adapter_store.backends import redis_cache
+from loraplex.adapter_store.backends.redis_conn import connect
+from loraplex.adapter_store.records import FileEntry, StoredRecord
+from loraplex.adapter_store.settings import RedisSettings
+from loraplex.adapter_store.format.files import AdapterInfo
 
 
 def median_ms(fn: Callable[[], object], reps: int) -> float:

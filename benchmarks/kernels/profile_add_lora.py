@@ -1,17 +1,14 @@
 """A few add_lora calls for Nsight Compute (one eager call per shape after a warm-up).
 
-    ncu --clock-control none -k regex:lora_ --launch-skip 6 python3 benchmarks/profile_kernels.py
+    ncu --clock-control none -k regex:lora_ --launch-skip 6 python3 -m benchmarks.kernels.profile_add_lora
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_kernels as bk  # noqa: E402
+from benchmarks.kernels import bench_add_lora as bk
 
 SHAPES = ((4096, 4096, 16, 1, "distinct"), (4096, 4096, 16, 64, "distinct"), (4096, 4096, 16, 4096, "prefill4096"),
           (4096, 4096, 16, 32, "distinct"), (4096, 22016, 16, 32, "distinct"))  # the last two: 7B decode, o and gate/up

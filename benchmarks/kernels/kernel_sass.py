@@ -7,7 +7,7 @@ Needs nvcc and cuobjdump (``pip install nvidia-cuda-cuobjdump`` puts one under
 site-packages/nvidia/cu13/bin, which this script finds). The kernels are compiled as the
 runtime's NVRTC does (``-std=c++17``, the device's arch), from kernels/csrc with its headers.
 
-    python benchmarks/kernel_sass.py [--arch sm_90] [--cuobjdump PATH]
+    python -m benchmarks.kernels.kernel_sass [--arch sm_90] [--cuobjdump PATH]
 """
 
 from __future__ import annotations
@@ -17,17 +17,15 @@ import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))  # last: its kernels/ must not shadow HF kernels
+from benchmarks import ROOT
 
-from loraplex.kernels.checks import Problem  # noqa: E402
-from loraplex.kernels.cuda import _launch  # noqa: E402
-from loraplex.kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_bytes  # noqa: E402
+from loraplex.kernels.checks import Problem
+from loraplex.kernels.cuda import _launch
+from loraplex.kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_bytes
 
 CSRC = ROOT / "kernels" / "csrc"
 SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")

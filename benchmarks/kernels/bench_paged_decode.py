@@ -7,10 +7,12 @@ larger than L2. Device time from CUDA events around replays of a CUDA graph of s
 (each call one layer's cache, rotating), median over replays. Each configuration is checked
 against torch's SDPA on the gathered context before it is timed.
 
-    python3 benchmarks/bench_paged_decode.py [--unrolls 2,4] [--contexts 600,1500]
+    python3 -m benchmarks.kernels.bench_paged_decode [--unrolls 2,4] [--contexts 600,1500]
 
 Runs on the kernel API of older commits too (no ``unroll`` argument: the built-in one), so a
-before/after pair can time two checkouts with the same script.
+before/after pair can time two checkouts with the same script: from this checkout's root,
+``PYTHONPATH=<other tree> python3 -m benchmarks.kernels.bench_paged_decode`` imports that tree's
+``loraplex`` (the benchmarks package puts this checkout's root last on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -18,16 +20,13 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # appended: PYTHONPATH may name another checkout
-from loraplex.kernels.cuda import paged_decode as pd  # noqa: E402  (first: bench_kernels would put this checkout first)
-from bench_kernels import time_graph  # noqa: E402, I001
-from gpu_ceilings import measure_copy_bandwidth  # noqa: E402
+from loraplex.kernels.cuda import paged_decode as pd
+from benchmarks.kernels.bench_add_lora import time_graph
+from benchmarks.common.gpu_ceilings import measure_copy_bandwidth
 
 BLOCK = 16
 LAYERS = 8  # calls per graph, each over its own layer's cache

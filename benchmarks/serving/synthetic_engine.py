@@ -8,7 +8,7 @@ Each token's text is the ``time.perf_counter()`` at which the step made it, and 
 (CLOCK_MONOTONIC, the same clock in every process of the machine), so a client can measure
 the delivery latency of every token, also of tokens merged into one message.
 
-    python benchmarks/synthetic_engine.py --port 50051 --step-ms 1     # a loraplex server over it
+    python -m benchmarks.serving.synthetic_engine --port 50051 --step-ms 1     # a loraplex server over it
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
 
-from loraplex.inference_server.engine.info import EngineInfo, EngineStats  # noqa: E402
-from loraplex.inference_server.engine.request import (  # noqa: E402
+from loraplex.inference_server.engine.info import EngineInfo, EngineStats
+from loraplex.inference_server.engine.request import (
     FinishReason, GenerationRequest, Timings, TokenEvent, Usage)
-from loraplex.inference_server.engine.token_stream import TokenStream  # noqa: E402
+from loraplex.inference_server.engine.token_stream import TokenStream
 
 
 SYNTHETIC_INFO = EngineInfo(model_name="synthetic", dtype="none", device="cpu", max_context_len=1 << 20,

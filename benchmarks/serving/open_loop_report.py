@@ -1,4 +1,4 @@
-"""bench_serve.py's markdown: one row per (prefix cache, edge, workload, adapters, rate), each
+"""bench_open_loop.py's markdown: one row per (prefix cache, edge, workload, adapters, rate), each
 workload's overhead against the base model at the same rate, and the failures by reason."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from benchmarks.serve_metrics import Summary
+from benchmarks.serving.open_loop_metrics import Summary
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ for the base model and for 32 distinct adapters reports:
   LoRA (shrink/expand), other (norms, rotary, activation, copies); and the step's CPU
   stages: planning, LoRA table build, staging, sampling and the engine's bookkeeping.
 
-    python benchmarks/profile_decode_step.py [--prompt-len 512] [--out profile.json]
+    python -m benchmarks.engine.profile_decode_step [--prompt-len 512] [--out profile.json]
 """
 
 from __future__ import annotations
@@ -18,18 +18,15 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
-import bench_textgen  # noqa: E402
+from benchmarks.engine import bench_textgen
 
-from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
 
 CATEGORIES = (("attention", ("paged_decode",)), ("lora", ("lora_",)),
               ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas")))

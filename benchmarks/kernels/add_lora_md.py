@@ -1,6 +1,6 @@
-"""Markdown tables of a bench_kernels.py --out JSON (for benchmarks/RESULTS.md).
+"""Markdown tables of a bench_add_lora.py --out JSON (for benchmarks/RESULTS.md).
 
-    python3 benchmarks/kernels_md.py bench.json
+    python3 -m benchmarks.kernels.add_lora_md bench.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench_serve.py's command line: what to sweep, the server's flags, the request stream's shape."""
+"""bench_open_loop.py's command line: what to sweep, the server's flags, the request stream's shape."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import os
 import re
 
-from benchmarks.serve_clients import EDGES
-from benchmarks.serve_workload import WORKLOADS
+from benchmarks.serving.open_loop_clients import EDGES
+from benchmarks.serving.open_loop_workload import WORKLOADS
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -48,7 +48,7 @@ def _choice(choices: tuple[str, ...]):  # noqa: ANN202
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="bench_serve.py", description="Open-loop serving benchmark (Poisson "
+    ap = argparse.ArgumentParser(prog="bench_open_loop.py", description="Open-loop serving benchmark (Poisson "
                                  "arrivals, rate sweep) against a real loraplex-server on a dummy model.")
     srv = ap.add_argument_group("server")
     srv.add_argument("--model", default="tiny", help="dummy preset: tiny, smollm2-135m, llama-7b")
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--burstiness", type=float, default=1.0,
                       help="1: Poisson arrivals; b: gamma gaps of shape b, same mean (b < 1: bursts and lulls)")
     load.add_argument("--constrained-fraction", type=float, default=0.0,
-                      help="share of requests sent with a JSON schema (structured output; serve_clients.py)")
+                      help="share of requests sent with a JSON schema (structured output; open_loop_clients.py)")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)))
     load.add_argument("--warmup", type=int, default=None,
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = ap.add_argument_group("report")
     out.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     out.add_argument("--slo-tpot-ms", type=float, default=50.0)
-    out.add_argument("--results", default=None, help="record the table in this RESULTS.md (benchmarks/results.py)")
+    out.add_argument("--results", default=None, help="record the table in this RESULTS.md (benchmarks/common/results.py)")
     out.add_argument("--workdir", default=None, help="where the adapters and server logs go (a temporary folder)")
     return ap
 

@@ -1,4 +1,4 @@
-"""The open-loop request stream of bench_serve.py: arrival times, prompt and output lengths, adapters.
+"""The open-loop request stream of bench_open_loop.py: arrival times, prompt and output lengths, adapters.
 
 Everything is drawn from numpy generators seeded by ``seed`` (no data set is downloaded):
 

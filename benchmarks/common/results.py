@@ -22,7 +22,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks import ROOT as REPO
 
 
 def machine() -> str:

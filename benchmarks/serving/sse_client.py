@@ -1,6 +1,6 @@
 """A minimal asyncio HTTP/1.1 client for one streamed POST: status, then the SSE ``data:`` payloads.
 
-bench_serve.py measures the server, so the client's own cost per chunk should be about what the
+bench_open_loop.py measures the server, so the client's own cost per chunk should be about what the
 raw gRPC stubs cost: one connection per request, the chunked transfer coding decoded by hand, no
 client library (none is a dependency of the project either).
 """

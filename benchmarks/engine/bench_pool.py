@@ -1,16 +1,16 @@
 """Adapter pool: load latency per tier, where a source load goes, and (GPU) time to first
 token per tier and decode step time while adapters load.
 
-    python benchmarks/bench_pool.py [--layers 32] [--results benchmarks/RESULTS.md]
-    python benchmarks/bench_pool.py --redis-url redis://127.0.0.1:6379/0   # + TTFT of Redis-only adapters
-    python benchmarks/bench_pool.py --device cpu --threads 1   # the loader's CPU work alone
+    python -m benchmarks.engine.bench_pool [--layers 32] [--results benchmarks/RESULTS.md]
+    python -m benchmarks.engine.bench_pool --redis-url redis://127.0.0.1:6379/0   # + TTFT of Redis-only adapters
+    python -m benchmarks.engine.bench_pool --device cpu --threads 1   # the loader's CPU work alone
 
 7B-shaped Llama (hidden 4096, 32 layers, 32 heads, intermediate 11008, vocab 32000),
 rank-16 adapters on all 7 projections (~80 MB each in bf16). The adapter source is in
 memory (the bytes a Redis hit would hand over; resolving hashes them, as the store client
 checks its sha256), so "source" rows time sha256 + validation + staging into the host tier
 + the host-to-device copy and the layout on the device, without network; ``--redis-url``
-adds adapters that only a real Redis holds (benchmarks/pool_ttft.py). On the GPU the
+adds adapters that only a real Redis holds (benchmarks/engine/pool_ttft.py). On the GPU the
 model has random bf16 weights and the decode rows run the engine (CUDA-graph decode steps
 unless ``--eager``); ``--device cpu`` builds only the adapter manager (pool and host tier
 on the CPU, the "device" is the CPU).
@@ -27,26 +27,24 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
-from pool_ttft import RoutedSource, ms, redis_source, ttft_rows  # noqa: E402
-from random_adapters import RandomAdapterSource  # noqa: E402
-from results import record_results  # noqa: E402
+from benchmarks.engine.pool_ttft import RoutedSource, ms, redis_source, ttft_rows
+from benchmarks.common.random_adapters import RandomAdapterSource
+from benchmarks.common.results import record_results
 
-from loraplex.inference_server.engine import cpu_threads  # noqa: E402
-from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
-from loraplex.inference_server.engine.factory import assemble  # noqa: E402
-from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria  # noqa: E402
-from loraplex.inference_server.lora.pool.device_packing import plan_device_pack, stage  # noqa: E402
-from loraplex.inference_server.main import configure_interpreter  # noqa: E402
-from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool  # noqa: E402
-from loraplex.inference_server.lora.pool.packing import pack_adapter, plan_layout  # noqa: E402
-from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, parse_adapter_files  # noqa: E402
-from loraplex.inference_server.lora.pool.tensor_views import tensor_views  # noqa: E402
-from loraplex.inference_server.model.config import ModelConfig  # noqa: E402
-from loraplex.inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
-from loraplex.inference_server.model.llama import LlamaForCausalLM  # noqa: E402
+from loraplex.inference_server.engine import cpu_threads
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import assemble
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
+from loraplex.inference_server.lora.pool.device_packing import plan_device_pack, stage
+from loraplex.inference_server.main import configure_interpreter
+from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.lora.pool.packing import pack_adapter, plan_layout
+from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, parse_adapter_files
+from loraplex.inference_server.lora.pool.tensor_views import tensor_views
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.dummy import byte_level_tokenizer
+from loraplex.inference_server.model.llama import LlamaForCausalLM
 
 REDIS_ADAPTERS = 5  # adapters stored only in Redis, with --redis-url
 
@@ -256,7 +254,8 @@ def main() -> None:
         mode = "eager engine" if args.eager else "engine with CUDA-graph decode steps"
         title = (f"Adapter pool on the GPU (7B-shaped, {mode})" if engine is not None
                  else f"Adapter pool on the CPU (7B-shaped, manager only, torch threads: {torch.get_num_threads()})")
-        record_results(Path(args.results), title, " ".join(["python", *sys.argv]), table)
+        command = "python -m benchmarks.engine.bench_pool " + " ".join(sys.argv[1:])
+        record_results(Path(args.results), title, command, table)
 
 
 if __name__ == "__main__":

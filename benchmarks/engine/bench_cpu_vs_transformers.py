@@ -1,6 +1,6 @@
 """CPU engine throughput: loraplex vs transformers (+ PEFT) on SmolLM2-135M, in one run.
 
-    python benchmarks/bench_cpu_engine.py [--new-tokens 64] [--rank 16] [--repeats 3]
+    python -m benchmarks.engine.bench_cpu_vs_transformers [--new-tokens 64] [--rank 16] [--repeats 3]
                                           [--results benchmarks/RESULTS.md]
 
 Rows: loraplex batch 1 (base), loraplex batch 8 with 8 different adapters, transformers
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from lora_helpers import greedy_request, load_engine, make_peft_adapter, run_all  # noqa: E402
-from results import record_results  # noqa: E402
 
-from loraplex.inference_server.model.checkpoint import default_model_path  # noqa: E402
+from benchmarks.common.results import record_results
+from benchmarks.engine.local_engine import greedy_request, load_engine, make_peft_adapter, run_all
+
+from loraplex.inference_server.model.checkpoint import default_model_path
 
 PROMPTS = ["Tell me a story about a dragon.", "How do planes fly?", "Give me a recipe for pancakes.",
            "What is a black hole?", "Write a poem about autumn.", "Why is the sky blue?",
@@ -116,7 +116,8 @@ def main() -> None:
     print(load)
     if args.results:
         title = f"CPU engine: SmolLM2-135M float32, {n} new tokens, rank {args.rank} on all 7 projections"
-        record_results(Path(args.results), title, " ".join(["python", *sys.argv]), table, load)
+        command = "python -m benchmarks.engine.bench_cpu_vs_transformers " + " ".join(sys.argv[1:])
+        record_results(Path(args.results), title, command, table, load)
 
 
 if __name__ == "__main__":

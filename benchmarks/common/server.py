@@ -1,6 +1,6 @@
 """A real ``loraplex-server`` process for the serving benchmarks: start it, wait until it serves, stop it.
 
-bench_serving.py and bench_serve.py both reach the server the way a deployment does: a separate
+bench_grpc_vs_inprocess.py and bench_open_loop.py both reach the server the way a deployment does: a separate
 process on loopback, its gRPC port and (for bench_serve) its OpenAI-compatible HTTP port.
 """
 
@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks import ROOT as REPO
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """Punica's text-generation benchmark on the GPU engine, plus transformers + PEFT on one batch.
 
-Workload (Punica's benchmarks/bench_textgen.py): N requests (default 1000), prompt lengths
+Workload (Punica's benchmarks/engine/bench_textgen.py): N requests (default 1000), prompt lengths
 from a log-normal (scipy's lognorm(0.8, -1, 18): median ~17 tokens), total lengths uniform
 in [0, max_len), greedy, every request runs to its drawn length (EOS ignored), FCFS, max
 batch 32, all requests queued at the start. One engine (7B-shaped Llama, random weights
@@ -20,7 +20,7 @@ card's copy bandwidth, measured at start; with the adapters' bytes too). Then tr
 batch (32 requests x 128 prompt + 128 new tokens, 4 adapters mixed through
 ``adapter_names``), and loraplex runs the same batch shape.
 
-    python benchmarks/bench_textgen.py [--num-requests 1000] [--model llama-7b] \
+    python -m benchmarks.engine.bench_textgen [--num-requests 1000] [--model llama-7b] \
         [--results benchmarks/RESULTS.md]
 
 Longer than one call on a lent GPU may run: split the workloads over calls made back to back
@@ -42,21 +42,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
-import textgen_parts  # noqa: E402
-from gpu_ceilings import measure_copy_bandwidth  # noqa: E402
-from random_adapters import PROJ, RandomAdapterSource  # noqa: E402
-from results import record_results  # noqa: E402
+from benchmarks.engine import textgen_parts
+from benchmarks.common.gpu_ceilings import measure_copy_bandwidth
+from benchmarks.common.random_adapters import PROJ, RandomAdapterSource
+from benchmarks.common.results import record_results
 
-from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
-from loraplex.inference_server.engine.factory import assemble  # noqa: E402
-from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
-from loraplex.inference_server.model.checkpoint import ModelSource  # noqa: E402
-from loraplex.inference_server.model.loading import load_checkpoint  # noqa: E402
-from loraplex.inference_server.model.weights import build_model  # noqa: E402
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import assemble
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.model.weights import build_model
 
 WORKLOADS = ("distinct", "uniform", "skewed", "identical", "base")
 
@@ -295,13 +293,13 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--parts-dir", type=Path, default=None,
                     help="keep each workload's row (and the fixed batch) there, and build the table from every "
-                         "part there: runs made back to back add up to one table (benchmarks/textgen_parts.py)")
+                         "part there: runs made back to back add up to one table (benchmarks/engine/textgen_parts.py)")
     args = ap.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]  # "" = none: only the fixed batch
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
         ap.error(f"--workloads: unknown {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
-    command = "python benchmarks/bench_textgen.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.engine.bench_textgen " + " ".join(sys.argv[1:])
 
     hf = None
     if args.hf_new_tokens:

@@ -10,7 +10,8 @@ token p50; the p50 difference is the edge's cost per token (PERF.md: <= 0.5 ms, 
 >= 20k tokens/s to many clients). A tiny dummy model makes the engine fast enough that
 the edge, not the model, is what is measured.
 
-    python benchmarks/bench_serving.py [--device cuda] [--model tiny] [--results benchmarks/RESULTS.md]
+    python -m benchmarks.serving.bench_grpc_vs_inprocess [--device cuda] [--model tiny] \
+        [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
+from benchmarks import ROOT as REPO
 
-from benchmarks.serve_adapters import adapter_names, write_adapters  # noqa: E402
-from benchmarks.serve_process import free_port, wait_serving  # noqa: E402
+from benchmarks.serving.adapter_folders import adapter_names, write_adapters
+from benchmarks.common.server import free_port, wait_serving
 
 PROMPT = list(range(10, 42))  # 32 prompt tokens
 
@@ -93,7 +93,7 @@ def engine_config(args: argparse.Namespace):
 def build_engine(args: argparse.Namespace, adapter_dir: Path):
     """The engine under test: the real one on a dummy model, or the model-free synthetic one."""
     if args.engine == "synthetic":
-        from benchmarks.synthetic_engine import SyntheticEngine
+        from benchmarks.serving.synthetic_engine import SyntheticEngine
 
         return SyntheticEngine(args.step_ms / 1000)
     from loraplex.inference_server import build
@@ -185,7 +185,7 @@ def run_rounds_over_grpc(args: argparse.Namespace, address: str, adapters: list[
 def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     if args.engine == "synthetic":
-        proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "synthetic_engine.py"), "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.serving.synthetic_engine", "--port", str(port),
                                  "--step-ms", str(args.step_ms)], cwd=REPO)
         return proc, wait_serving(f"127.0.0.1:{port}", proc)
     launcher = ["-P", "-m", "loraplex.inference_server.main"]
@@ -257,13 +257,14 @@ def main() -> None:
     lines = table(inproc, over_grpc, args.streams)
     print("\n".join(lines))
     if args.results:
-        from benchmarks.results import record_results
+        from benchmarks.common.results import record_results
 
         engine = (f"synthetic engine (no model, a token per stream every {args.step_ms} ms)"
                   if args.engine == "synthetic" else f"dummy {args.model} on {args.device} ({args.dtype})")
         title = (f"Serving edge: gRPC vs in-process, {engine}, {args.new_tokens} new tokens, "
                  f"{args.adapters} adapters + base")
-        record_results(Path(args.results), title, "python " + " ".join(sys.argv), lines,
+        command = "python -m benchmarks.serving.bench_grpc_vs_inprocess " + " ".join(sys.argv[1:])
+        record_results(Path(args.results), title, command, lines,
                        notes=f"Client: {args.client_procs} worker processes with raw grpc.aio stubs on loopback."
                               + (f" Server GIL switch interval {args.server_switch_interval} s."
                                  if args.server_switch_interval else ""))

@@ -4,10 +4,10 @@ rates against a real ``loraplex-server`` process on a dummy model, through gRPC 
 Per (prefix cache, edge, workload, number of adapters, rate): completed requests, request and
 output-token throughput, TTFT and TPOT p50/p99, ITL p99, goodput under an SLO, and each adapter
 workload's overhead against the base model at the same rate. The request stream (ShareGPT-like
-lengths, adapter draws, shared system prompts) is serve_workload.py's; the clients
-serve_clients.py's; the figures serve_metrics.py's.
+lengths, adapter draws, shared system prompts) is open_loop_workload.py's; the clients
+open_loop_clients.py's; the figures open_loop_metrics.py's.
 
-    python benchmarks/bench_serve.py --model tiny --rates 2,inf --num-requests 20 --edge both \
+    python -m benchmarks.serving.bench_open_loop --model tiny --rates 2,inf --num-requests 20 --edge both \
         --prompt-mean 32 --output-mean 16 --max-prompt-len 128 --max-output-len 64
 """
 
@@ -22,16 +22,14 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
 
-from benchmarks.bench_serve_args import parse_args  # noqa: E402
-from benchmarks.serve_adapters import adapter_names, link_subset, write_adapters  # noqa: E402
-from benchmarks.serve_clients import ClientPool, Endpoint  # noqa: E402
-from benchmarks.serve_metrics import RequestRecord, Slo, Summary, summarize  # noqa: E402
-from benchmarks.serve_process import prefix_cache_tokens, start_server  # noqa: E402
-from benchmarks.serve_report import RunKey, failures, rate_label, table  # noqa: E402
-from benchmarks.serve_workload import BenchRequest, LengthDist, WorkloadSpec, build_requests  # noqa: E402
+from benchmarks.serving.open_loop_args import parse_args
+from benchmarks.serving.adapter_folders import adapter_names, link_subset, write_adapters
+from benchmarks.serving.open_loop_clients import ClientPool, Endpoint
+from benchmarks.serving.open_loop_metrics import RequestRecord, Slo, Summary, summarize
+from benchmarks.common.server import prefix_cache_tokens, start_server
+from benchmarks.serving.open_loop_report import RunKey, failures, rate_label, table
+from benchmarks.serving.open_loop_workload import BenchRequest, LengthDist, WorkloadSpec, build_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +216,9 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
                   {r.key: r.prefix_hit for r in results})
     print("\n".join(["", f"## {title(args)}", "", *lines, "", notes(args, runs)]))
     if args.results:
-        from benchmarks.results import record_results
+        from benchmarks.common.results import record_results
 
-        command = "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m benchmarks.serving.bench_open_loop " + " ".join(argv if argv is not None else sys.argv[1:])
         record_results(Path(args.results), title(args), command, lines, notes(args, runs))
     return results
 

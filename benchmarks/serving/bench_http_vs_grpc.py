@@ -22,13 +22,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))  # last: its kernels/ must not shadow HF kernels
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks import ROOT
 
-from results import record_results  # noqa: E402
+from benchmarks.common.results import record_results
 
-from loraplex.clients import AsyncLoraplexClient, LoraplexClient  # noqa: E402
+from loraplex.clients import AsyncLoraplexClient, LoraplexClient
 
 
 def _free_port() -> int:
@@ -138,7 +136,7 @@ def main() -> None:
                  f"{os.cpu_count()} cores; client and server on one machine; wall time per streamed token, median "
                  f"of {args.repeats} runs per edge, alternating.")
         record_results(args.results, "HTTP (OpenAI SSE) streaming overhead against gRPC, CPU",
-                       "python " + " ".join(sys.argv), rows, notes)
+                       "python -m benchmarks.serving.bench_http_vs_grpc " + " ".join(sys.argv[1:]), rows, notes)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Every fetch checks the sha256 of each file in the store and again in the client.
 Needs redis-server on PATH and moto[server] installed. S3 here is moto (a Python HTTP
 server), so the S3 numbers are a floor, not what AWS S3 would give.
 
-Usage: python benchmarks/bench_store.py [--size-mb 80] [--repeats 5] [--results benchmarks/RESULTS.md]
+Usage: python -m benchmarks.store.bench_store [--size-mb 80] [--repeats 5] [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -34,15 +34,13 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.append(str(REPO))  # last: its kernels/ must not shadow HF kernels
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import ROOT as REPO
 
-from loraplex.adapter_store.backends.redis_cache import RedisBlobCache  # noqa: E402
-from loraplex.adapter_store.backends.redis_conn import connect  # noqa: E402
-from loraplex.adapter_store.client import StoreClient  # noqa: E402
-from loraplex.adapter_store.settings import RedisSettings  # noqa: E402
-from results import record_results  # noqa: E402
+from loraplex.adapter_store.backends.redis_cache import RedisBlobCache
+from loraplex.adapter_store.backends.redis_conn import connect
+from loraplex.adapter_store.client import StoreClient
+from loraplex.adapter_store.settings import RedisSettings
+from benchmarks.common.results import record_results
 
 # Llama-2-7B projection shapes (in, out); rank 16 on all 7 in 32 layers is ~80 MB in bf16.
 SHAPES = {"q_proj": (4096, 4096), "k_proj": (4096, 4096), "v_proj": (4096, 4096), "o_proj": (4096, 4096),
@@ -146,7 +144,7 @@ def write_results(path: Path, table: list[str]) -> None:
     host = (f"{cpu}, {os.cpu_count()} cores (no GPU); 1-minute load average at the end: "
             f"{os.getloadavg()[0]:.1f} (other jobs share this machine: timings vary run to run)")
     record_results(path, "Adapter store: upload and fetch of an 80 MB adapter",
-                   f"python benchmarks/bench_store.py {' '.join(sys.argv[1:])}", table, machine_name=host)
+                   f"python -m benchmarks.store.bench_store {' '.join(sys.argv[1:])}", table, machine_name=host)
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
-"""The open-loop clients of bench_serve.py: each request sent at its time over gRPC or HTTP, timed.
+"""The open-loop clients of bench_open_loop.py: each request sent at its time over gRPC or HTTP, timed.
 
-gRPC goes through the raw generated stubs on grpc.aio (as bench_serving.py's workers), HTTP
-through serve_http.py's raw SSE reader on /v1/completions (``prompt`` as token ids, ``model`` =
+gRPC goes through the raw generated stubs on grpc.aio (as bench_grpc_vs_inprocess.py's workers), HTTP
+through sse_client.py's raw SSE reader on /v1/completions (``prompt`` as token ids, ``model`` =
 the adapter id or the base model's id, ``stream_options.include_usage`` for the token count).
 Both ask for greedy decoding, ``ignore_eos`` and max_new_tokens = the drawn output length; a
 constrained request (``--constrained-fraction``) asks for CONSTRAINED_SCHEMA instead of ``ignore_eos``:
@@ -24,9 +24,9 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from benchmarks.serve_http import HttpError, post_json
-from benchmarks.serve_metrics import RequestRecord
-from benchmarks.serve_workload import BenchRequest
+from benchmarks.serving.sse_client import HttpError, post_json
+from benchmarks.serving.open_loop_metrics import RequestRecord
+from benchmarks.serving.open_loop_workload import BenchRequest
 
 EDGES = ("grpc", "http")
 CONSTRAINED_SCHEMA = json.dumps({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},

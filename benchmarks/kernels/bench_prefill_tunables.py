@@ -2,23 +2,22 @@
 the launcher's prefill split (PREFILL_MAX_BLOCKS_PER_SM: the shrink's split-K blocks a
 multiprocessor), each checked against the Loop baseline before it is timed.
 
-    python3 benchmarks/bench_prefill_tunables.py [BLOCKS ...]
+    python3 -m benchmarks.kernels.bench_prefill_tunables [BLOCKS ...]
 
 With no BLOCKS, the launcher's own. Prints one line per case and setting: device microseconds
-(CUDA-graph replays, bench_kernels.time_graph) and the share of the bandwidth roofline (bytes /
-4.23 TB/s). Run it from another tree (cd there; it imports the kernels of the working directory)
-to compare two versions in one lease."""
+(CUDA-graph replays, bench_add_lora.time_graph) and the share of the bandwidth roofline (bytes /
+4.23 TB/s). To time another version's kernels with this script (two versions in one lease), run it
+from this checkout's root with ``PYTHONPATH=<that tree>``: the benchmarks package puts this
+checkout's root last on ``sys.path``, so ``loraplex`` comes from that tree."""
 import math
 import sys
 
 import torch
 
-sys.path.insert(0, "benchmarks")
-sys.path.append(".")  # the kernels of the tree it is run from
-import bench_kernels as bk  # noqa: E402
-from loraplex.kernels import cuda as kcuda  # noqa: E402
-from loraplex.kernels.checks import check_args  # noqa: E402
-from loraplex.kernels.cuda import _launch  # noqa: E402
+from benchmarks.kernels import bench_add_lora as bk
+from loraplex.kernels import cuda as kcuda
+from loraplex.kernels.checks import check_args
+from loraplex.kernels.cuda import _launch
 
 # (h_out, rank, segments, rank cap: the workspace's R, which picks the kernel variant; the server's
 # default cap is 128, so its rank-16 prefills run the r128 variants)

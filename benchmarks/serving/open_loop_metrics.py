@@ -1,4 +1,4 @@
-"""Per-request timestamps -> the figures bench_serve.py reports (as ``vllm bench serve`` defines them).
+"""Per-request timestamps -> the figures bench_open_loop.py reports (as ``vllm bench serve`` defines them).
 
 - TTFT: first streamed message's arrival - send time.
 - TPOT: (last message's arrival - first message's arrival) / (output tokens - 1), per request;

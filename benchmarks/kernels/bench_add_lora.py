@@ -5,7 +5,7 @@ Device time from CUDA events around CUDA-graph replays (each graph holds many ca
 rotating over several table sets and adapters, and over copies of x and y where one call's
 would fit in L2, so repeated calls do not just re-read L2); median over replays. Every kernel result is checked against the Loop baseline first.
 
-    python3 benchmarks/bench_kernels.py [--quick] [--out results.json]
+    python3 -m benchmarks.kernels.bench_add_lora [--quick] [--out results.json]
 """
 
 from __future__ import annotations
@@ -14,16 +14,14 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
-from loraplex.kernels import cuda as kcuda  # noqa: E402
-from loraplex.kernels.operands import LoraOperands  # noqa: E402
-from gpu_ceilings import measure_copy_bandwidth  # noqa: E402
+from loraplex.kernels import cuda as kcuda
+from loraplex.kernels.operands import LoraOperands
+from benchmarks.common.gpu_ceilings import measure_copy_bandwidth
 
 HBM_BPS = 4.23e12  # measured copy bandwidth (PERF.md)
 TC_FLOPS = 790e12  # measured bf16 dense matmul

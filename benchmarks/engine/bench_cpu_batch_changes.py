@@ -6,7 +6,7 @@ projections. Eight requests start together; each time one finishes, a new reques
 with an adapter that is resident in the pool but not running (``--cold``: one never
 loaded, so the pool is written first). Step times are engine steps (``LLMEngine.step``).
 
-    python benchmarks/bench_cpu_arrivals.py [--cold] [--results benchmarks/RESULTS.md]
+    python -m benchmarks.engine.bench_cpu_batch_changes [--cold] [--results benchmarks/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -19,19 +19,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # last: its kernels/ must not shadow HF kernels
 
-from random_adapters import RandomAdapterSource  # noqa: E402
-from results import record_results  # noqa: E402
+from benchmarks.common.random_adapters import RandomAdapterSource
+from benchmarks.common.results import record_results
 
-from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
-from loraplex.inference_server.engine.factory import assemble  # noqa: E402
-from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria  # noqa: E402
-from loraplex.inference_server.model.checkpoint import ModelSource  # noqa: E402
-from loraplex.inference_server.model.loading import load_checkpoint  # noqa: E402
-from loraplex.inference_server.model.weights import build_model  # noqa: E402
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import assemble
+from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.model.checkpoint import ModelSource
+from loraplex.inference_server.model.loading import load_checkpoint
+from loraplex.inference_server.model.weights import build_model
 
 BATCH, ARRIVALS = 8, 8
 
@@ -87,7 +85,7 @@ def main() -> None:
     if args.results:
         kind = "not yet loaded" if args.cold else "resident, not running"
         record_results(args.results, f"CPU engine under continuous arrivals (newcomers' adapters {kind})",
-                       "python " + " ".join(sys.argv), rows)
+                       "python -m benchmarks.engine.bench_cpu_batch_changes " + " ".join(sys.argv[1:]), rows)
 
 
 if __name__ == "__main__":
