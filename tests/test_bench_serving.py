@@ -22,12 +22,11 @@ def test_delivery_counts_every_token_of_a_merged_message() -> None:
 
 def test_a_round_over_grpc_streams_every_token(tmp_path: Path) -> None:
     args = argparse.Namespace(engine="synthetic", step_ms=1.0, streams=[4], new_tokens=16, client_procs=2)
-    server, address = bench_grpc_vs_inprocess.start_server(args, tmp_path)
+    server = bench_grpc_vs_inprocess.start_server(args, tmp_path)
     try:
-        results = bench_grpc_vs_inprocess.run_rounds_over_grpc(args, address, ["a0", "a1"])
+        results = bench_grpc_vs_inprocess.run_rounds_over_grpc(args, server.grpc_address, ["a0", "a1"])
     finally:
-        server.terminate()
-        server.wait(60)
+        server.stop()
     first, four = results[1], results[4]
     assert first["tokens"] == 16 and four["tokens"] == 4 * 16
     assert not math.isnan(four["delivery_p50_ms"]) and four["delivery_p50_ms"] >= 0.0

@@ -1,7 +1,11 @@
-"""A real ``loraplex-server`` process for the serving benchmarks: start it, wait until it serves, stop it.
+"""The one way the benchmarks start a server: a real process on loopback, started, waited for until it
+serves, stopped.
 
-bench_grpc_vs_inprocess.py and bench_open_loop.py both reach the server the way a deployment does: a separate
-process on loopback, its gRPC port and (for bench_serve) its OpenAI-compatible HTTP port.
+bench_open_loop, bench_grpc_vs_inprocess and bench_http_vs_grpc all reach the server the way a
+deployment does: a separate process, its gRPC port and (where asked) its OpenAI-compatible HTTP
+port. ``start_server`` runs ``loraplex-server`` (``SERVER``) or another program that takes the same
+port flags (the synthetic engine's server, ``SYNTHETIC_SERVER``; the server with a GIL switch
+interval, ``server_with_switch_interval``).
 """
 
 from __future__ import annotations
@@ -103,12 +107,26 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(flags: list[str], log: Path, http: bool = True, timeout: float = 600.0) -> Server:
-    """``python -m loraplex.inference_server.main <flags>`` on free gRPC (and HTTP) ports, metrics off,
-    output to ``log``; returns once it serves. ``flags`` name the model, device, adapters."""
+SERVER = ("-P", "-m", "loraplex.inference_server.main")
+# the model-free engine behind the real server: a module of this package, so the checkout root is on
+# sys.path (the package puts it last) instead of -P
+SYNTHETIC_SERVER = ("-m", "benchmarks.serving.synthetic_engine")
+
+
+def server_with_switch_interval(seconds: float) -> tuple[str, ...]:
+    """loraplex-server with ``sys.setswitchinterval(seconds)`` (the GIL hand-off interval) set first."""
+    return ("-P", "-c", f"import sys; sys.setswitchinterval({seconds}); "
+                        "from loraplex.inference_server.main import main; sys.exit(main())")
+
+
+def start_server(flags: list[str], log: Path, http: bool = True, timeout: float = 600.0,
+                 program: tuple[str, ...] = SERVER) -> Server:
+    """``python <program> <flags>`` on free gRPC (and HTTP) ports, metrics off, output to ``log``;
+    returns once it serves (RuntimeError with the log's tail if it exits first). ``flags`` name the
+    model, device, adapters; ``program`` is ``SERVER`` unless another server is meant."""
     port, http_port = free_port(), free_port() if http else 0
-    cmd = [sys.executable, "-P", "-m", "loraplex.inference_server.main", *flags, "--port", str(port),
-           "--http-port", str(http_port), "--metrics-port", "0"]
+    cmd = [sys.executable, *program, *flags, "--port", str(port), "--http-port", str(http_port),
+           "--metrics-port", "0"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     try:

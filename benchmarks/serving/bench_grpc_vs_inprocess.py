@@ -21,16 +21,15 @@ import asyncio
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import ROOT as REPO
 
 from benchmarks.serving.adapter_folders import adapter_names, write_adapters
-from benchmarks.common.server import free_port, wait_serving
+from benchmarks.common.server import SERVER, SYNTHETIC_SERVER, Server, server_with_switch_interval
+from benchmarks.common.server import start_server as launch
 
 PROMPT = list(range(10, 42))  # 32 prompt tokens
 
@@ -182,22 +181,18 @@ def run_rounds_over_grpc(args: argparse.Namespace, address: str, adapters: list[
     return results
 
 
-def start_server(args: argparse.Namespace, adapter_dir: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_server(args: argparse.Namespace, adapter_dir: Path) -> Server:
+    """The server under test on a free gRPC port (HTTP off), its output in ``adapter_dir/server.log``:
+    the synthetic engine's, or loraplex-server on the dummy model (with ``--server-switch-interval``,
+    that GIL hand-off interval set first)."""
+    log = adapter_dir / "server.log"
     if args.engine == "synthetic":
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.serving.synthetic_engine", "--port", str(port),
-                                 "--step-ms", str(args.step_ms)], cwd=REPO)
-        return proc, wait_serving(f"127.0.0.1:{port}", proc)
-    launcher = ["-P", "-m", "loraplex.inference_server.main"]
-    if args.server_switch_interval:  # experiment: the GIL hand-off interval of the server process
-        launcher = ["-P", "-c", f"import sys; sys.setswitchinterval({args.server_switch_interval}); "
-                          "from loraplex.inference_server.main import main; sys.exit(main())"]
-    cmd = [sys.executable, *launcher, "--model-format", "dummy", "--model", args.model,
-           "--device", args.device, "--dtype", args.dtype, "--port", str(port), "--metrics-port", "0",
-           "--adapter-dir", str(adapter_dir), "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
-           "--num-kv-blocks", str(args.kv_blocks), "--http-port", "0", "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, cwd=REPO)
-    return proc, wait_serving(f"127.0.0.1:{port}", proc)
+        return launch(["--step-ms", str(args.step_ms)], log, http=False, program=SYNTHETIC_SERVER)
+    program = server_with_switch_interval(args.server_switch_interval) if args.server_switch_interval else SERVER
+    flags = ["--model-format", "dummy", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
+             "--adapter-dir", str(adapter_dir), "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
+             "--num-kv-blocks", str(args.kv_blocks), "--log-level", "WARNING"]
+    return launch(flags, log, http=False, program=program)
 
 
 # ---------------------------------------------------------------- adapters, report
@@ -246,12 +241,11 @@ def main() -> None:
     try:
         adapters = make_adapters(args, adapter_dir) if args.engine == "model" else [f"a{i}" for i in range(args.adapters)]
         inproc = asyncio.run(run_in_process(args, adapter_dir, adapters))
-        server, address = start_server(args, adapter_dir)
+        server = start_server(args, adapter_dir)
         try:
-            over_grpc = run_rounds_over_grpc(args, address, adapters)
+            over_grpc = run_rounds_over_grpc(args, server.grpc_address, adapters)
         finally:
-            server.terminate()
-            server.wait(60)
+            server.stop()
     finally:
         shutil.rmtree(adapter_dir, ignore_errors=True)
     lines = table(inproc, over_grpc, args.streams)

@@ -13,48 +13,28 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from benchmarks import ROOT
 
 from benchmarks.common.results import record_results
+from benchmarks.common.server import start_server
 
-from loraplex.clients import AsyncLoraplexClient, LoraplexClient
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from loraplex.clients import AsyncLoraplexClient
 
 
-def start_server(model: str, fmt: str, max_seqs: int, workdir: Path) -> tuple[subprocess.Popen, int, int]:
-    grpc_port, http_port = _free_port(), _free_port()
-    args = [sys.executable, "-P", "-m", "loraplex.inference_server.main", "--model", model, "--model-format", fmt,
-            "--device", "cpu",
-            "--port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", "0",
-            "--max-num-seqs", str(max_seqs), "--num-kv-blocks", "4096", "--max-waiting", "1024",
-            "--adapter-dir", str(workdir / "adapters"), "--log-level", "WARNING"]
-    log = open(workdir / "server.log", "w")  # noqa: SIM115  (closed with the process)
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    with LoraplexClient(f"127.0.0.1:{grpc_port}", timeout=5) as client:
-        deadline = time.monotonic() + 300
-        while client.health() != "SERVING":
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((workdir / "server.log").read_text()[-2000:])
-            time.sleep(0.2)
-    return proc, grpc_port, http_port
+def server_flags(model: str, fmt: str, max_seqs: int, workdir: Path) -> list[str]:
+    """loraplex-server's flags: the model on the CPU, room for ``max_seqs`` streams, no adapters."""
+    return ["--model", model, "--model-format", fmt, "--device", "cpu", "--max-num-seqs", str(max_seqs),
+            "--num-kv-blocks", "4096", "--max-waiting", "1024", "--adapter-dir", str(workdir / "adapters"),
+            "--log-level", "WARNING"]
 
 
-async def grpc_streams(port: int, n: int, tokens: int) -> int:
-    async with AsyncLoraplexClient(f"127.0.0.1:{port}", timeout=600) as client:
+async def grpc_streams(address: str, n: int, tokens: int) -> int:
+    async with AsyncLoraplexClient(address, timeout=600) as client:
         async def one(i: int) -> int:
             count = 0
             async for event in client.generate(prompt=f"story {i}", max_new_tokens=tokens, ignore_eos=True):
@@ -91,11 +71,11 @@ def _timed(run) -> tuple[float, int]:  # noqa: ANN001
     return time.perf_counter() - start, tokens
 
 
-def measure(grpc_port: int, http_port: int, model: str, n: int, tokens: int, repeats: int) -> dict[str, float]:
+def measure(grpc_address: str, http_port: int, model: str, n: int, tokens: int, repeats: int) -> dict[str, float]:
     """Median microseconds per streamed token over each edge (alternating runs)."""
     per_token: dict[str, list[float]] = {"grpc": [], "http": []}
     for _ in range(repeats):
-        for edge, run in (("grpc", lambda: grpc_streams(grpc_port, n, tokens)),
+        for edge, run in (("grpc", lambda: grpc_streams(grpc_address, n, tokens)),
                           ("http", lambda: http_streams(http_port, model, n, tokens))):
             seconds, streamed = _timed(run)
             if streamed != n * tokens:
@@ -116,20 +96,19 @@ def main() -> None:
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        proc, grpc_port, http_port = start_server(args.model, args.model_format, max(counts), Path(tmp))
+        server = start_server(server_flags(args.model, args.model_format, max(counts), Path(tmp)),
+                              Path(tmp) / "server.log", timeout=300)
         try:
-            model = json.loads(urllib.request.urlopen(
-                f"http://127.0.0.1:{http_port}/v1/models", timeout=5).read())["data"][0]["id"]
-            measure(grpc_port, http_port, model, 4, 8, 1)  # warm-up: connections, first steps
+            address, http_port, model = server.grpc_address, server.http_port, server.base_model
+            measure(address, http_port, model, 4, 8, 1)  # warm-up: connections, first steps
             rows = ["| streams | gRPC µs/token | HTTP µs/token | HTTP overhead µs/token |",
                     "| ---: | ---: | ---: | ---: |"]
             for n in counts:
-                m = measure(grpc_port, http_port, model, n, args.tokens, args.repeats)
+                m = measure(address, http_port, model, n, args.tokens, args.repeats)
                 rows.append(f"| {n} | {m['grpc']:.0f} | {m['http']:.0f} | {m['http'] - m['grpc']:+.0f} |")
                 print(rows[-1], flush=True)
         finally:
-            proc.terminate()
-            proc.wait(60)
+            server.stop()
     print("\n".join(rows))
     if args.results:
         notes = (f"{args.tokens} greedy tokens per stream, model {args.model} ({args.model_format}) on the CPU, "

@@ -134,8 +134,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--step-ms", type=_positive, default=1.0)
+    parser.add_argument("--http-port", type=int, default=0, help="the OpenAI-compatible HTTP port (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics (0: off)")
     args = parser.parse_args()
-    settings = ServerSettings.from_sources(["--port", str(args.port), "--metrics-port", "0", "--http-port", "0",
+    settings = ServerSettings.from_sources(["--port", str(args.port), "--metrics-port", str(args.metrics_port),
+                                            "--http-port", str(args.http_port),
                                             "--log-level", "WARNING", "--max-concurrent-streams", "100000"], {})
     configure_logging(settings)
     return asyncio.run(serve(settings, build=lambda: SyntheticEngine(args.step_ms / 1000)))
