@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from pathlib import Path
 
 
 def _f(v) -> str:
@@ -40,7 +41,9 @@ def prefill_table(rows: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    data = json.load(open(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", type=Path, help="what bench_add_lora --out wrote")
+    data = json.loads(parser.parse_args().json.read_text())
     res = data["results"]
     pre = [r for r in res if r["workload"].startswith("prefill")]
     dec = [r for r in res if not r["workload"].startswith("prefill")]

@@ -9,8 +9,8 @@ With no BLOCKS, the launcher's own. Prints one line per case and setting: device
 4.23 TB/s). To time another version's kernels with this script (two versions in one lease), run it
 from this checkout's root with ``PYTHONPATH=<that tree>``: the benchmarks package puts this
 checkout's root last on ``sys.path``, so ``loraplex`` comes from that tree."""
+import argparse
 import math
-import sys
 
 import torch
 
@@ -49,7 +49,10 @@ def timed(rt, pool, sets, io, ws, h_out):
 
 
 def main():
-    configs = sys.argv[1:] or ["default"]  # "default": the launcher's settings as they are
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("blocks", nargs="*",
+                        help="PREFILL_MAX_BLOCKS_PER_SM settings to time (none: the launcher's own)")
+    configs = parser.parse_args().blocks or ["default"]  # "default": the launcher's settings as they are
     rt = kcuda.default_cache().get(torch.device("cuda", 0))
     gen = torch.Generator().manual_seed(0)
     for h_out, rank, w, cap in CASES:
