@@ -6,6 +6,7 @@ itself reads as a report: short, the targets table first, no session diary."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -134,3 +135,14 @@ def test_results_page_has_no_session_diary_and_links_its_history_and_method() ->
     assert "QA:" not in text
     assert "history/RESULTS-2026.md" in text and (REPO / "benchmarks" / "history" / "RESULTS-2026.md").is_file()
     assert "docs/PERFORMANCE.md" in text and (REPO / "docs" / "PERFORMANCE.md").is_file()
+
+
+# The dated log kept before RESULTS.md existed: closed for good. New figures go to RESULTS.md (a run
+# replaces its own section there) and its history to git; this file does not change again.
+HISTORY_SHA256 = "87c1b242a47bdf4e9f5f9109e28d5f2eb5ad30340fba2fae7813e16b4ef4fe3f"
+
+
+def test_the_2026_history_is_closed() -> None:
+    digest = hashlib.sha256((REPO / "benchmarks" / "history" / "RESULTS-2026.md").read_bytes()).hexdigest()
+    assert digest == HISTORY_SHA256, (
+        "benchmarks/history/RESULTS-2026.md changed: it is closed; record new runs in benchmarks/RESULTS.md")

@@ -92,7 +92,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--results", type=Path, default=None,
-                    help="record the run in this page (benchmarks/history/RESULTS-2026.md; RESULTS.md is at its length)")
+                    help="write this run's section into this page, in place of the one of its title "
+                         "(benchmarks/RESULTS.md; benchmarks/history/ is closed)")
     args = ap.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
