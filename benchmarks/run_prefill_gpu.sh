@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the kernel tests, then the prefill kernels' tunables swept (add_lora, shrink
 # and expand alone), optionally after the same cases on another version's kernels, then the
-# prefill rows of bench_kernels. Logs into $OUT (or ./.out).
+# prefill rows of bench_add_lora. Logs into $OUT (or ./.out).
 # Usage: [BASE=dir] bash benchmarks/run_prefill_gpu.sh [BLOCKS ...]
 #   BASE: a folder with that version's loraplex/ and the folders it links (e.g. `git archive main loraplex
 #   kernels | tar -x -C .gpu-assets/base`, carried with the tree), timed with this tree's script (its

@@ -18,4 +18,4 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 [ -f loraplex/v1/inference_pb2.py ] || { echo "loraplex/ (the generated gRPC code) was not carried" >&2; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m benchmarks.serving.bench_open_loop --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_serve.log"
+python3 -m benchmarks.serving.bench_open_loop --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_open_loop.log"

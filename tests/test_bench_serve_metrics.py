@@ -1,4 +1,5 @@
-"""bench_serve's figures (benchmarks/serving/open_loop_metrics.py, open_loop_report.py) from hand-made timestamps."""
+"""bench_open_loop's figures (benchmarks/serving/open_loop_metrics.py, open_loop_report.py) from
+hand-made timestamps."""
 
 from __future__ import annotations
 

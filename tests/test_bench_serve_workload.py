@@ -1,4 +1,4 @@
-"""bench_serve's request stream (benchmarks/serving/open_loop_workload.py): seeded, Poisson, bounded lengths,
+"""bench_open_loop's request stream (benchmarks/serving/open_loop_workload.py): seeded, Poisson, bounded lengths,
 adapter draws that have the properties their names claim, shared prefixes per adapter."""
 
 from __future__ import annotations

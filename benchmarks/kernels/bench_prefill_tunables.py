@@ -28,7 +28,7 @@ CASES = [(4096, 16, "prefill4096", 16), (4096, 16, "prefill512", 16), (4096, 16,
 
 def io_pairs(h_out: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(x, y) copies for the calls to cycle over: twice the 60 MB L2 in all, at most `count`
-    (as bench_kernels.io_buffers, kept here so that the script also runs over older trees)."""
+    (as bench_add_lora.io_buffers, kept here so that the script also runs over older trees)."""
     n = max(1, min(count, math.ceil(120e6 / (4096 * (4096 + h_out) * 2))))
     return [(torch.randn(4096, 4096, device="cuda", dtype=bk.DT), torch.randn(4096, h_out, device="cuda", dtype=bk.DT))
             for _ in range(n)]

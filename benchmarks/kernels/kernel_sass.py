@@ -1,6 +1,6 @@
 """What the LoRA kernels compile to on sm_90, without a GPU: each launched variant's registers,
 spills, shared memory and SASS instruction mix, and the grids the launch plans give for the
-bench_kernels cases. For reading a kernel's time against its roofline (RESULTS.md, "from the
+bench_add_lora cases. For reading a kernel's time against its roofline (RESULTS.md, "from the
 disassembly").
 
 Needs nvcc and cuobjdump (``pip install nvidia-cuda-cuobjdump`` puts one under
@@ -30,7 +30,7 @@ from loraplex.kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_
 CSRC = ROOT / "kernels" / "csrc"
 SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
 OPCODES = ("LDG", "LDGSTS", "LDS", "LDS.U16", "STS", "STG", "HMMA", "FFMA", "BAR", "MEMBAR", "ATOMG", "S2R")
-# name, rows, segments (adapters), rank, mode (0 SGMV, 1 BGMV): bench_kernels' cases at h = 4096
+# name, rows, segments (adapters), rank, mode (0 SGMV, 1 BGMV): bench_add_lora's cases at h = 4096
 CASES = (("B1 Distinct", 1, 1, 16, 0), ("B64 Distinct", 64, 64, 16, 0), ("B64 Distinct BGMV", 64, 64, 16, 1),
          ("B64 Identical", 64, 1, 16, 0), ("prefill T=4096 r16", 4096, 1, 16, 0),
          ("prefill T=4096 r64 (8 x 512)", 4096, 8, 64, 0), ("prefill T=4096 r128 (4 x 1024)", 4096, 4, 128, 0))

@@ -131,7 +131,7 @@ class BenchRequest:
     prompt: tuple[int, ...]
     output_len: int
     adapter: str | None
-    constrained: bool = False  # sent with serve_clients.CONSTRAINED_SCHEMA as its response format
+    constrained: bool = False  # sent with open_loop_clients.CONSTRAINED_SCHEMA as its response format
 
 
 def arrival_offsets(rng: np.random.Generator, n: int, rate: float, burstiness: float = 1.0) -> np.ndarray:
