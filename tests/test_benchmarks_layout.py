@@ -77,3 +77,15 @@ def test_benchmarks_import_nothing_from_tests() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             for name in names:
                 assert name.split(".")[0] not in test_modules, f"{path.relative_to(REPO)} imports {name}"
+
+
+def test_a_benchmark_process_from_the_checkout_root_imports_transformers_models() -> None:
+    """``python -m benchmarks...`` puts the root first, where its kernels/ would shadow Hugging
+    Face's kernels (transformers' modeling code imports it): the package puts the root last."""
+    import subprocess
+    import sys
+
+    code = "import benchmarks, kernels; from transformers import LlamaForCausalLM; print(kernels.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).parent != REPO / "kernels"
