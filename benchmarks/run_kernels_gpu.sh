@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: kernel tests, optionally Nsight Compute, then the
 # kernel benchmark; logs into $OUT (or ./.out).
-# Usage: bash benchmarks/run_kernels_gpu.sh [--ncu] [bench_kernels.py args...]
+# Usage: bash benchmarks/run_kernels_gpu.sh [--ncu] [bench_add_lora.py args...]
 set -o pipefail
 OUT=${OUT:-.out}
 mkdir -p "$OUT"
@@ -15,7 +15,7 @@ if [ "$1" = "--ncu" ]; then
     M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
   done
   timeout 240 ncu --clock-control none -k regex:lora_ --launch-skip 6 --metrics "$M" \
-    python3 benchmarks/profile_kernels.py > "$OUT/ncu.txt" 2>&1
+    python3 -m benchmarks.kernels.profile_add_lora > "$OUT/ncu.txt" 2>&1
   grep -E "lora_|duration|throughput|warps_active|stalled" "$OUT/ncu.txt" | sed -E 's/ +/ /g' | cut -c1-150
 fi
-timeout 420 python3 benchmarks/bench_kernels.py "$@" --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+timeout 420 python3 -m benchmarks.kernels.bench_add_lora "$@" --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"

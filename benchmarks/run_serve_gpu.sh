@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: bench_serve.py with the given arguments, after installing the server's
+# On the GPU machine: bench_open_loop.py with the given arguments, after installing the server's
 # Python packages the machine's image lacks from carried wheels (.whl: grpcio's health and
 # reflection services, starlette, uvicorn, pydantic, gguf, redis, boto3) and with the generated
 # gRPC code (loraplex/, from `make protos`; grpcio-tools 1.84.0 makes it, so the image's grpcio
@@ -18,4 +18,4 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 [ -f loraplex/v1/inference_pb2.py ] || { echo "loraplex/ (the generated gRPC code) was not carried" >&2; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 benchmarks/bench_serve.py --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_serve.log"
+python3 -m benchmarks.serving.bench_open_loop --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_open_loop.log"

@@ -1,27 +1,21 @@
-"""benchmarks/bench_pool.py's decode rows run end to end on the CPU (a tiny model), so the
+"""benchmarks/engine/bench_pool.py's decode rows run end to end on the CPU (a tiny model), so the
 device time spent on them is not lost to a broken script: every loading phase runs between
 idle windows, loads what it says, and reports its rise against its own neighbours."""
 
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import bench_pool  # noqa: E402
-import pool_ttft  # noqa: E402
-from random_adapters import RandomAdapterSource  # noqa: E402
-
-from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: E402
-from loraplex.inference_server.engine.config import EngineConfig  # noqa: E402
-from loraplex.inference_server.engine.factory import assemble  # noqa: E402
-from loraplex.inference_server.model.config import ModelConfig  # noqa: E402
-from loraplex.inference_server.model.dummy import byte_level_tokenizer  # noqa: E402
-from loraplex.inference_server.model.llama import LlamaForCausalLM  # noqa: E402
+from benchmarks.common.random_adapters import RandomAdapterSource
+from benchmarks.engine import bench_pool, pool_ttft
+from loraplex.inference_server.engine.async_engine import AsyncEngine
+from loraplex.inference_server.engine.config import EngineConfig
+from loraplex.inference_server.engine.factory import assemble
+from loraplex.inference_server.model.config import ModelConfig
+from loraplex.inference_server.model.dummy import byte_level_tokenizer
+from loraplex.inference_server.model.llama import LlamaForCausalLM
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""benchmarks/bench_redis_read.py runs end to end against a real redis-server (a small blob),
+"""benchmarks/store/bench_redis_read.py runs end to end against a real redis-server (a small blob),
 so a broken script is found here and not on the device."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_redis_read.py"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow  # starts redis-server
 def test_bench_redis_read_prints_every_row(redis_url) -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--redis-url", redis_url, "--mb", "2", "--reps", "1"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.store.bench_redis_read", "--redis-url", redis_url, "--mb", "2",
+                          "--reps", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     rows = re.findall(r"^\| (.+) \| ([\d.]+) \|$", out.stdout, re.M)
     names = [name for name, _ in rows]

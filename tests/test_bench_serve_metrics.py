@@ -1,4 +1,5 @@
-"""bench_serve's figures (benchmarks/serve_metrics.py, serve_report.py) from hand-made timestamps."""
+"""bench_open_loop's figures (benchmarks/serving/open_loop_metrics.py, open_loop_report.py) from
+hand-made timestamps."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import math
 
 import pytest
 
-from benchmarks.serve_metrics import RequestRecord, Slo, summarize
-from benchmarks.serve_report import RunKey, failures, table
+from benchmarks.serving.open_loop_metrics import RequestRecord, Slo, summarize
+from benchmarks.serving.open_loop_report import RunKey, failures, table
 
 
 def _rec(i: int, sent: float, arrivals: list[float], tokens: int, expected: int | None = None,

@@ -1,4 +1,4 @@
-"""bench_serve.py end to end against a real loraplex-server process (tiny dummy model, CPU), and
+"""bench_open_loop.py end to end against a real loraplex-server process (tiny dummy model, CPU), and
 its parts that need no server: adapter folders, server flags, the command line."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_serve
-from benchmarks.bench_serve_args import byte_size, parse_args
-from benchmarks.serve_adapters import adapter_names, link_subset, write_adapters
+from benchmarks.serving import bench_open_loop
+from benchmarks.serving.open_loop_args import byte_size, parse_args
+from benchmarks.serving.adapter_folders import adapter_names, link_subset, write_adapters
 
 TINY_LOAD = ["--model", "tiny", "--prompt-mean", "24", "--output-mean", "12", "--max-prompt-len", "64",
              "--max-output-len", "32", "--client-procs", "2", "--warmup", "2"]
@@ -45,13 +45,13 @@ def test_adapters_are_valid_for_the_server(tmp_path: Path) -> None:
 def test_server_flags_pass_optional_settings_only_when_given() -> None:
     args = parse_args(["--model", "tiny", "--max-prompt-len", "64", "--max-output-len", "32", "--prompt-mean",
                        "24", "--output-mean", "12"])
-    flags = bench_serve.server_flags(args, Path("/x"), "off")
+    flags = bench_open_loop.server_flags(args, Path("/x"), "off")
     assert "--adapter-host-cache-bytes" not in flags and "--adapter-pool-bytes" not in flags
     assert flags[flags.index("--prefix-caching") + 1] == "off"
     args = parse_args(["--adapter-host-cache-bytes", "2GiB", "--adapter-pool-bytes", "512MiB",
                        "--server-arg", "--cuda-graphs off", "--max-prompt-len", "64", "--max-output-len", "32",
                        "--prompt-mean", "24", "--output-mean", "12"])
-    flags = bench_serve.server_flags(args, Path("/x"), "on")
+    flags = bench_open_loop.server_flags(args, Path("/x"), "on")
     assert flags[flags.index("--adapter-host-cache-bytes") + 1] == str(2 << 30)
     assert flags[flags.index("--adapter-pool-bytes") + 1] == str(512 << 20)
     assert flags[-2:] == ["--cuda-graphs", "off"]
@@ -69,10 +69,10 @@ def test_byte_sizes_and_bad_command_lines() -> None:
 
 def test_one_server_draws_each_count_from_its_own_subset() -> None:
     args = parse_args(["--one-server", "--num-adapters", "2,5", *TINY_LOAD])
-    subsets = bench_serve.count_subsets(args, [2, 5], adapter_names(5))
+    subsets = bench_open_loop.count_subsets(args, [2, 5], adapter_names(5))
     assert len(subsets[2]) == 2 and len(set(subsets[5])) == 5
-    assert bench_serve.plans(args) == [("on", [2, 5])]
-    assert bench_serve.plans(parse_args(["--num-adapters", "2,5", "--prefix-caching", "on,off", *TINY_LOAD])) == \
+    assert bench_open_loop.plans(args) == [("on", [2, 5])]
+    assert bench_open_loop.plans(parse_args(["--num-adapters", "2,5", "--prefix-caching", "on,off", *TINY_LOAD])) == \
         [("on", [2]), ("on", [5]), ("off", [2]), ("off", [5])]
 
 
@@ -95,7 +95,7 @@ def _check_complete(results: list) -> None:
 def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("# Results\n\n")
-    results = bench_serve.main(["--edge", "both", "--workload", "skewed,base", "--num-adapters", "3",
+    results = bench_open_loop.main(["--edge", "both", "--workload", "skewed,base", "--num-adapters", "3",
                                 "--rates", "8,inf", "--num-requests", "6", "--shared-prefix-len", "16",
                                 "--results", str(results_md), "--workdir", str(tmp_path), *TINY_LOAD])
     keys = [(r.key.edge, r.key.workload, r.key.rate) for r in results]
@@ -105,7 +105,7 @@ def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path,
         {"bench-0", "bench-1", "bench-2"}
     page = results_md.read_text()
     assert "## Open-loop serving (bench_serve): dummy tiny float32 on cpu, grpc+http, skewed,base" in page
-    assert "- command: `python benchmarks/bench_serve.py --edge both" in page
+    assert "- command: `python -m benchmarks.serving.bench_open_loop --edge both" in page
     assert page.count("| http | skewed | 3 |") == 2
     assert "| prefix cache | edge |" in capsys.readouterr().out
     shared = [r.prefix_hit for r in results if r.key.rate == 8.0]
@@ -114,33 +114,33 @@ def test_both_edges_complete_every_request_with_its_drawn_length(tmp_path: Path,
 
 @pytest.mark.slow
 def test_constrained_requests_run_to_their_drawn_length_on_both_edges(tmp_path: Path) -> None:
-    results = bench_serve.main(["--edge", "both", "--workload", "uniform", "--num-adapters", "2", "--rates", "inf",
+    results = bench_open_loop.main(["--edge", "both", "--workload", "uniform", "--num-adapters", "2", "--rates", "inf",
                                 "--num-requests", "8", "--constrained-fraction", "0.5", "--workdir", str(tmp_path),
                                 *TINY_LOAD])
     _check_complete(results)
     for result in results:
         assert 0 < sum(r.constrained for r in result.requests) < len(result.requests)
     args = parse_args(["--constrained-fraction", "0.25", *TINY_LOAD])
-    assert bench_serve.title(args).endswith(", 25% constrained, prefix cache on")
-    assert "25% of requests constrained to a JSON schema" in bench_serve.notes(args, {})
+    assert bench_open_loop.title(args).endswith(", 25% constrained, prefix cache on")
+    assert "25% of requests constrained to a JSON schema" in bench_open_loop.notes(args, {})
     with pytest.raises(SystemExit):
         parse_args(["--constrained-fraction", "1.5", *TINY_LOAD])
 
 
 def test_duration_sets_the_requests_per_rate_and_rate_inf_keeps_num_requests() -> None:
     args = parse_args(["--duration", "2.5", "--num-requests", "7", "--rates", "4,inf", *TINY_LOAD])
-    finite = bench_serve.spec_for(args, "skewed", ("a", "b"), 4.0, 1, 512)
+    finite = bench_open_loop.spec_for(args, "skewed", ("a", "b"), 4.0, 1, 512)
     assert finite.num_requests == 10 and finite.output.high == 32 and finite.prompt.mean == 24
-    assert bench_serve.spec_for(args, "skewed", ("a", "b"), math.inf, 1, 512).num_requests == 7
-    assert bench_serve.spec_for(args, "base", ("a", "b"), 4.0, 1, 512).adapters == ()
+    assert bench_open_loop.spec_for(args, "skewed", ("a", "b"), math.inf, 1, 512).num_requests == 7
+    assert bench_open_loop.spec_for(args, "base", ("a", "b"), 4.0, 1, 512).adapters == ()
 
 
 def test_burstiness_reaches_the_request_stream_and_the_notes(capsys) -> None:  # noqa: ANN001
     args = parse_args(["--burstiness", "0.5", *TINY_LOAD])
-    spec = bench_serve.spec_for(args, "uniform", ("a", "b"), 4.0, 1, 512)
+    spec = bench_open_loop.spec_for(args, "uniform", ("a", "b"), 4.0, 1, 512)
     assert spec.burstiness == 0.5
-    assert "Gamma arrivals of burstiness 0.5" in bench_serve.notes(args, {})
-    assert "Poisson arrivals" in bench_serve.notes(parse_args(TINY_LOAD), {})
+    assert "Gamma arrivals of burstiness 0.5" in bench_open_loop.notes(args, {})
+    assert "Poisson arrivals" in bench_open_loop.notes(parse_args(TINY_LOAD), {})
     for bad in ("0", "-2", "inf"):
         with pytest.raises(SystemExit):
             parse_args(["--burstiness", bad, *TINY_LOAD])

@@ -1,4 +1,4 @@
-"""bench_serve's request stream (benchmarks/serve_workload.py): seeded, Poisson, bounded lengths,
+"""bench_open_loop's request stream (benchmarks/serving/open_loop_workload.py): seeded, Poisson, bounded lengths,
 adapter draws that have the properties their names claim, shared prefixes per adapter."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from benchmarks.serve_workload import (
+from benchmarks.serving.open_loop_workload import (
     FIRST_TOKEN_ID,
     LengthDist,
     WorkloadSpec,

@@ -1,14 +1,10 @@
-"""bench_textgen's parts: runs made back to back add up to one table (benchmarks/textgen_parts.py)."""
+"""bench_textgen's parts: runs made back to back add up to one table (benchmarks/engine/textgen_parts.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import bench_textgen  # noqa: E402
-import textgen_parts  # noqa: E402
+from benchmarks.engine import bench_textgen, textgen_parts
 
 
 def _row(workload: str, throughput: float) -> dict:
@@ -17,7 +13,7 @@ def _row(workload: str, throughput: float) -> dict:
 
 
 def test_rows_from_several_runs_make_one_table_in_workload_order(tmp_path: Path) -> None:
-    first, second = "python benchmarks/bench_textgen.py --workloads base,distinct", "... --workloads identical"
+    first, second = "python -m benchmarks.engine.bench_textgen --workloads base,distinct", "... --workloads identical"
     textgen_parts.save_row(tmp_path, _row("base", 4000.0), first)
     textgen_parts.save_row(tmp_path, _row("distinct", 3600.0), first)
     textgen_parts.save_row(tmp_path, _row("identical", 3900.0), second)

@@ -9,7 +9,7 @@ import inspect
 import pytest
 from server_helpers import FakeAdapters, FakeEngine
 
-from benchmarks.synthetic_engine import SyntheticEngine
+from benchmarks.serving.synthetic_engine import SyntheticEngine
 
 from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
 from loraplex.inference_server.engine.async_engine import AsyncEngine

@@ -1,20 +1,16 @@
-"""benchmarks/kernel_sass.py: ptxas's report and a SASS listing read right, the launch plans
+"""benchmarks/kernels/kernel_sass.py: ptxas's report and a SASS listing read right, the launch plans
 name kernels that exist, and no LoRA kernel spills registers on sm_90 (without a GPU; the
 ptxas part where nvcc is on PATH)."""
 
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks.kernels import kernel_sass
 from loraplex.kernels.cuda._nvrtc import ARCH_SPECIFIC_SOURCES
 from test_kernel_sources import KERNELS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import kernel_sass  # noqa: E402
 
 LISTING = """
         Function : lora_expand_dec_bf16_m4

@@ -1,4 +1,4 @@
-"""benchmarks/results.py writes each benchmark's section of RESULTS.md: a run replaces the
+"""benchmarks/common/results.py writes each benchmark's section of RESULTS.md: a run replaces the
 section of its title and leaves the rest of the page as it was; a title the page does not have
 yet is appended as a section of its own, whatever the file ended with (a hand-written note
 ending without a blank line must not run into the next heading). And benchmarks/RESULTS.md
@@ -6,16 +6,15 @@ itself reads as a report: short, the targets table first, no session diary."""
 
 from __future__ import annotations
 
+import hashlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.common.results import append_section, format_section, record_results, replace_section
 
-from results import append_section, format_section, record_results, replace_section  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TABLE = ["| a | b |", "| --- | --- |", "| 1 | 2 |"]
 PAGE_HEAD = "# Results\n\n## Targets\n\n| target | current |\n| --- | --- |\n| x <= 1 | 0.9 |\n\n"
@@ -136,3 +135,14 @@ def test_results_page_has_no_session_diary_and_links_its_history_and_method() ->
     assert "QA:" not in text
     assert "history/RESULTS-2026.md" in text and (REPO / "benchmarks" / "history" / "RESULTS-2026.md").is_file()
     assert "docs/PERFORMANCE.md" in text and (REPO / "docs" / "PERFORMANCE.md").is_file()
+
+
+# The dated log kept before RESULTS.md existed: closed for good. New figures go to RESULTS.md (a run
+# replaces its own section there) and its history to git; this file does not change again.
+HISTORY_SHA256 = "87c1b242a47bdf4e9f5f9109e28d5f2eb5ad30340fba2fae7813e16b4ef4fe3f"
+
+
+def test_the_2026_history_is_closed() -> None:
+    digest = hashlib.sha256((REPO / "benchmarks" / "history" / "RESULTS-2026.md").read_bytes()).hexdigest()
+    assert digest == HISTORY_SHA256, (
+        "benchmarks/history/RESULTS-2026.md changed: it is closed; record new runs in benchmarks/RESULTS.md")

@@ -4,7 +4,7 @@ of the constrained rows, which the sampler applies (``sampler.TokenMasks``).
 
 Why xgrammar: filling the masks is host work every step, and at batch 256 on SmolLM2's
 vocabulary xgrammar fills a JSON schema's in a fraction of llguidance's time
-(benchmarks/bench_grammar_mask.py, RESULTS.md). xgrammar skips JSON-schema keywords it does not
+(benchmarks/engine/bench_grammar_mask.py, RESULTS.md). xgrammar skips JSON-schema keywords it does not
 implement, so ``check_schema`` refuses every keyword outside ``SCHEMA_KEYWORDS`` (each one's
 enforcement is tested in tests/test_grammar.py) first: a schema is enforced whole or refused,
 never half-enforced.

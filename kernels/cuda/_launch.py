@@ -39,10 +39,8 @@ MAX_CLUSTER = 8  # LORA_MAX_CLUSTER in lora_cluster.cuh
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode SGMV calls of up to this many rows take one-row items in both kernels (the row's segment
 # looked up by the block, or read from row_slot): a grouped batch then spreads over as many blocks
-# as a Distinct one, where 4-row tiles leave most of the device idle (H200, rank 16: Identical B16
-# 7.0 -> 4.4-4.6 us, B4 5.7 -> 4.0, B64 7.4 -> 6.9). Past it the 4-row tiles win (fewer re-reads
-# of each adapter: with one-row items up to 256 rows, B256 Identical 12.9 -> 16.0 us, Uniform
-# 13.5 -> 17.5; B128 within 1 us either way).
+# as a Distinct one, where 4-row tiles leave most of the device idle. Past it the 4-row tiles win
+# (fewer re-reads of each adapter). See docs/KERNELS.md, "One-row decode items".
 ONE_ROW_ITEMS_ROWS = 64
 MODE_SGMV, MODE_BGMV, MODE_SGMV_ROWS, MODE_RUNS = 0, 1, 2, 3  # LORA_MODE_* in lora_common.cuh
 # Decode SGMV calls past ONE_ROW_ITEMS_ROWS rows that come with a row_slot (the engine's): the kernels
@@ -59,18 +57,15 @@ DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank
 # The decode shrink that lets its expand start early prefers shared memory over L1 on its
 # multiprocessors (cudaSharedmemCarveoutMaxShared): the expand's blocks (35 KB of shared memory
 # each) are then placed beside the running shrink on every SM. With the default (L1) split they
-# fit only on SMs that have drained, several to an SM: on the H200 the early start then cost
-# 1-7 us (Identical B64 9.3 -> 11.0 us) where with this it gains 1-2 (9.3 -> 7.4). The plain
-# shrink keeps L1: its passes over rank columns re-read A there (r64: 20.9 -> 23.6 us without).
+# fit only on SMs that have drained, several to an SM, and the early start costs where with this it
+# gains. The plain shrink keeps L1: its passes over rank columns re-read A there.
+# See docs/KERNELS.md, "Decode shrink carve-out".
 SHRINK_PDL_CARVEOUT = 100
 SHRINK_DEC_RC = 16  # rank columns per pass of the decode shrink (lora_shrink_dec.cuh)
 # The prefill split-K fills one wave of the shrink, and at most this many blocks a multiprocessor
-# (and MAX_CLUSTER splits). Measured with the 64-row kernels and global partials (H200,
-# add_lora at T = 4096 for 1 / 2 / 3 / 4 blocks an SM): r16 53.1 / 48.5 / 49.4 / 49.9 us, r64 81.1 /
-# 73.7 / 74.8 / 77.2, r128 (4 x 1024) 112.1 / 108.4 / 114.6 / 121.9. The 128-row cluster kernels hold
-# 2 blocks an SM at most (shared memory), and one is faster (H200, shrink alone, ksplit 4 / 8:
-# r16 16.9 / 20.4 us; r64 24.9 / 26.5; r128 37.7 / 36.5; r16 at cap 128 22.7 / 25.1), as
-# benchmarks/bench_prefill_tunables.py measures it.
+# (and MAX_CLUSTER splits). The 128-row cluster kernels hold 2 blocks an SM at most (shared
+# memory), and one is faster, as benchmarks/kernels/bench_prefill_tunables.py measures it.
+# See docs/KERNELS.md, "Prefill split".
 PREFILL_MAX_BLOCKS_PER_SM = 1
 # sm_90: the prefill shrink's x tiles come by TMA (one copy a stage, kernels/cuda/_tensor_map.py)
 # where x fits a tensor map; off (or elsewhere): the cp.async copies. TENSOR_MAPS_KEPT: maps kept
@@ -133,7 +128,7 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
     prefill_wave: how many prefill shrink blocks the device runs at once (plan_call asks the
     driver; unused on the decode path). The prefill split-K fills one such wave and no more:
     more blocks only add fp32 partials for each item's last block to sum and a ragged second
-    wave (H200, T = 4096: r16 shrink 30.1 us at 16 splits, 25.3 at 8; r128 165 at 16, 143 at 4).
+    wave (docs/KERNELS.md, "Prefill split").
     """
     rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
     decode = is_decode(rows, mode)
@@ -225,7 +220,7 @@ def expand_follows_early(plan: Plan, problem: Problem, only: str | None, device_
     """Whether the expand goes as its shrink's programmatic dependent (with the shrink's carveout),
     for calls of both stages on a device that has it: decode calls whose ranks the shrink reads in
     one pass (rank cap <= SHRINK_DEC_RC; more passes re-read A through the L1 that the carveout
-    gives away: H200, rank 64: Distinct B64 30.4 -> 38.4 us, B256 88 -> 119 with it), and prefill
+    gives away: docs/KERNELS.md, "Decode shrink carve-out"), and prefill
     calls where PREFILL_PDL (its blocks fetch their first y and B tiles while the shrink ends)."""
     if only is not None or not device_pdl:
         return False

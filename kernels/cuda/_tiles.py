@@ -28,17 +28,8 @@ class ShrinkTiles:
         return max(self.stages * stage * 2, partial_tile) + 1024  # from a 1024-byte boundary (the TMA swizzle)
 
 
-# The prefill shrink's variant by the rank cap it covers (lora_shrink_<dtype>_m128_r<nc>). Swept on
-# the H200 (T = 4096, one block an SM, shrink alone, us; the split sums in clusters):
-# nc 32: (bk, stages, warps) (64, 4, 4) 16.9, (128, 2, 4) 16.6, (128, 3, 4) 23.7, (64, 6, 4) 22.2,
-# 8 warps 18.1; nc 64 at rank 64: (64, 3, 8) 24.9, 4 warps 31.8, (128, 3, 8) 32.5; nc 128 at rank
-# 128: (64, 3, 8) 37.7, (32, 4, 4) 42.2, (32, 4, 8) 39.0, (64, 3, 4) 39.9; nc 128 at rank 16 (the
-# server's default cap): (64, 3, 8) 22.7, (32, 4, 4) 23.7. More than ~110 KB of stages was slower.
-# Re-swept with x by TMA (only bk 64 takes it) and the expand following early
-# (add_lora / shrink alone, us): nc 64 at rank 64: (64, 4, 4) 48.4 / 19.9, (64, 3, 4) 50.0 / 20.4,
-# (64, 3, 8) 50.4 / 23.1, (64, 4, 8) 50.1 / 23.3, (64, 2, 8) 54.3; nc 128 at rank 128: (64, 3, 8)
-# 72.8 / 34.3, (64, 2, 8) 72.8, 4 warps 74.1-74.6, (64, 4, 8) 84.5; nc 128 at rank 16: (64, 3, 4)
-# 40.5 against (64, 3, 8) 41.2; nc 32: (64, 4, 4) 37.6, (64, 4, 8) 37.7, (64, 3, 4) 39.3.
+# The prefill shrink's variant by the rank cap it covers (lora_shrink_<dtype>_m128_r<nc>), chosen by
+# sweeps on the H200: see docs/KERNELS.md, "Prefill shrink tile sweep".
 PREFILL_SHRINK_TILES = {32: ShrinkTiles(32, 64, 4, 4), 64: ShrinkTiles(64, 64, 4, 4),
                         128: ShrinkTiles(128, 64, 3, 8)}
 

@@ -1,0 +1,1 @@
+"""A ``loraplex-server`` process and its clients: open-loop load, the gRPC and HTTP edges' costs."""

@@ -1,0 +1,1 @@
+"""The adapter store: uploads and fetches through ``loraplex-store`` processes, Redis reads."""
