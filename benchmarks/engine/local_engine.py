@@ -1,5 +1,5 @@
 """An engine over a model file and a folder of PEFT adapters made by the peft library, as
-bench_cpu_vs_transformers runs it (the tests keep their own copy in tests/lora_helpers.py:
+bench_cpu_vs_transformers runs it (the tests keep their own copy in tests/support/lora_helpers.py:
 benchmarks and tests do not import each other)."""
 
 from __future__ import annotations

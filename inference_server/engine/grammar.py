@@ -6,7 +6,7 @@ Why xgrammar: filling the masks is host work every step, and at batch 256 on Smo
 vocabulary xgrammar fills a JSON schema's in a fraction of llguidance's time
 (benchmarks/engine/bench_grammar_mask.py, RESULTS.md). xgrammar skips JSON-schema keywords it does not
 implement, so ``check_schema`` refuses every keyword outside ``SCHEMA_KEYWORDS`` (each one's
-enforcement is tested in tests/test_grammar.py) first: a schema is enforced whole or refused,
+enforcement is tested in tests/engine/test_grammar.py) first: a schema is enforced whole or refused,
 never half-enforced.
 
 Compiling runs on the caller's thread (AsyncEngine compiles off the event loop and off the step
@@ -31,7 +31,7 @@ from loraplex.inference_server.engine.sampler import TokenMasks, to_device
 SEPARATORS = (", ", ": ")  # JSON is written on one line, as models write it: no free whitespace
 SCHEMA_FIELD = "response_format.schema"
 
-# What xgrammar enforces (tests/test_grammar.py shows each); annotations change nothing
+# What xgrammar enforces (tests/engine/test_grammar.py shows each); annotations change nothing
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated",
                          "readOnly", "writeOnly"})
 SCHEMA_KEYWORDS = frozenset({

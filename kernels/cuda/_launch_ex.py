@@ -13,7 +13,7 @@ CuPy launches through ``cuLaunchKernel``, which has none.
 - Dynamic shared memory (the launch's sharedMemBytes).
 
 The ctypes structures mirror cuda.h's ``CUlaunchConfig`` and ``CUlaunchAttribute``
-(tests/test_launch_ex_layout.py compares their layout with the C compiler's where cuda.h is present).
+(tests/kernels/test_launch_ex_layout.py compares their layout with the C compiler's where cuda.h is present).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the driver's ``cuTensorMapEncodeTiled`` (ctypes) and passed to the kernel by val
 
 A map names x's pointer, shape and row stride, so it depends on the tensor, not only on its
 shape: a CUDA graph that captures a launch keeps the map of the x it was captured with, which is
-what the graph's static buffers need. The enum values are cuda.h's (tests/test_tensor_map.py
+what the graph's static buffers need. The enum values are cuda.h's (tests/kernels/test_tensor_map.py
 compares them with the C compiler's where cuda.h is present).
 """
 

@@ -2,7 +2,7 @@
 (``ShrinkTiles`` in csrc/lora_shrink_stages.cuh, ``walk_smem_elems`` in csrc/lora_expand_tiles.cuh): the launcher
 gives each block this much dynamic shared memory (and raises the kernel's limit to it), and the
 kernels trap if they were given less, so a stale mirror fails loudly instead of overrunning.
-tests/test_kernel_tiles.py checks the variants listed here against the kernels' instantiations."""
+tests/kernels/test_kernel_tiles.py checks the variants listed here against the kernels' instantiations."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fault_rig import Rig, Sidecar
-from store.store_services import MotoProcess, RedisProcess, free_port
+from store_services import MotoProcess, RedisProcess, free_port
 from test_server_process import start_server, stop
 
 from loraplex.adapter_store.client import StoreClient

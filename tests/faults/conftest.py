@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from fault_rig import Rig
-from store.store_adapters import make_adapters
-from store.store_services import (  # noqa: F401  (aws_test_credentials: a fixture)
+from store_adapters import make_adapters
+from store_services import (  # noqa: F401  (aws_test_credentials: a fixture)
     MotoProcess, RedisProcess, aws_test_credentials, redis_binary,
 )
 

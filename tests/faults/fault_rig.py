@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.store_services import MotoProcess, RedisProcess, StoreProcess
+from store_services import MotoProcess, RedisProcess, StoreProcess
 from tcp_relay import TcpRelay
 
 from loraplex.adapter_store.client import StoreClient

@@ -11,8 +11,8 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from store.store_adapters import peft_files
-from store.store_services import free_port
+from store_adapters import peft_files
+from store_services import free_port
 
 from loraplex.adapter_store.errors import AdapterNotFoundError
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from campaign_cluster import Cluster, wait_until
 from lora_helpers import make_peft_adapter
-from store.store_services import RedisProcess, redis_binary
+from store_services import RedisProcess, redis_binary
 
 from loraplex.clients.errors import LoraplexClientError, NotFoundError
 

@@ -11,7 +11,7 @@ import time
 import zlib
 
 import pytest
-from store.store_adapters import peft_files
+from store_adapters import peft_files
 
 from loraplex.adapter_store.errors import UnavailableError
 from loraplex.adapter_store.records import StoredRecord

@@ -1,5 +1,5 @@
 """Every model family on CUDA: float32 token for token the CPU engine's (which is token-exact
-against transformers + PEFT: tests/test_model_families.py), with the paged decode kernel applying
+against transformers + PEFT: tests/model/test_model_families.py), with the paged decode kernel applying
 the sliding windows and soft-caps and CUDA graphs replaying the decode steps; bfloat16 logits
 within the tolerance rule of the Llama tests; bfloat16 graph replay gives the eager engine's tokens."""
 
@@ -36,7 +36,7 @@ def family(request, smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPa
 @pytest.mark.parametrize("family", list(CASES), indirect=True)
 def test_float32_on_cuda_equals_the_cpu_engine(family) -> None:
     """Token for token, adapters and base mixed, prompts chunked: the CPU engine is checked
-    against transformers + PEFT by tests/test_model_families.py (in CI, with the transformers the
+    against transformers + PEFT by tests/model/test_model_families.py (in CI, with the transformers the
     project pins); here the CUDA paths (the paged decode kernel's windows and caps, graphs) must
     give its tokens. Compared with the CPU engine rather than with transformers again: the GPU
     machine's transformers 5.17 + PEFT 0.21.0 pick other tokens than 5.25 + 0.21.2 for Gemma 2

@@ -2,7 +2,7 @@
 upload, and by CPU time: a stored adapter is never refused later because the machine was busy.
 
 A busy machine is a thread that is descheduled between two readings of the wall clock
-(tests/busy_clock.py).
+(tests/support/busy_clock.py).
 """
 
 from __future__ import annotations

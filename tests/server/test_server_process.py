@@ -1,0 +1,131 @@
+"""``loraplex-server`` as a real process: health goes NOT_SERVING -> SERVING while the model
+loads, and SIGTERM during streams stops admitting but lets the open streams finish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import LoraplexClientError, UnavailableError
+from server_helpers import free_port
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_server(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")
+    env = {**os.environ, "LORAPLEX_ADAPTER_DIR": str(tmp_path / "adapters"), "LORAPLEX_METRICS_PORT": "0",
+           "LORAPLEX_HTTP_PORT": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "loraplex.inference_server.main", "--model", str(model_dir), "--port", str(port),
+         "--num-kv-blocks", "256", *extra],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    return proc, f"127.0.0.1:{port}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_health_then_sigterm_drains_open_streams(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    proc, address = start_server(tiny_llama_dir, tmp_path, "--grace-period-s", "60")
+    try:
+        statuses = []
+        with LoraplexClient(address, retry_attempts=1, timeout=2) as client:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and statuses[-1:] != ["SERVING"]:
+                try:
+                    status = client.health()
+                    if statuses[-1:] != [status]:
+                        statuses.append(status)
+                except LoraplexClientError:
+                    pass  # the port is not open yet
+                assert proc.poll() is None, (tmp_path / "server.log").read_text()
+                time.sleep(0.02)
+            assert statuses == ["NOT_SERVING", "SERVING"]
+
+            results: dict[int, list] = {}
+            started = threading.Barrier(5)
+
+            def stream(i: int) -> None:
+                events = []
+                for event in client.generate(f"story {i}", max_new_tokens=300, ignore_eos=True, timeout=120):
+                    if not events:
+                        started.wait(30)
+                    events.append(event)
+                results[i] = events
+
+            threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            started.wait(30)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            with pytest.raises(UnavailableError):
+                client.generate_text("too late")
+            for t in threads:
+                t.join(120)
+        assert proc.wait(60) == 0
+        assert sorted(results) == [0, 1, 2, 3]
+        for events in results.values():
+            assert events[-1].finish_reason == "length"
+            assert sum(len(e.token_ids) for e in events) == 300
+        log = (tmp_path / "server.log").read_text()
+        assert "draining 4 open stream(s)" in log and "gRPC server stopped" in log
+    finally:
+        stop(proc)
+
+
+def test_bad_settings_exit_2_with_a_clear_message(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-P", "-m", "loraplex.inference_server.main", "--port", "70000"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "port" in result.stderr and "65535" in result.stderr and "LORAPLEX_PORT" in result.stderr
+
+
+def test_unloadable_model_exits_1(tmp_path: Path) -> None:
+    proc, _ = start_server(tmp_path / "missing-model", tmp_path)
+    try:
+        assert proc.wait(300) == 1  # generous: CI machines can be slow to import torch
+        assert "cannot load the model" in (tmp_path / "server.log").read_text()
+    finally:
+        stop(proc)
+
+
+def test_sigterm_while_the_model_loads_exits_cleanly_with_json_logs(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    proc, address = start_server(tiny_llama_dir, tmp_path, "--log-format", "json")
+    try:
+        with LoraplexClient(address, retry_attempts=1, timeout=2) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    status = client.health()
+                    break
+                except LoraplexClientError:
+                    assert time.monotonic() < deadline and proc.poll() is None
+                    time.sleep(0.01)
+        assert status == "NOT_SERVING"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        records = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
+                   if line.startswith("{")]
+        messages = [r["message"] for r in records]
+        assert "stop requested while the model was loading" in messages
+        assert {"time", "level", "logger", "message"} <= set(records[0])
+    finally:
+        stop(proc)
