@@ -61,7 +61,7 @@ def spec_for(args: argparse.Namespace, workload: str, adapters: tuple[str, ...],
                         output=LengthDist(args.output_mean, args.output_sigma, args.max_output_len),
                         shared_prefix_len=args.shared_prefix_len, zipf_alpha=args.zipf_alpha,
                         burstiness=args.burstiness, seed=args.seed, salt=salt,
-                        constrained_fraction=args.constrained_fraction)
+                        constrained_fraction=args.constrained_fraction, choices=args.n)
 
 
 def count_subsets(args: argparse.Namespace, counts: list[int], names: list[str]) -> dict[int, tuple[str, ...]]:
@@ -181,6 +181,7 @@ def notes(args: argparse.Namespace, runs: dict[RunKey, Summary]) -> str:
         f"{args.constrained_fraction:.0%} of requests constrained to a JSON schema (an array of digits, at least "
         "4096: it runs to its length too)." if args.constrained_fraction else "",
         f"Skewed: Zipf alpha {args.zipf_alpha:g}." if "skewed" in args.workload else "",
+        f"n = {args.n} choices per request (tokens count over all of them)." if args.n > 1 else "",
         f"Ranks {','.join(map(str, args.ranks))}.",
         f"Server flags: {', '.join(flags) or 'the defaults'}; {args.client_procs} client processes;",
         "one server for every adapter count (each count a random subset of the stored adapters)." if args.one_server
@@ -200,6 +201,7 @@ def title(args: argparse.Namespace) -> str:
             f"{','.join(rate_label(r) for r in args.rates)}"
             + (f", shared prefix {args.shared_prefix_len}" if args.shared_prefix_len else "")
             + (f", {args.constrained_fraction:.0%} constrained" if args.constrained_fraction else "")
+            + (f", n={args.n}" if args.n > 1 else "")
             + f", prefix cache {'/'.join(args.prefix_caching)}")
 
 

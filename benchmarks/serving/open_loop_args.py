@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="1: Poisson arrivals; b: gamma gaps of shape b, same mean (b < 1: bursts and lulls)")
     load.add_argument("--constrained-fraction", type=float, default=0.0,
                       help="share of requests sent with a JSON schema (structured output; open_loop_clients.py)")
+    load.add_argument("--n", type=int, default=1,
+                      help="choices per request (OpenAI's n: the choices share the prompt's KV blocks); a request's "
+                           "tokens count over all its choices")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--client-procs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)))
     load.add_argument("--warmup", type=int, default=None,
@@ -123,6 +126,8 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Nam
         ap.error("--num-requests must be >= 1 and --duration > 0")
     if not (args.burstiness > 0 and math.isfinite(args.burstiness)):
         ap.error(f"--burstiness must be a finite number > 0 (1: Poisson arrivals), got {args.burstiness:g}")
+    if args.n < 1:
+        ap.error(f"--n must be >= 1, got {args.n}")
     if not 0.0 <= args.constrained_fraction <= 1.0:
         ap.error(f"--constrained-fraction must be in [0, 1], got {args.constrained_fraction:g}")
     args.edges = list(EDGES) if args.edge == "both" else [args.edge]

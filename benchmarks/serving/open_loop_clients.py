@@ -43,7 +43,8 @@ class Endpoint:
 
 
 def _record(req: BenchRequest) -> RequestRecord:
-    return RequestRecord(req.index, req.adapter, len(req.prompt), req.output_len, time.perf_counter())
+    return RequestRecord(req.index, req.adapter, len(req.prompt), req.expected_tokens, time.perf_counter(),
+                         choices=req.choices)
 
 
 async def grpc_request(stub, pb, req: BenchRequest, timeout_s: float) -> RequestRecord:  # noqa: ANN001
@@ -54,6 +55,8 @@ async def grpc_request(stub, pb, req: BenchRequest, timeout_s: float) -> Request
     message = pb.GenerateRequest(adapter_id=req.adapter or "", token_ids=pb.TokenIds(ids=req.prompt),
                                  stopping=pb.StoppingCriteria(max_new_tokens=req.output_len,
                                                               ignore_eos=not req.constrained))
+    if req.choices > 1:
+        message.n = req.choices
     if req.constrained:
         message.response_format.json_schema = CONSTRAINED_SCHEMA
     finish = "none"
@@ -77,6 +80,8 @@ def completion_body(req: BenchRequest, base_model: str) -> dict:
     """The /v1/completions body of ``req``: token-id prompt, greedy, exactly output_len tokens."""
     body = {"model": req.adapter or base_model, "prompt": list(req.prompt), "max_tokens": req.output_len,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if req.choices > 1:
+        body["n"] = req.choices
     if req.constrained:
         del body["ignore_eos"]
         body["response_format"] = {"type": "json_schema",

@@ -35,6 +35,7 @@ class RequestRecord:
     tokens: int = 0  # output tokens the server reported (usage) or streamed
     error: str | None = None  # why it failed; None when it completed
     done: float = 0.0  # when the answer (or the error) ended
+    choices: int = 1  # OpenAI's n: tokens count over all choices, which stream side by side
 
     def fail_if_short(self) -> None:
         """Mark a request that ended without error but with the wrong token count as failed."""
@@ -51,9 +52,11 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        if self.tokens < 2:
+        """Time per output token of one choice (the choices of a request decode side by side)."""
+        per_choice = self.tokens / self.choices
+        if per_choice < 2:
             return None
-        return (self.arrivals[-1] - self.arrivals[0]) / (self.tokens - 1)
+        return (self.arrivals[-1] - self.arrivals[0]) / (per_choice - 1)
 
     def itls(self) -> list[float]:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]

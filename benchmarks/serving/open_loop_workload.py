@@ -103,8 +103,11 @@ class WorkloadSpec:
     seed: int = 0
     salt: int = 0  # the run's number: its token ids differ from every other run's
     constrained_fraction: float = 0.0  # share of requests sent with a JSON schema (structured output)
+    choices: int = 1  # OpenAI's n: choices per request, sharing the prompt's KV blocks
 
     def __post_init__(self) -> None:
+        if self.choices < 1:
+            raise ValueError(f"choices must be >= 1, got {self.choices}")
         if not 0.0 <= self.constrained_fraction <= 1.0:
             raise ValueError(f"constrained_fraction must be in [0, 1], got {self.constrained_fraction}")
         if self.workload not in WORKLOADS:
@@ -132,6 +135,11 @@ class BenchRequest:
     output_len: int
     adapter: str | None
     constrained: bool = False  # sent with open_loop_clients.CONSTRAINED_SCHEMA as its response format
+    choices: int = 1  # OpenAI's n; each choice is output_len tokens
+
+    @property
+    def expected_tokens(self) -> int:
+        return self.output_len * self.choices
 
 
 def arrival_offsets(rng: np.random.Generator, n: int, rate: float, burstiness: float = 1.0) -> np.ndarray:
@@ -188,4 +196,4 @@ def build_requests(spec: WorkloadSpec) -> list[BenchRequest]:
     constrained = np.random.default_rng([spec.seed, 5]).random(n) < spec.constrained_fraction
     return [BenchRequest(i, float(sends[i]), prefixes[adapters[i]] + random_ids(tokens, int(prompt_lens[i]),
                                                                                spec.vocab_size),
-                         int(output_lens[i]), adapters[i], bool(constrained[i])) for i in range(n)]
+                         int(output_lens[i]), adapters[i], bool(constrained[i]), spec.choices) for i in range(n)]

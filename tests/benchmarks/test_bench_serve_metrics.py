@@ -25,6 +25,8 @@ def test_ttft_tpot_and_itl_of_one_request() -> None:
     assert r.tpot == pytest.approx(0.3 / 4)
     assert r.itls() == pytest.approx([0.1, 0.2])
     assert _rec(1, 0.0, [0.5], tokens=1).tpot is None
+    both = RequestRecord(2, "a", 10, 10, 0.0, [0.1, 0.2, 0.5], 10, choices=2)  # 2 choices of 5, side by side
+    assert both.tpot == pytest.approx(0.4 / 4)
 
 
 def test_summary_of_two_requests_is_exact() -> None:
