@@ -10,14 +10,11 @@ from pathlib import Path
 
 import torch
 
+from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
-from loraplex.inference_server.engine.factory import assemble
 from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria, TokenEvent
-from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
 from loraplex.inference_server.model.checkpoint import ModelSource
-from loraplex.inference_server.model.loading import load_checkpoint
-from loraplex.inference_server.model.weights import build_model
 
 
 def make_peft_adapter(hf_model, out: Path, lora_kwargs: dict, seed: int, std: float) -> Path:  # noqa: ANN001
@@ -35,12 +32,10 @@ def make_peft_adapter(hf_model, out: Path, lora_kwargs: dict, seed: int, std: fl
 
 
 def load_engine(model_path: str | Path, adapter_dir: Path, **config) -> AsyncEngine:  # noqa: ANN003
-    """An AsyncEngine (not started) over a model folder/file and a local adapter directory."""
+    """An AsyncEngine (not started) over a model folder/file and a local adapter directory, built
+    as the server builds it."""
     cfg = EngineConfig(**{"num_kv_blocks": 256, "block_size": 16, **config})
-    ckpt = load_checkpoint(ModelSource(path=str(model_path)), cfg.torch_dtype)
-    model = build_model(ckpt.config, ckpt.iter_tensors(), cfg.device, cfg.torch_dtype)
-    source = LocalAdapterDirectory(adapter_dir, ckpt.config)
-    return assemble(AsyncEngine, cfg, model, ckpt.config, ckpt.tokenizer, source)
+    return build_engine(AsyncEngine, cfg, ModelSource(path=str(model_path)), adapter_dir, progress=False)
 
 
 def greedy_request(rid: str, prompt: list[int], adapter: str | None, n: int) -> GenerationRequest:

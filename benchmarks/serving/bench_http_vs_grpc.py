@@ -44,21 +44,23 @@ async def grpc_streams(address: str, n: int, tokens: int) -> int:
 
 
 async def _sse_stream(port: int, model: str, i: int, tokens: int) -> int:
-    """One streamed completion over a raw connection; the number of data chunks before [DONE]."""
+    """One streamed completion over a raw connection; its tokens, as its usage chunk counts them
+    (a chunk may carry several tokens when the stream's reader fell behind)."""
     body = json.dumps({"model": model, "prompt": f"story {i}", "max_tokens": tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True}).encode()
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    chunks = 0
+    streamed = 0
     while True:
         line = await reader.readline()
         if not line or line.startswith(b"data: [DONE]"):
             break
         if line.startswith(b"data: {"):
-            chunks += 1
+            usage = json.loads(line[len(b"data: "):]).get("usage")
+            streamed = usage["completion_tokens"] if usage else streamed
     writer.close()
-    return chunks
+    return streamed
 
 
 async def http_streams(port: int, model: str, n: int, tokens: int) -> int:
