@@ -20,7 +20,7 @@ from loraplex.clients.cli import main
 from loraplex.clients.errors import InvalidArgumentError
 from loraplex.clients.requests import generate_request
 from loraplex.inference_server.model.checkpoint import ModelSource
-from test_http_integration import _serve
+from http_engine import _serve
 
 pytestmark = pytest.mark.slow
 

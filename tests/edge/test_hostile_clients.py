@@ -23,7 +23,7 @@ from hostile_helpers import (Served, counter, counters, gauge, get, http_statuse
                              wait_for)
 from loraplex.clients import LoraplexClient
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
-from test_server_integration import peft_sources  # noqa: F401  (fixture)
+from served_adapters import peft_sources  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lora_helpers import make_peft_adapter
 from server_helpers import free_port
-from test_server_process import start_server, stop
+from server_process import start_server, stop
 
 pytestmark = pytest.mark.slow
 # tiny Llama, rank 8 on q_proj and v_proj, float32: 3 layers x 8 x ((64+64) + (64+32)) elements

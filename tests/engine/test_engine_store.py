@@ -97,7 +97,7 @@ def test_server_with_store_sidecar_serves_uploads_through_the_store(tiny_llama_d
     sidecar, and a generation with an uploaded adapter uses it."""
     from loraplex.clients import LoraplexClient
     from loraplex.clients.errors import NotFoundError
-    from test_server_process import start_server, stop
+    from server_process import start_server, stop
     from transformers import AutoModelForCausalLM
 
     hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()

@@ -21,7 +21,7 @@ from loraplex.inference_server.engine.request import (GenerationRequest, Grammar
                                                       StoppingCriteria)
 from loraplex.inference_server.engine.sampler import SampleRow, TokenMasks, apply_bitmask, sample
 from lora_helpers import ADAPTER_CONFIGS, load_engine, make_test_adapters, run_all, tokens_of
-from test_engine_launch_ahead import _deferred
+from launch_ahead import _deferred
 
 EOS = 2
 

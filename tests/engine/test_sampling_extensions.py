@@ -20,7 +20,7 @@ from loraplex.inference_server.engine.sampler import SampleRow, apply_penalties,
 from loraplex.inference_server.engine.seen_tokens import OutputCounts
 from loraplex.inference_server.engine.sequence import PLACEHOLDER, Sequence
 from lora_helpers import load_engine, run_all, tokens_of
-from test_engine_launch_ahead import _deferred, _summary, assert_same_logprobs
+from launch_ahead import _deferred, _summary, assert_same_logprobs
 
 VOCAB = 50
 CPU = torch.device("cpu")

@@ -134,7 +134,7 @@ def test_two_ranks_serve_other_families(case: str, smollm2_tokenizer_dir: Path, 
     local RoPE, embedding scale and the (1 + w) norms under sharding. Two ranks, the tokens of one."""
     from transformers import AutoModelForCausalLM
 
-    from test_model_families import CASES, tiny_family_model
+    from family_models import CASES, tiny_family_model
 
     folder = tiny_family_model(case, smollm2_tokenizer_dir, tmp_path / "model")
     hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

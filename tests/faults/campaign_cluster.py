@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fault_rig import Rig, Sidecar
 from store_services import MotoProcess, RedisProcess, free_port
-from test_server_process import start_server, stop
+from server_process import start_server, stop
 
 from loraplex.adapter_store.client import StoreClient
 from loraplex.adapter_store.records import StoredRecord

@@ -199,7 +199,7 @@ def test_launch_ahead_gives_the_step_by_step_outputs(tiny_llama_dir: Path, adapt
     from a launched step, counted exactly by ``rows_if_all_launched`` (r4 stops early, on a
     string of its ~4th token: a bound like "5 launched steps" would not hold). Both engines
     replay the same graphs, so bf16 outputs compare exactly."""
-    from test_engine_launch_ahead import _mixed_requests, _summary, assert_same_logprobs, rows_if_all_launched
+    from launch_ahead import _mixed_requests, _summary, assert_same_logprobs, rows_if_all_launched
 
     def engine(ahead: bool):
         return load_engine(tiny_llama_dir, adapter_dir, device="cuda", dtype="bfloat16", max_num_seqs=6,

@@ -12,7 +12,7 @@ import torch
 
 from lora_helpers import NEW_TOKENS, PROMPTS, greedy_request, load_engine, make_peft_adapter, run_all, tokens_of
 from test_engine_gpu import check_16bit_tolerance
-from test_model_families import CASES, tiny_family_model
+from family_models import CASES, tiny_family_model
 
 
 @pytest.fixture(scope="module")

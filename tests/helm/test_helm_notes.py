@@ -19,7 +19,7 @@ import pytest
 from doc_sources import split_commands
 from helm_chart_helpers import render
 from server_helpers import FakeEngine, ServerThread, free_port, write_fake_adapter
-from test_docs import command_failure
+from doc_commands import command_failure
 from tls_helpers import make_tls_files
 
 from loraplex.inference_server.auth.security import Security, TlsFiles

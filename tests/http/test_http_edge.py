@@ -26,7 +26,7 @@ from loraplex.clients import LoraplexClient
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.auth.tokens import TokenFile
 from loraplex.inference_server.server.app import ServerOptions
-from test_server_tenants import TOKENS, write_tokens
+from tenant_tokens import TOKENS, write_tokens
 
 BASE = "fake-llama"
 

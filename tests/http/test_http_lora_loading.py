@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import openai
@@ -29,7 +27,8 @@ from loraplex.inference_server.server.app import ServerOptions
 from lora_helpers import make_test_adapters
 from server_helpers import ServerThread, write_fake_adapter
 from store_services import MotoProcess
-from test_server_tenants import TOKENS, write_tokens
+from tenant_tokens import TOKENS, write_tokens
+from http_calls import _post
 
 pytestmark = pytest.mark.slow
 
@@ -45,16 +44,6 @@ def _serve(tiny_llama_dir: Path, adapters: Path, enabled: bool, security: Securi
     config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
     srv.attach(build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), adapters, progress=False))
     return srv, url.removesuffix("/v1")
-
-
-def _post(root: str, path: str, body: dict, token: str | None = None) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(root + path, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _used(srv: ServerThread) -> int:

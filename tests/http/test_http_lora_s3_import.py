@@ -27,7 +27,7 @@ from loraplex.inference_server.server.app import ServerOptions
 from lora_helpers import make_test_adapters
 from server_helpers import ServerThread, write_fake_adapter
 from store_services import MotoProcess, RedisProcess, StoreProcess, redis_binary
-from test_http_lora_loading import _post
+from http_calls import _post
 
 pytestmark = pytest.mark.slow
 

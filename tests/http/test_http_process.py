@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from server_helpers import free_port
-from test_server_process import start_server, stop
+from server_process import start_server, stop
 
 pytestmark = pytest.mark.slow
 

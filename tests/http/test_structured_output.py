@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import jsonschema
 import openai
@@ -21,7 +20,7 @@ from pydantic import BaseModel, Field
 from loraplex.clients import LoraplexClient
 from loraplex.clients.errors import InvalidArgumentError
 from loraplex.inference_server.model.checkpoint import ModelSource
-from test_http_integration import _serve
+from http_engine import _serve
 
 pytestmark = pytest.mark.slow
 

@@ -5,20 +5,13 @@ as the C types the kernels declare."""
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 from loraplex.kernels.cuda import _launch_ex
-
-
-def _cuda_include() -> str | None:
-    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"))]
-    return next((f"{r}/include" for r in roots if r and os.path.exists(f"{r}/include/cuda.h")), None)
+from c_probe import _cuda_include, c_probe
 
 
 C_LAYOUT = r"""
@@ -33,14 +26,6 @@ int main(void) {
   return 0;
 }
 """
-
-
-def c_probe(source: str, tmp_path) -> list[int]:
-    """The integers a C program printed, built with gcc against cuda.h."""
-    src, exe = tmp_path / "probe.c", tmp_path / "probe"
-    src.write_text(source)
-    subprocess.run(["gcc", f"-I{_cuda_include()}", str(src), "-o", str(exe)], check=True, timeout=120)
-    return [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None or _cuda_include() is None, reason="needs gcc and cuda.h")

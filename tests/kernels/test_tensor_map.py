@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from loraplex.kernels.cuda import _launch_ex, _tensor_map
-from test_launch_ex_layout import _cuda_include, c_probe
+from c_probe import _cuda_include, c_probe
 
 C_ENUMS = r"""
 #include <cuda.h>

@@ -9,11 +9,9 @@ running processes in test_docs_metrics.py."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +21,10 @@ from doc_sources import REPO, Command, doc_files, documented_commands, inline_sp
 from helm_chart_helpers import CHART, render, render_error
 
 from loraplex.adapter_store.main import _parser as store_parser
-from loraplex.adapter_store.main import parse_args as store_args
 from loraplex.clients.cli import build_parser as cli_parser
 from loraplex.clients.security import TLS_ENV, TOKEN_ENV
 from loraplex.inference_server.settings import ENV_PREFIX, ServerSettings, build_parser
+from doc_commands import command_failure
 
 DOCS = doc_files()
 OUR_CHART = "helm/loraplex"
@@ -50,31 +48,6 @@ def _ids(paths: list[Path]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- commands and flags
-
-def _parse_failure(parse: Callable[[], Any]) -> str | None:
-    """None if ``parse()`` accepts the command, else what the parser said."""
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            parse()
-    except SystemExit as exc:
-        return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {exc.code}"
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def command_failure(command: Command) -> str | None:
-    """Why ``command`` would not start as written (None: its program's parser accepts it)."""
-    args = list(command.args)
-    if command.program == "loraplex-server" or (command.program == "loraplex" and args[:1] == ["serve"]):
-        server_args = args[1:] if command.program == "loraplex" else args
-        return _parse_failure(lambda: ServerSettings.from_sources(server_args, env={}))
-    if command.program == "loraplex-store":
-        return _parse_failure(lambda: store_args(args, env={}))
-    if command.program == "loraplex":
-        return _parse_failure(lambda: cli_parser().parse_args(args))
-    return None
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))

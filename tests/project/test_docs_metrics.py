@@ -23,7 +23,7 @@ from doc_sources import doc_files, rel
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import free_port
 from store_services import StoreProcess
-from test_server_process import start_server, stop
+from server_process import start_server, stop
 
 from loraplex.clients import LoraplexClient, UnauthenticatedError
 from loraplex.inference_server.auth.tokens import hash_token

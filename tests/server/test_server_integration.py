@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-import torch
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from lora_helpers import ADAPTER_CONFIGS, make_peft_adapter
 from server_helpers import ServerThread, free_port, write_fake_adapter
 
 from loraplex.clients import AsyncLoraplexClient, LoraplexClient
@@ -26,25 +23,11 @@ from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
 from loraplex.inference_server.model.checkpoint import ModelSource
 from loraplex.inference_server.server.app import ServerOptions
+from served_adapters import ADAPTERS, PROMPTS, _wait_idle, peft_sources  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
-ADAPTERS = list(ADAPTER_CONFIGS)  # four PEFT adapters exercising rank, rsLoRA, layer and pattern options
-PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child.",
-           "List three prime numbers.", "How do I boil an egg?", "Say hello in Spanish."]
 NEW_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def peft_sources(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The four test adapters plus an extra one (for the upload test), as PEFT folders."""
-    from transformers import AutoModelForCausalLM
-
-    hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    root = tmp_path_factory.mktemp("peft")
-    specs = {**ADAPTER_CONFIGS, "extra": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "down_proj"])}
-    return {name: make_peft_adapter(hf_model, root / name, kwargs, seed=i, std=0.1)
-            for i, (name, kwargs) in enumerate(specs.items())}
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +47,6 @@ def live(tiny_llama_dir: Path, peft_sources: dict[str, Path], tmp_path_factory: 
 def _request(i: int, tokens: list[int], adapter: str | None) -> GenerationRequest:
     return GenerationRequest(f"ref-{i}", tuple(tokens), adapter, SamplingParams(),
                              StoppingCriteria(max_new_tokens=NEW_TOKENS, ignore_eos=True))
-
-
-def _wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = engine.stats()
-        if stats.num_running == 0 and stats.num_waiting == 0 and stats.free_kv_blocks == stats.total_kv_blocks:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"engine not idle: {stats}")
-        time.sleep(0.02)
 
 
 def test_32_concurrent_streams_over_4_adapters_and_base_are_token_exact(live) -> None:

@@ -3,7 +3,6 @@ loads, and SIGTERM during streams stops admitting but lets the open streams fini
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,29 +14,9 @@ import pytest
 
 from loraplex.clients import LoraplexClient
 from loraplex.clients.errors import LoraplexClientError, UnavailableError
-from server_helpers import free_port
+from server_process import REPO, start_server, stop
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-
-
-def start_server(model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(tmp_path / "server.log", "w")
-    env = {**os.environ, "LORAPLEX_ADAPTER_DIR": str(tmp_path / "adapters"), "LORAPLEX_METRICS_PORT": "0",
-           "LORAPLEX_HTTP_PORT": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "loraplex.inference_server.main", "--model", str(model_dir), "--port", str(port),
-         "--num-kv-blocks", "256", *extra],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    return proc, f"127.0.0.1:{port}"
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
 
 
 def test_health_then_sigterm_drains_open_streams(tiny_llama_dir: Path, tmp_path: Path) -> None:

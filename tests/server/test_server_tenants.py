@@ -10,7 +10,6 @@ lines name tenant, adapter and outcome and never a token.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -30,16 +29,9 @@ from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.auth.tokens import TokenFile, hash_token
 from loraplex.inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
+from tenant_tokens import TOKENS, write_tokens
 
 pytestmark = pytest.mark.slow  # starts servers
-
-TOKENS = {"a": "token-tenant-a-0123456789", "b": "token-tenant-b-0123456789", "admin": "token-admin-0123456789xx"}
-
-
-def write_tokens(path: Path, tokens: dict[str, str]) -> None:
-    entries = [{"sha256": hash_token(tok), "tenant": "ops" if who == "admin" else who,
-                "role": "admin" if who == "admin" else "tenant"} for who, tok in tokens.items()]
-    path.write_text(json.dumps({"tokens": entries}))
 
 
 @pytest.fixture

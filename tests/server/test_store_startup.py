@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from store_services import StoreProcess
-from test_server_process import start_server, stop
+from server_process import start_server, stop
 
 from loraplex.clients import LoraplexClient
 from loraplex.clients.errors import LoraplexClientError

@@ -15,7 +15,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from server_helpers import free_port
-from test_server_process import start_server, stop
+from server_process import start_server, stop
 
 
 @dataclass
