@@ -9,6 +9,12 @@ was held forever. ``deadline_protocol`` adds it as a small subclass of uvicorn's
 with a backstop for a body still arriving after its route's own deadline (routes read their
 bodies under ``RouteConfig.body_timeout_s`` and answer 408; this closes the connections of the
 routes that answer without reading theirs).
+
+A connection closed while its client is still sending a body (a 413, a 408) is closed the
+way nginx's ``lingering_close`` does it: closing a socket with unread bytes makes the kernel
+answer with a reset, and a reset can destroy the answer just sent before the client reads it.
+``_LingeringTransport`` half-closes instead (the answer, then FIN), drops what still arrives, and
+closes once the client stops sending or ``LINGER_S`` has passed.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 BODY_BACKSTOP_GRACE_S = 1.0  # the route's own body deadline answers 408 first
+LINGER_S = 5.0  # how long a closed connection still reads (and drops) a refused body
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -59,6 +66,42 @@ class HttpConnectionLimits:
                 "h11_max_incomplete_event_size": self.max_head_bytes}
 
 
+class _LingeringTransport:
+    """uvicorn's view of a connection's transport, whose ``close`` lingers while the client is
+    mid-body (``receiving_body()``): it shuts the write side, keeps reading and dropping, and
+    closes the socket when the client's EOF comes (asyncio closes it then) or after LINGER_S."""
+
+    def __init__(self, transport: asyncio.Transport, receiving_body: Callable[[], bool],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._receiving_body = receiving_body
+        self._loop = loop
+        self._linger: asyncio.TimerHandle | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    @property
+    def lingering(self) -> bool:
+        return self._linger is not None
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self.lingering or self._transport.is_closing() or not self._receiving_body():
+            self._transport.close()
+            return
+        self._linger = self._loop.call_later(LINGER_S, self._transport.close)
+        if self._transport.can_write_eof():
+            self._transport.write_eof()  # after what is buffered: the answer, then FIN
+        self._transport.resume_reading()
+
+    def stop_lingering(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+
+
 def deadline_protocol(head_timeout_s: float, body_timeout_s: float,
                       on_timeout: Callable[[str], None]) -> type[H11Protocol]:
     """uvicorn's h11 protocol with deadlines: a connection has ``head_timeout_s`` to send a
@@ -71,15 +114,19 @@ def deadline_protocol(head_timeout_s: float, body_timeout_s: float,
         _phase: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            lingering = _LingeringTransport(transport, lambda: self.conn.their_state is h11.SEND_BODY, self.loop)
+            super().connection_made(lingering)  # type: ignore[arg-type]
             self._watch(new=True)
 
         def data_received(self, data: bytes) -> None:
+            if self.transport.lingering:
+                return  # the rest of a refused body
             super().data_received(data)
             self._watch(new=False)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel()
+            self.transport.stop_lingering()
             super().connection_lost(exc)
 
         def _watch(self, new: bool) -> None:

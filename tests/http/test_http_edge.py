@@ -275,6 +275,28 @@ def test_a_10_mb_body_is_413_before_it_is_read_whole(served, chunked: bool) -> N
     assert client.completions.create(model=BASE, prompt="hi", max_tokens=2).choices[0].text == _text("hi", None, 2)
 
 
+def test_a_refused_body_is_drained_not_reset(served) -> None:
+    """A server that closes with a refused body's bytes still arriving makes the kernel reset the
+    connection, and a reset can destroy the answer before the client reads it (the client's writes
+    fail, its reads end early). So after a 413 the server half-closes and reads the rest of the body
+    away: the client reads the whole answer, then sends its 4 MB body without an error, and the
+    connection ends cleanly once it stops sending."""
+    _, _, client, url = served
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (4 << 20))
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        answer = json.loads(response.read())
+        assert response.status == 413 and response.getheader("connection") == "close"
+        assert "larger than this server's limit" in answer["error"]["message"]
+        sock.sendall(b"x" * (4 << 20))  # a reset connection raises here
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(1) == b""
+    assert client.completions.create(model=BASE, prompt="hi", max_tokens=2).choices[0].text == _text("hi", None, 2)
+
+
 def test_unknown_route_and_method_are_openai_shaped(served) -> None:
     url = served[3]
     status, body = _get(url + "/nothing")
