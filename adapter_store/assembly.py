@@ -1,5 +1,5 @@
 """An upload's files, declared up front and filled by chunks: the one assembler both upload
-streams use. The inference server's UploadAdapter sends chunks that name their file; the store's
+streams use, and its relay (``Relay``: the same checks, the bytes passed on instead of kept). The inference server's UploadAdapter sends chunks that name their file; the store's
 Put sends the files back to back in declared order. Either way the declaration bounds what is
 taken (a chunk past a file's declared size is refused as it arrives), memory grows only as bytes
 arrive, and ``finish`` checks every size and declared sha256 and hashes each file once.
@@ -102,3 +102,63 @@ class Assembly:
                 raise AssemblyError(Fault.DIGEST, f.name, len(data), f.size)
             files[f.name], digests[f.name] = data, digest
         return files, digests
+
+
+class Relay:
+    """The declared files passed on, back to back in declared order, as chunks that name their
+    file arrive (in any order): ``add`` returns what can go on now. A file's bytes wait here only
+    while an earlier file is incomplete, so a sender that keeps declared order holds nothing here.
+    The same faults as Assembly: UNDECLARED and OVERLONG as a chunk arrives, TRUNCATED and DIGEST
+    from ``finish`` (each file hashed once, as it passes)."""
+
+    def __init__(self, declared: Sequence[DeclaredFile]) -> None:
+        self.declared = tuple(declared)
+        self._sizes = {f.name: f.size for f in self.declared}
+        self._got = dict.fromkeys(self._sizes, 0)
+        self._waiting: dict[str, list[bytes]] = {f.name: [] for f in self.declared}
+        self._hashes = {f.name: hashlib.sha256() for f in self.declared}
+        self._cursor = 0  # the declared file now passing
+        self.received = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self._sizes.values())
+
+    @property
+    def complete(self) -> bool:
+        return self._got == self._sizes
+
+    def add(self, data: bytes, name: str) -> list[bytes]:
+        """Take ``data`` for file ``name``; the bytes that can now be passed on, in order."""
+        size = self._sizes.get(name)
+        if size is None:
+            raise AssemblyError(Fault.UNDECLARED, name)
+        if self._got[name] + len(data) > size:
+            raise AssemblyError(Fault.OVERLONG, name, self._got[name] + len(data), size)
+        self._got[name] += len(data)
+        self.received += len(data)
+        self._hashes[name].update(data)
+        self._waiting[name].append(data)
+        return self._ready()
+
+    def _ready(self) -> list[bytes]:
+        out: list[bytes] = []
+        while self._cursor < len(self.declared):
+            file = self.declared[self._cursor]
+            out += self._waiting[file.name]
+            self._waiting[file.name] = []
+            if self._got[file.name] < file.size:
+                break
+            self._cursor += 1
+        return [piece for piece in out if piece]
+
+    def finish(self) -> dict[str, str]:
+        """The files' sha256 hex, once every declared byte passed and every declared digest holds."""
+        digests: dict[str, str] = {}
+        for f in self.declared:
+            if self._got[f.name] != f.size:
+                raise AssemblyError(Fault.TRUNCATED, f.name, self._got[f.name], f.size)
+            digests[f.name] = self._hashes[f.name].hexdigest()
+            if f.sha256 and digests[f.name] != f.sha256:
+                raise AssemblyError(Fault.DIGEST, f.name, f.size, f.size)
+        return digests

@@ -19,11 +19,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
 
+from loraplex.adapter_store.assembly import DeclaredFile
 from loraplex.adapter_store.backends.base import BlobCache
 from loraplex.adapter_store.convert import base_model_to_pb, event_from_pb, record_from_pb
 from loraplex.adapter_store.errors import (
@@ -43,6 +44,7 @@ from loraplex.adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
 from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.adapter_store.protocol import MAX_MESSAGE_BYTES
+from loraplex.adapter_store.put_stream import PutStream
 from loraplex.adapter_store.records import ChangeEvent, StoredRecord
 from loraplex.adapter_store.secret import with_secret
 from loraplex.adapter_store.tenants.principal import Principal
@@ -198,31 +200,36 @@ class StoreClient:
         public: bool = False,
     ) -> StoredRecord:
         """Upload ``files`` (readable by every tenant when ``public``); ``progress(sent, total)``
-        is called as chunks go out. With a ``base``, it travels in the metadata and the store
-        checks the files against it in its one parse, so a sidecar that does not know the base
-        model still never stores an adapter that does not fit it (nothing is parsed here: the
-        server checked them once already, the store is the durable gate)."""
+        is called as chunks go out."""
         names = sorted(files)
-        base = None if self._base is None else base_model_to_pb(self._base, self._max_rank)
         total = sum(len(files[n]) for n in names)
-
-        def requests() -> Iterator[pb.StorePutRequest]:
-            meta = pb.StorePutMetadata(adapter_id=adapter_id, public=public, base=base, files=[
-                pb.StoredFile(name=n, size=len(files[n]), sha256=hashlib.sha256(files[n]).hexdigest()) for n in names
-            ])
-            yield pb.StorePutRequest(metadata=meta)
+        put = self.open_put(adapter_id, [DeclaredFile(n, len(files[n]), hashlib.sha256(files[n]).hexdigest())
+                                         for n in names], public)
+        try:
             sent = 0
             for n in names:
                 data = memoryview(files[n])
                 for start in range(0, len(data), CHUNK_BYTES):
-                    piece = bytes(data[start : start + CHUNK_BYTES])
+                    piece = data[start : start + CHUNK_BYTES]
+                    put.send(piece)
                     sent += len(piece)
-                    yield pb.StorePutRequest(chunk=piece)
                     if progress is not None:
                         progress(sent, total)
+            return put.commit_record()
+        except BaseException:
+            put.abort()
+            raise
 
-        msg = self._call(lambda: self._stub.Put(requests(), timeout=self._timeout), adapter_id, idempotent=False)
-        return record_from_pb(msg)
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> PutStream:
+        """format.files.StreamingPutSource: a Put whose bytes are sent as they come (in
+        ``declared`` order). With a ``base``, it travels in the metadata and the store checks the
+        files against it in its one parse, so a sidecar that does not know the base model still
+        never stores an adapter that does not fit it (nothing is parsed here: the store is the
+        durable gate)."""
+        base = None if self._base is None else base_model_to_pb(self._base, self._max_rank)
+        meta = pb.StorePutMetadata(adapter_id=adapter_id, public=public, base=base, files=[
+            pb.StoredFile(name=f.name, size=f.size, sha256=f.sha256) for f in declared])
+        return PutStream(self._stub.Put, meta, self._timeout, lambda e: error_from_rpc(e, adapter_id))
 
     def import_record(self, adapter_id: str, source: str, public: bool = False, max_bytes: int = 0,
                       base: HFBaseShapes | None = None, max_rank: int = 0) -> StoredRecord:

@@ -5,10 +5,11 @@ adapters come from implements (the store client, the in-process store, a local d
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from loraplex.adapter_store.assembly import DeclaredFile
 from loraplex.adapter_store.format.base_shapes import HFBaseShapes
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.format.peft_format import CONFIG_FILE, WEIGHTS_FILE, AdapterSpec
@@ -45,10 +46,11 @@ class AdapterFiles:
 class AdapterSource(Protocol):
     """Resolves adapter ids to validated PEFT files; also the management surface.
 
-    Two capabilities some sources add, each its own Protocol below so a caller asks for it by
-    name (``isinstance``) rather than by probing for a method: ``TenantScopedSource`` (the store
-    sidecar, which holds calls to a tenant's rules) and ``ChangeFollowedSource`` (a store whose
-    change feed a server follows to drop stale resident copies)."""
+    Capabilities some sources add, each its own Protocol below so a caller asks for it by name
+    (``isinstance``) rather than by probing for a method: ``TenantScopedSource`` (the store
+    sidecar, which holds calls to a tenant's rules), ``ChangeFollowedSource`` (a store whose
+    change feed a server follows to drop stale resident copies), ``S3ImportingSource`` and
+    ``StreamingPutSource`` (a store an upload streams into)."""
 
     def resolve(self, adapter_id: str) -> AdapterFiles: ...
 
@@ -86,6 +88,33 @@ class S3ImportingSource(AdapterSource, Protocol):
 
     def import_adapter(self, adapter_id: str, source: str, max_bytes: int, base: HFBaseShapes,
                        max_rank: int) -> AdapterInfo: ...
+
+
+class OpenPut(Protocol):
+    """An upload on its way into a source: ``send`` the declared files' bytes back to back in
+    declared order, then ``commit`` (the source checks them, against the caller's base model too,
+    and stores them as one new version) or ``abort`` (it stores nothing). A source that refuses
+    the upload before its end answers at once: ``on_answer(callback)`` runs ``callback`` (on any
+    thread) when it has, and ``check`` (as ``send`` does) then raises its refusal."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def on_answer(self, callback: Callable[[], None]) -> None: ...
+
+    def check(self) -> None: ...
+
+    def commit(self) -> AdapterInfo: ...
+
+    def abort(self) -> None: ...
+
+
+@runtime_checkable
+class StreamingPutSource(AdapterSource, Protocol):
+    """A source an upload streams into as it arrives (the store sidecar), so its uploader holds
+    none of it; ``declared`` is the files in the order their bytes will be sent."""
+
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut: ...
+
 
 def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:
     """(version, sha256 of the weights): the version hashes config and weights together.

@@ -144,8 +144,9 @@ class Tenancy:
         async with self._quota_locks.setdefault(owner, asyncio.Lock()):
             yield
 
-    async def check_upload_quota(self, context: Caller, engine: ServingEngine, adapter_id: str, files: dict[str, bytes]) -> None:
-        """RESOURCE_EXHAUSTED if storing ``files`` takes the owning tenant over its adapter quotas."""
+    async def check_upload_quota(self, context: Caller, engine: ServingEngine, adapter_id: str, size_bytes: int) -> None:
+        """RESOURCE_EXHAUSTED if storing ``size_bytes`` more as ``adapter_id`` takes the owning
+        tenant over its adapter quotas."""
         owner = policy.adapter_owner(adapter_id)
         limits = self.security.limits
         if owner is None or not (limits.max_adapters or limits.max_adapter_bytes):
@@ -153,7 +154,7 @@ class Tenancy:
         infos = await asyncio.to_thread(self.adapters_for(context, engine).list)
         stored = [(i.adapter_id, i.size_bytes) for i in infos if policy.adapter_owner(i.adapter_id) == owner]
         try:
-            self.security.quotas.check_upload(owner, adapter_id, sum(len(b) for b in files.values()), stored)
+            self.security.quotas.check_upload(owner, adapter_id, size_bytes, stored)
         except ResourceExhaustedError as exc:
             self.metrics.quota_rejections.labels(owner, _limit_name(exc)).inc()
             raise

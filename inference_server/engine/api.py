@@ -7,10 +7,11 @@ implements the same Protocols, so a change here shows in both.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.assembly import DeclaredFile
+from loraplex.adapter_store.format.files import AdapterInfo, OpenPut
 from loraplex.adapter_store.tenants.principal import Principal
 from loraplex.inference_server.engine.info import EngineInfo, EngineStats
 from loraplex.inference_server.engine.request import GenerationRequest, TokenEvent
@@ -47,6 +48,11 @@ class EdgeAdapters(Protocol):
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo: ...
 
     def delete(self, adapter_id: str) -> None: ...
+
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut | None:
+        """An upload streamed into the adapter store as its bytes arrive (the store checks it,
+        against this server's base model too); None where the adapters take it whole (``put``)."""
+        ...
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
         """Store the adapter under ``source`` (``s3://bucket/prefix``) as ``adapter_id``, read by

@@ -178,13 +178,13 @@ class OpenAIRoutes:
                                                 principal is None or principal.is_admin, self._config.max_upload_bytes)
                 if isinstance(found, S3Path):
                     async with self._tenancy.quota_held(name):
-                        await self._tenancy.check_upload_quota(caller, engine, name, {})  # bytes: see HTTP.md
+                        await self._tenancy.check_upload_quota(caller, engine, name, 0)  # bytes: see HTTP.md
                         await _as_lora_path(asyncio.to_thread(adapters.import_s3, name, found.url,
                                                               self._config.max_upload_bytes))
                 elif found != name:
                     files = await asyncio.to_thread(adapters.files, found) if isinstance(found, str) else found
                     async with self._tenancy.quota_held(name):
-                        await self._tenancy.check_upload_quota(caller, engine, name, dict(files))
+                        await self._tenancy.check_upload_quota(caller, engine, name, sum(map(len, files.values())))
                         await asyncio.to_thread(adapters.put, name, files, False)
                 await asyncio.to_thread(adapters.load, name)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")

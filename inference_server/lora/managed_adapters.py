@@ -3,12 +3,14 @@ change invalidates the resident copy in the pool (running requests finish on the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+from loraplex.adapter_store.assembly import DeclaredFile
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.adapter_store.format.base_shapes import HFBaseShapes
 from loraplex.adapter_store.format.files import (AdapterFiles, AdapterInfo, AdapterSource, ChangeFollowedSource,
-                                                 S3ImportingSource, TenantScopedSource)
+                                                 OpenPut, S3ImportingSource, StreamingPutSource,
+                                                 TenantScopedSource)
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
@@ -66,6 +68,16 @@ class ManagedAdapters:
         self._manager.invalidate(adapter_id)
         return info
 
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut | None:
+        """The upload streamed into the source as its bytes arrive, when the source takes streams
+        (the store sidecar: it checks the files against this server's base model, which its
+        client sends with them, so nothing is parsed here); None when the source needs the whole
+        adapter (``put``). Its commit drops any resident old version."""
+        if not isinstance(self.source, StreamingPutSource):
+            return None
+        return _InvalidatingPut(self.source.open_put(validate_adapter_id(adapter_id), declared, public),
+                                lambda: self._manager.invalidate(adapter_id))
+
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
         """Have the adapter store import ``source`` (``s3://bucket/prefix``) as ``adapter_id``:
         the store reads it with its own S3 client and checks it as an upload and against this
@@ -99,3 +111,28 @@ class ManagedAdapters:
         device = set(self._manager.resident_ids())
         host = set(self._manager.host.versions())
         return {i: (i in device, i in host) for i in device | host}
+
+
+class _InvalidatingPut:
+    """An OpenPut whose commit drops the adapter's resident old version."""
+
+    def __init__(self, put: OpenPut, invalidate: Callable[[], None]) -> None:
+        self._put = put
+        self._invalidate = invalidate
+
+    def send(self, data: bytes) -> None:
+        self._put.send(data)
+
+    def on_answer(self, callback: Callable[[], None]) -> None:
+        self._put.on_answer(callback)
+
+    def check(self) -> None:
+        self._put.check()
+
+    def commit(self) -> AdapterInfo:
+        info = self._put.commit()
+        self._invalidate()
+        return info
+
+    def abort(self) -> None:
+        self._put.abort()

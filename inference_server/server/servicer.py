@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from loraplex.adapter_store.errors import InvalidRequestError
+from loraplex.adapter_store.format.files import AdapterInfo, OpenPut
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
 from loraplex.inference_server.edge.generation import generation, interleaved
@@ -21,7 +22,7 @@ from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.engine.api import ServingEngine
 from loraplex.inference_server.server import convert
 from loraplex.inference_server.server.response_format import grammar_field
-from loraplex.inference_server.server.upload import UploadAssembler, UploadLimits
+from loraplex.inference_server.server.upload import UploadAssembler, UploadLimits, pass_on, until_refused
 from loraplex.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 
@@ -81,26 +82,57 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     async def UploadAdapter(self, request_iterator: AsyncIterator[pb.UploadAdapterRequest],
                             context: grpc.aio.ServicerContext) -> pb.Adapter:
-        """Receive metadata + chunks, then validate and store the adapter atomically."""
+        """Receive metadata + chunks and store the adapter atomically: streamed on to the adapter
+        store as the chunks arrive (it checks the files, against this server's base too), or taken
+        whole and checked here for a local adapter directory."""
         async with self._state.work() as engine:
             assembler = UploadAssembler(self._upload_limits)
+            put: OpenPut | None = None
             try:
-                async for message in request_iterator:
+                messages = aiter(request_iterator)
+                async for message in messages:
                     assembler.add(message)
                     if assembler.adapter_id is not None and assembler.received_bytes == 0:
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
+                        put = self._open_put(context, engine, assembler.adapter_id, assembler)
+                        if put is not None:
+                            break
+                if put is not None:
+                    async for message in until_refused(messages, put):
+                        await asyncio.to_thread(pass_on, assembler, message, put)  # hashing, back-pressure
                 if not assembler.complete:
                     await _cancellation_lands()
-                adapter_id, files = await asyncio.to_thread(assembler.finish)  # hashing 80 MB: not on the loop
-                async with self._tenancy.quota_held(adapter_id):
-                    await self._tenancy.check_upload_quota(context, engine, adapter_id, files)
-                    writer = self._tenancy.adapters_for(context, engine)
-                    info = await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
+                info = await self._store_upload(context, engine, assembler, put)
             except (Exception, asyncio.CancelledError) as exc:
+                if put is not None:
+                    put.abort()  # the store stores nothing
                 self._tenancy.audit(context, "upload", assembler.adapter_id, exc, assembler.public)
                 raise
-            self._tenancy.audit(context, "upload", adapter_id, None, assembler.public)
+            self._tenancy.audit(context, "upload", info.adapter_id, None, assembler.public)
             return convert.adapter_to_pb(info)
+
+    def _open_put(self, context: grpc.aio.ServicerContext, engine: ServingEngine, adapter_id: str,
+                  assembler: UploadAssembler) -> OpenPut | None:
+        """The upload's stream into the adapter store (the assembler then relays), or None."""
+        writer = self._tenancy.adapters_for(context, engine)
+        put = writer.open_put(adapter_id, assembler.declared, assembler.public)
+        if put is not None:
+            assembler.relay()
+        return put
+
+    async def _store_upload(self, context: grpc.aio.ServicerContext, engine: ServingEngine,
+                            assembler: UploadAssembler, put: OpenPut | None) -> AdapterInfo:
+        """Check the whole upload arrived (and the tenant's quota), then commit it."""
+        if put is None:
+            adapter_id, files = await asyncio.to_thread(assembler.finish)  # hashing 80 MB: not on the loop
+        else:
+            adapter_id, files = assembler.finish_relayed(), {}
+        async with self._tenancy.quota_held(adapter_id):
+            await self._tenancy.check_upload_quota(context, engine, adapter_id, sum(f.size for f in assembler.declared))
+            if put is not None:
+                return await asyncio.to_thread(put.commit)
+            writer = self._tenancy.adapters_for(context, engine)
+            return await asyncio.to_thread(writer.put, adapter_id, files, assembler.public)
 
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: grpc.aio.ServicerContext
                            ) -> pb.ListAdaptersResponse:

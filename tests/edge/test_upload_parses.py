@@ -1,24 +1,35 @@
-"""An upload is checked once per trust boundary (#43): the GPU server, which knows its base model,
-parses it once; the store sidecar, the durable gate, parses it once, against the base model the
+"""An upload is checked once per trust boundary and streamed through the server (#43).
+
+The GPU server checks what its client sent (declared files, sizes, digests, its limits, the
+tenant's rights) as the chunks pass, and streams them on to the store sidecar without holding the
+adapter; the store, the durable gate, parses it once, against the base model and rank cap the
 server sends with the upload (so a store that was never told the base still refuses a misfit).
-The store client in the server parses nothing. A real store process and the real gRPC server;
-the parses of this process (the server's) are counted at the safetensors header read."""
+Nothing is parsed in the server. A real store process and the real gRPC server; the parses of
+this process (the server's) are counted at the safetensors header read. The store refuses what it
+must before the client has sent everything, and stores nothing from an upload that fails or is
+abandoned on its way."""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from loraplex.adapter_store.client import StoreClient
 from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError
 from loraplex.adapter_store.format import peft_format
 from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import InvalidArgumentError
 from loraplex.inference_server.build import build_engine
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.model.checkpoint import ModelSource
 from loraplex.inference_server.server.app import ServerOptions
+from loraplex.v1 import inference_pb2 as ipb, inference_pb2_grpc
 from lora_helpers import make_test_adapters
 from server_helpers import ServerThread, write_fake_adapter
 from store_services import StoreProcess
@@ -32,7 +43,8 @@ def stack(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     store keeps blobs in a local folder and has no --base-config."""
     tmp = tmp_path_factory.mktemp("upload-parses")
     peft = make_test_adapters(tiny_llama_dir, tmp / "peft")
-    store = StoreProcess(["--local-dir", str(tmp / "blobs"), "--metrics-port", "0"], tmp / "store.log")
+    store = StoreProcess(["--local-dir", str(tmp / "blobs"), "--metrics-port", "0", "--max-adapter-mib", "1"],
+                         tmp / "store.log")
     srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
     try:
         config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256)
@@ -60,13 +72,88 @@ def header_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return reads
 
 
-def test_an_upload_is_parsed_once_by_the_server(stack, header_reads: list[int]) -> None:
+def test_an_upload_streams_through_the_server_unparsed(stack, header_reads: list[int]) -> None:
     srv, _, target, peft = stack
     with LoraplexClient(srv.address, timeout=60) as client:
         info = client.upload_adapter("acme/once", peft / "attn-r8")
-    assert len(header_reads) == 1  # the server's check; its store client sends the bytes on unparsed
+    assert header_reads == []  # the store parsed it, against this server's base
     with StoreClient(target) as store:
-        assert store.stat("acme/once").info.version == info.version
+        record, files = store.fetch("acme/once")
+    assert record.info.version == info.version
+    assert set(files) == {"adapter_config.json", "adapter_model.safetensors"}
+    assert all(data == (peft / "attn-r8" / name).read_bytes() for name, data in files.items())
+
+
+def test_a_misfit_upload_is_refused_by_the_store_against_the_servers_base(stack, tmp_path: Path,
+                                                                         header_reads: list[int]) -> None:
+    srv, _, target, _ = stack
+    with LoraplexClient(srv.address, timeout=60) as client:
+        with pytest.raises(InvalidArgumentError, match="shape"):
+            client.upload_adapter("acme/misfit-via-server", write_fake_adapter(tmp_path / "misfit"))
+    assert header_reads == []
+    with StoreClient(target) as store, pytest.raises(AdapterNotFoundError):
+        store.stat("acme/misfit-via-server")
+
+
+def _metadata(adapter_id: str, files: dict[str, bytes], sha256: dict[str, str] | None = None) -> ipb.UploadAdapterRequest:
+    declared = [ipb.UploadFile(name=n, size_bytes=len(b), sha256=(sha256 or {}).get(n, "")) for n, b in files.items()]
+    return ipb.UploadAdapterRequest(metadata=ipb.UploadMetadata(adapter_id=adapter_id, files=declared))
+
+
+def _chunks(files: dict[str, bytes], size: int = 64 << 10):
+    for name, data in files.items():
+        for start in range(0, len(data), size):
+            yield ipb.UploadAdapterRequest(chunk=ipb.FileChunk(name=name, data=data[start : start + size]))
+
+
+def test_the_store_refuses_at_the_metadata_before_the_bytes_are_sent(stack) -> None:
+    """2 MiB declared, the store takes 1: the refusal reaches the client while it still holds
+    every byte after its first chunk (a server that buffered the upload would wait for them)."""
+    srv = stack[0]
+    files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"\0" * (2 << 20)}
+    held = threading.Event()
+
+    def requests():
+        yield _metadata("acme/too-big", files)
+        yield next(_chunks(files))
+        held.wait(30)  # the rest is sent only after the answer came
+
+    with grpc.insecure_channel(srv.address) as channel:
+        call = inference_pb2_grpc.InferenceServiceStub(channel).UploadAdapter.future(requests(), timeout=30)
+        try:
+            with pytest.raises(grpc.RpcError) as refused:
+                call.result(timeout=20)
+        finally:
+            held.set()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "over the store's limit" in refused.value.details()
+
+
+def test_a_wrong_digest_or_an_abandoned_upload_stores_nothing(stack) -> None:
+    srv, _, target, peft = stack
+    files = {n: (peft / "attn-r8" / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
+    wrong = {n: hashlib.sha256(b + b"!").hexdigest() for n, b in files.items()}
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.UploadAdapter(iter([_metadata("acme/wrong-digest", files, wrong), *_chunks(files)]), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "sha256 does not match" in refused.value.details()
+        held = threading.Event()
+
+        def abandoned():
+            yield _metadata("acme/abandoned", files)
+            yield next(_chunks(files, size=100))
+            held.wait(30)
+
+        call = stub.UploadAdapter.future(abandoned(), timeout=30)
+        time.sleep(0.5)
+        call.cancel()
+        held.set()
+    with StoreClient(target) as store:
+        for adapter_id in ("acme/wrong-digest", "acme/abandoned"):
+            with pytest.raises(AdapterNotFoundError):
+                store.stat(adapter_id)
 
 
 def test_the_store_checks_the_servers_base_it_was_never_told(stack, tmp_path: Path, header_reads: list[int]) -> None:

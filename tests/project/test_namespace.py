@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -106,9 +107,11 @@ def test_a_fresh_environment_holds_hf_kernels_beside_loraplex_and_serves(wheel: 
         [str(bin_dir / "loraplex"), "serve", "--port", str(port), "--http-port", "0", "--metrics-port", "0",
          "--adapter-dir", str(tmp_path / "adapters")], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        health = subprocess.run([*cli, "health", "--wait", "300"], env=env, capture_output=True, text=True,
-                                timeout=330)
-        assert health.stdout.strip() == "SERVING", (tmp_path / "server.log").read_text()[-3000:]
+        health = subprocess.Popen([*cli, "health", "--wait", "300"], env=env, stdout=subprocess.PIPE, text=True)
+        while health.poll() is None and server.poll() is None:  # a server that dies at start: fail now
+            time.sleep(1)
+        health.kill()
+        assert health.communicate()[0].strip() == "SERVING", (tmp_path / "server.log").read_text()[-3000:]
         answer = subprocess.run([*cli, "generate", "--max-new-tokens", "12", "What is the capital of France?"],
                                 env=env, capture_output=True, text=True, timeout=300)
         assert answer.returncode == 0, answer.stderr

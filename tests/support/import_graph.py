@@ -93,8 +93,8 @@ def within(name: str, prefix: str) -> bool:
 # adapter_store is the sidecar (service, store, backends, settings, main...).
 STORE_CLIENT_SIDE = (
     *(f"loraplex.adapter_store.{name}" for name in (
-        "errors", "protocol", "decoding", "secret", "client", "watcher", "records", "convert", "assembly", "backends.base",
-        "format", "tenants")),
+        "errors", "protocol", "decoding", "secret", "client", "put_stream", "watcher", "records", "convert", "assembly",
+        "backends.base", "format", "tenants")),
 )
 
 # The LoRA runtime's tiers, lowest first: a module may import its own tier and lower ones only.

@@ -8,13 +8,14 @@ import json
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loraplex.adapter_store.assembly import DeclaredFile
 from loraplex.adapter_store.client import StoreClient
 from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError
-from loraplex.adapter_store.format.files import AdapterInfo
+from loraplex.adapter_store.format.files import AdapterInfo, OpenPut
 from loraplex.adapter_store.tenants.principal import Principal
 from loraplex.inference_server.engine.info import EngineInfo, EngineStats
 from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
@@ -55,6 +56,9 @@ class FakeAdapters:
 
     def delete(self, adapter_id: str) -> None:
         self.source.delete(adapter_id)
+
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut | None:
+        return self.source.open_put(adapter_id, declared, public) if isinstance(self.source, StoreClient) else None
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
         if not isinstance(self.source, StoreClient):
