@@ -61,9 +61,11 @@ class ManagedAdapters:
 
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
         """Validate against the base model, store atomically (with its ``public`` flag), drop any
-        resident old version."""
+        resident old version. The check is the adapter store's where there is one (its client
+        sends this server's base with the files: one parse, there), else here."""
         validate_adapter_id(adapter_id)
-        parse_adapter_files(files, self._base, self._max_rank)
+        if not isinstance(self.source, StreamingPutSource):
+            parse_adapter_files(files, self._base, self._max_rank)
         info = self.source.put(adapter_id, files, public)
         self._manager.invalidate(adapter_id)
         return info

@@ -39,8 +39,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """(the server, its engine's base model config, the store's target, PEFT adapters folder); the
-    store keeps blobs in a local folder and has no --base-config."""
+    """(the server, its engine's base model config, the store's target, PEFT adapters folder, the
+    engine); the store keeps blobs in a local folder, takes adapters up to 1 MiB and has no
+    --base-config."""
     tmp = tmp_path_factory.mktemp("upload-parses")
     peft = make_test_adapters(tiny_llama_dir, tmp / "peft")
     store = StoreProcess(["--local-dir", str(tmp / "blobs"), "--metrics-port", "0", "--max-adapter-mib", "1"],
@@ -52,7 +53,7 @@ def stack(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)),
                               lambda base: StoreClient(target, base=base), progress=False)
         srv.attach(engine)
-        yield srv, engine.adapters._base, target, peft
+        yield srv, engine.adapters._base, target, peft, engine
     finally:
         srv.close()
         store.stop()
@@ -73,7 +74,7 @@ def header_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_an_upload_streams_through_the_server_unparsed(stack, header_reads: list[int]) -> None:
-    srv, _, target, peft = stack
+    srv, _, target, peft, _ = stack
     with LoraplexClient(srv.address, timeout=60) as client:
         info = client.upload_adapter("acme/once", peft / "attn-r8")
     assert header_reads == []  # the store parsed it, against this server's base
@@ -86,7 +87,7 @@ def test_an_upload_streams_through_the_server_unparsed(stack, header_reads: list
 
 def test_a_misfit_upload_is_refused_by_the_store_against_the_servers_base(stack, tmp_path: Path,
                                                                          header_reads: list[int]) -> None:
-    srv, _, target, _ = stack
+    srv, _, target, _, _ = stack
     with LoraplexClient(srv.address, timeout=60) as client:
         with pytest.raises(InvalidArgumentError, match="shape"):
             client.upload_adapter("acme/misfit-via-server", write_fake_adapter(tmp_path / "misfit"))
@@ -130,7 +131,7 @@ def test_the_store_refuses_at_the_metadata_before_the_bytes_are_sent(stack) -> N
 
 
 def test_a_wrong_digest_or_an_abandoned_upload_stores_nothing(stack) -> None:
-    srv, _, target, peft = stack
+    srv, _, target, peft, _ = stack
     files = {n: (peft / "attn-r8" / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
     wrong = {n: hashlib.sha256(b + b"!").hexdigest() for n, b in files.items()}
     with grpc.insecure_channel(srv.address) as channel:
@@ -156,10 +157,25 @@ def test_a_wrong_digest_or_an_abandoned_upload_stores_nothing(stack) -> None:
                 store.stat(adapter_id)
 
 
+def test_files_the_server_reads_itself_are_checked_by_the_store_alone(stack, tmp_path: Path,
+                                                                     header_reads: list[int]) -> None:
+    """What the HTTP edge's load_lora_adapter stores (a folder on the server, a copy): the same one
+    check, in the store, against this server's base."""
+    _, _, target, peft, engine = stack
+    files = {n: (peft / "attn-r8" / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
+    assert engine.adapters.put("acme/copied", files).adapter_id == "acme/copied"
+    misfit = write_fake_adapter(tmp_path / "misfit")
+    with pytest.raises(AdapterValidationError, match="shape"):
+        engine.adapters.put("acme/misfit-copy", {f.name: f.read_bytes() for f in misfit.iterdir()})
+    assert header_reads == []
+    with StoreClient(target) as store, pytest.raises(AdapterNotFoundError):
+        store.stat("acme/misfit-copy")
+
+
 def test_the_store_checks_the_servers_base_it_was_never_told(stack, tmp_path: Path, header_reads: list[int]) -> None:
     """The store has no --base-config; the base travels with the Put, so the store refuses an
     adapter of another model's shapes in its own parse (none happened in this process)."""
-    _, base, target, _ = stack
+    _, base, target, _, _ = stack
     misfit = write_fake_adapter(tmp_path / "misfit")
     files = {f.name: f.read_bytes() for f in misfit.iterdir()}
     with StoreClient(target, base=base) as store:
