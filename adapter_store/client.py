@@ -204,7 +204,7 @@ class StoreClient:
         names = sorted(files)
         total = sum(len(files[n]) for n in names)
         put = self.open_put(adapter_id, [DeclaredFile(n, len(files[n]), hashlib.sha256(files[n]).hexdigest())
-                                         for n in names], public)
+                                         for n in names], public, self._timeout)
         try:
             sent = 0
             for n in names:
@@ -220,16 +220,17 @@ class StoreClient:
             put.abort()
             raise
 
-    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> PutStream:
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False,
+                 timeout_s: float | None = None) -> PutStream:
         """format.files.StreamingPutSource: a Put whose bytes are sent as they come (in
-        ``declared`` order). With a ``base``, it travels in the metadata and the store checks the
+        ``declared`` order), within ``timeout_s`` (None: no deadline). With a ``base``, it travels in the metadata and the store checks the
         files against it in its one parse, so a sidecar that does not know the base model still
         never stores an adapter that does not fit it (nothing is parsed here: the store is the
         durable gate)."""
         base = None if self._base is None else base_model_to_pb(self._base, self._max_rank)
         meta = pb.StorePutMetadata(adapter_id=adapter_id, public=public, base=base, files=[
             pb.StoredFile(name=f.name, size=f.size, sha256=f.sha256) for f in declared])
-        return PutStream(self._stub.Put, meta, self._timeout, lambda e: error_from_rpc(e, adapter_id))
+        return PutStream(self._stub.Put, meta, timeout_s, lambda e: error_from_rpc(e, adapter_id))
 
     def import_record(self, adapter_id: str, source: str, public: bool = False, max_bytes: int = 0,
                       base: HFBaseShapes | None = None, max_rank: int = 0) -> StoredRecord:

@@ -5,9 +5,9 @@ The call runs on gRPC's side of a small queue: ``send`` waits while ``DEPTH`` pi
 (a slow store slows the upload, it does not grow this process) and raises the store's refusal as
 soon as the store has answered (an adapter over the store's size limit is refused at its
 metadata, before the rest is sent; ``on_answer`` tells when). ``commit`` ends the stream, which is when the store checks
-and stores the files; ``abort`` cancels the call, and the store stores nothing. The call has no
-deadline while the bytes come (the uploader's pace, bounded by its own client's deadline, which
-aborts it); the store's answer to ``commit`` has ``timeout_s``.
+and stores the files; ``abort`` cancels the call, and the store stores nothing. The call's
+deadline (``timeout_s``; None: none) is the store's too: it never commits a write whose caller's
+deadline passed, so a caller told the upload failed finds nothing stored later.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from loraplex.adapter_store.convert import record_from_pb
-from loraplex.adapter_store.errors import LoraplexError, UnavailableError
+from loraplex.adapter_store.errors import LoraplexError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.records import StoredRecord
 from loraplex.v1 import store_pb2 as pb
@@ -32,12 +32,11 @@ _POLL_S = 0.1
 class PutStream:
     """One Put call: ``metadata`` first, then what ``send`` is given."""
 
-    def __init__(self, put: grpc.StreamUnaryMultiCallable, metadata: pb.StorePutMetadata, timeout_s: float,
+    def __init__(self, put: grpc.StreamUnaryMultiCallable, metadata: pb.StorePutMetadata, timeout_s: float | None,
                  error_from_rpc: Callable[[grpc.RpcError], LoraplexError]) -> None:
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=DEPTH)
         self._error_from_rpc = error_from_rpc
-        self._timeout_s = timeout_s
-        self._future = put.future(self._requests(metadata))
+        self._future = put.future(self._requests(metadata), timeout=timeout_s)
 
     def _requests(self, metadata: pb.StorePutMetadata) -> Iterator[pb.StorePutRequest]:
         yield pb.StorePutRequest(metadata=metadata)
@@ -82,10 +81,7 @@ class PutStream:
         """End the stream; the stored record once the store has checked and stored the files."""
         self._put(_END)
         try:
-            return record_from_pb(self._future.result(timeout=self._timeout_s))
-        except grpc.FutureTimeoutError:
-            self.abort()
-            raise UnavailableError(f"the adapter store did not answer the upload within {self._timeout_s:g} s") from None
+            return record_from_pb(self._future.result())
         except grpc.RpcError as e:
             raise self._error_from_rpc(e) from None
 

@@ -111,9 +111,11 @@ class OpenPut(Protocol):
 @runtime_checkable
 class StreamingPutSource(AdapterSource, Protocol):
     """A source an upload streams into as it arrives (the store sidecar), so its uploader holds
-    none of it; ``declared`` is the files in the order their bytes will be sent."""
+    none of it; ``declared`` is the files in the order their bytes will be sent, ``timeout_s`` the
+    uploader's own deadline (None: none), which the source holds the upload to as well."""
 
-    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut: ...
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False,
+                 timeout_s: float | None = None) -> OpenPut: ...
 
 
 def content_version(files: Mapping[str, bytes], weights_sha256: str | None = None) -> tuple[str, str]:

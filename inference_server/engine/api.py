@@ -49,9 +49,11 @@ class EdgeAdapters(Protocol):
 
     def delete(self, adapter_id: str) -> None: ...
 
-    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut | None:
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False,
+                 timeout_s: float | None = None) -> OpenPut | None:
         """An upload streamed into the adapter store as its bytes arrive (the store checks it,
-        against this server's base model too); None where the adapters take it whole (``put``)."""
+        against this server's base model too, within the uploader's ``timeout_s``); None where
+        the adapters take it whole (``put``)."""
         ...
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:

@@ -70,14 +70,16 @@ class ManagedAdapters:
         self._manager.invalidate(adapter_id)
         return info
 
-    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut | None:
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False,
+                 timeout_s: float | None = None) -> OpenPut | None:
         """The upload streamed into the source as its bytes arrive, when the source takes streams
         (the store sidecar: it checks the files against this server's base model, which its
         client sends with them, so nothing is parsed here); None when the source needs the whole
-        adapter (``put``). Its commit drops any resident old version."""
+        adapter (``put``). ``timeout_s``: the uploading client's deadline, which the store then
+        holds the write to. Its commit drops any resident old version."""
         if not isinstance(self.source, StreamingPutSource):
             return None
-        return _InvalidatingPut(self.source.open_put(validate_adapter_id(adapter_id), declared, public),
+        return _InvalidatingPut(self.source.open_put(validate_adapter_id(adapter_id), declared, public, timeout_s),
                                 lambda: self._manager.invalidate(adapter_id))
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:

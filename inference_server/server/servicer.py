@@ -113,9 +113,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     def _open_put(self, context: grpc.aio.ServicerContext, engine: ServingEngine, adapter_id: str,
                   assembler: UploadAssembler) -> OpenPut | None:
-        """The upload's stream into the adapter store (the assembler then relays), or None."""
+        """The upload's stream into the adapter store, held to this call's deadline (the assembler
+        then relays), or None."""
         writer = self._tenancy.adapters_for(context, engine)
-        put = writer.open_put(adapter_id, assembler.declared, assembler.public)
+        put = writer.open_put(adapter_id, assembler.declared, assembler.public, context.time_remaining())
         if put is not None:
             assembler.relay()
         return put

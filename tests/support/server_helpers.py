@@ -57,8 +57,11 @@ class FakeAdapters:
     def delete(self, adapter_id: str) -> None:
         self.source.delete(adapter_id)
 
-    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False) -> OpenPut | None:
-        return self.source.open_put(adapter_id, declared, public) if isinstance(self.source, StoreClient) else None
+    def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False,
+                 timeout_s: float | None = None) -> OpenPut | None:
+        if not isinstance(self.source, StoreClient):
+            return None
+        return self.source.open_put(adapter_id, declared, public, timeout_s)
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
         if not isinstance(self.source, StoreClient):
