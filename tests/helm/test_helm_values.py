@@ -5,15 +5,21 @@ The schema's choices are the server's own (read from its settings module, not co
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
 import yaml
-from helm_chart_helpers import CHART, CI_VALUE_SETS, render, render_error
+from helm_chart_helpers import CHART, CI_VALUE_SETS, env_of, render, render_error
 
-from loraplex.inference_server.settings import DTYPES, MODEL_FORMATS
+from loraplex.inference_server.settings import DTYPES, MODEL_FORMATS, ServerSettings
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+
+
+def server_env(rendered) -> dict[str, str]:
+    configmaps = {c["metadata"]["name"]: c["data"] for c in rendered.all("ConfigMap")}
+    return env_of(rendered.container("server"), configmaps)
 
 
 def prop(*path: str) -> dict:
@@ -37,6 +43,11 @@ def prop(*path: str) -> dict:
     ({"redis": {"mode": "sentinel"}}, "/redis/mode", "bundled"),
     ({"autoscaling": {"customMetric": {"name": "gpu_util"}}}, "/autoscaling/customMetric/name", "loraplex_queue_length"),
     ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval", "pattern"),
+    ({"server": {"connections": {"httpHeadTimeoutS": 0}}}, "/server/connections/httpHeadTimeoutS", "exclusiveMinimum"),
+    ({"server": {"connections": {"httpMaxHeadBytes": 512}}}, "/server/connections/httpMaxHeadBytes", "minimum"),
+    ({"server": {"connections": {"grpcPermitKeepaliveWithoutCalls": "yes"}}},
+     "/server/connections/grpcPermitKeepaliveWithoutCalls", "on"),
+    ({"server": {"connections": {"httpTimeout": 3}}}, "/server/connections", "'httpTimeout' not allowed"),
     ({"replicas": 2}, "''", "'replicas' not allowed"),
     ({"server": {"maxNumSeq": 8}}, "/server", "'maxNumSeq' not allowed"),
 ])
@@ -97,6 +108,27 @@ def test_schema_choices_are_the_servers() -> None:
     assert prop("model", "dtype")["enum"] == list(DTYPES)
     # "dummy" (random weights for benchmarks) is the server's only format the chart leaves out
     assert set(prop("model", "format")["enum"]) == set(MODEL_FORMATS) - {"dummy"}
+
+
+CONNECTIONS = {"httpHeadTimeoutS": 2.5, "httpBodyTimeoutS": 12, "httpKeepAliveTimeoutS": 0.5,
+               "httpMaxConnections": 1_000_000, "httpMaxHeadBytes": 8192, "grpcMaxStreamsPerConnection": 64,
+               "grpcMaxConnectionIdleS": 0, "grpcMaxConnectionAgeS": 7200, "grpcMaxConnectionAgeGraceS": 30,
+               "grpcKeepaliveTimeS": 45, "grpcKeepaliveTimeoutS": 5, "grpcMinPingIntervalS": 2,
+               "grpcPermitKeepaliveWithoutCalls": "on"}
+
+
+def test_every_connection_bound_of_the_server_is_a_chart_value_and_reaches_it() -> None:
+    """server.connections holds exactly the server's http_*/grpc_* bounds (not the ports), null
+    keeps the server's defaults, and each value set arrives in the server's settings as given."""
+    settings_fields = {f for f in ServerSettings.__dataclass_fields__ if f.startswith(("http_", "grpc_"))} - {"http_port"}
+    chart_keys = set(prop("server", "connections")["properties"])
+    assert chart_keys == set(CONNECTIONS)
+    assert {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower() for k in chart_keys} == settings_fields
+    default = ServerSettings.from_sources([], server_env(render()))
+    assert all(getattr(default, f) == ServerSettings.__dataclass_fields__[f].default for f in settings_fields)
+    configured = ServerSettings.from_sources([], server_env(render({"server": {"connections": CONNECTIONS}})))
+    for key, value in CONNECTIONS.items():
+        assert getattr(configured, re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()) == value, key
 
 
 @pytest.mark.parametrize("name", ["values", *CI_VALUE_SETS])
