@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -103,11 +102,9 @@ def report(size: int, rows: list[dict[str, float]]) -> list[str]:
     mib = 1 << 20
     median = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     growths = ", ".join(f"{r['growth'] / mib:.0f}" for r in rows)
-    return [f"adapter: {size / 1e6:.1f} MB (float32, rank {RANK}, SmolLM2 shapes); median of {len(rows)} uploads; "
-            f"RSS sampled every {SAMPLE_S * 1e3:g} ms", "",
-            "| server RSS before | peak growth during the upload | each upload's growth | upload s | MB/s |",
-            "|---|---|---|---|---|",
-            f"| {median['before'] / mib:.0f} MiB | {median['growth'] / mib:.0f} MiB | {growths} MiB | "
+    return [f"| server (SmolLM2 shapes, rank {RANK}, float32) | RSS before | peak growth, median (each upload) | "
+            "upload s | MB/s |", "|---|---|---|---|---|",
+            f"| this commit | {median['before'] / mib:.0f} MiB | {median['growth'] / mib:.0f} MiB ({growths}) | "
             f"{median['s']:.2f} | {size / 1e6 / median['s']:.0f} |"]
 
 
@@ -119,6 +116,7 @@ def main() -> int:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-upload-"))
     size = write_adapter(tmp / "adapter")
+    print(f"adapter: {size / 1e6:.1f} MB; RSS sampled every {SAMPLE_S * 1e3:g} ms")
     store, target = start_store(["--local-dir", str(tmp / "blobs"), "--metrics-port", "0"], tmp / "store.log")
     server = None
     try:
