@@ -1,7 +1,8 @@
 """Writer locks across sidecars: a sidecar killed mid-upload frees the id within seconds, a
 waiter never outlives its caller's deadline nor commits after its caller was told it failed,
 unrelated ids never wait on each other, and a writer whose lease was taken over never
-overwrites the upload acknowledged meanwhile. Real redis-server, moto S3 and sidecar processes;
+overwrites the upload acknowledged meanwhile; an upload through the inference server is held to
+its own client's deadline. Real redis-server, moto S3 and sidecar processes;
 the relays hold transfers at a chosen byte so "mid-upload" is exact."""
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import time
 import zlib
 
 import pytest
+from server_helpers import FakeEngine, ServerThread
 from store_adapters import peft_files
 
+from loraplex.adapter_store.client import StoreClient
 from loraplex.adapter_store.errors import UnavailableError
 from loraplex.adapter_store.records import StoredRecord
+from loraplex.clients import LoraplexClient
+from loraplex.clients.errors import UnavailableError as ClientUnavailableError
+from loraplex.inference_server.server.app import ServerOptions
 
 BIG, SMALL = "r64-fp32", "r4-fp32"  # 237 KB and 9 KB of files
 MID_BLOB = 50_000  # bytes into BIG's blob (on its way to S3, or into the Redis cache) where it is held
@@ -116,6 +122,39 @@ def test_a_waiter_gives_up_before_its_deadline_and_never_commits_later(rig, faul
     assert head is not None and head.version == acknowledged.version, "a write whose caller failed committed later"
     with b.client() as client:
         _assert_whole(client, "acme/z", fault_adapters[BIG], acknowledged)
+
+
+def test_an_upload_through_the_server_is_held_to_its_clients_deadline(rig, fault_adapters, tmp_path):
+    """The inference server streams an upload into the store under its client's own deadline, not
+    its store client's longer one: with the id held by a live writer, the store gives up its lock
+    wait before that deadline, the client hears why (not a bare DEADLINE_EXCEEDED), and the write
+    never lands later."""
+    a, b = rig.sidecar(), rig.sidecar()
+    holder, trap = _hold_upload(rig, a, "acme/v", fault_adapters[BIG])
+    folder = tmp_path / "small"
+    folder.mkdir()
+    for name, data in fault_adapters[SMALL].items():
+        (folder / name).write_bytes(data)
+    engine = FakeEngine(tmp_path / "unused")
+    engine.use_store(StoreClient(b.target, retries=0, timeout_s=60))
+    srv = ServerThread(ServerOptions(port=0))
+    srv.attach(engine)
+    try:
+        with LoraplexClient(srv.address) as client:
+            started = time.monotonic()
+            with pytest.raises(ClientUnavailableError) as failed:
+                client.upload_adapter("acme/v", folder, timeout=4)
+            took = time.monotonic() - started
+    finally:
+        srv.close()
+    assert "being written by another upload" in str(failed.value), str(failed.value)
+    assert took < 4, f"the lock wait outlived the client's 4s deadline ({took:.1f}s)"
+
+    trap.release()
+    assert holder.done.wait(30) and holder.error is None, holder.error
+    time.sleep(2.0)  # long enough for a waiter that was not stopped to take the lock and commit
+    head = rig.head("acme/v")
+    assert head is not None and head.version == holder.result.version, "a write whose caller failed committed later"
 
 
 def _same_slot_ids() -> tuple[str, str]:
