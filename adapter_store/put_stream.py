@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from loraplex.adapter_store.convert import record_from_pb
-from loraplex.adapter_store.errors import LoraplexError
+from loraplex.adapter_store.errors import LoraplexError, UnavailableError
 from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.records import StoredRecord
 from loraplex.v1 import store_pb2 as pb
@@ -68,11 +68,17 @@ class PutStream:
 
     def _raise_outcome(self) -> None:
         """The store answered before the stream ended: its refusal (it never succeeds early)."""
+        self._answer()
+        raise LoraplexError("the adapter store answered a Put before its stream ended")
+
+    def _answer(self) -> pb.StoredAdapter:
+        """The store's answer, or its refusal as a domain error (UnavailableError once aborted)."""
         try:
-            self._future.result()
+            return self._future.result()
+        except grpc.FutureCancelledError:
+            raise UnavailableError("the upload to the adapter store was abandoned; nothing was stored") from None
         except grpc.RpcError as e:
             raise self._error_from_rpc(e) from None
-        raise LoraplexError("the adapter store answered a Put before its stream ended")
 
     def commit(self) -> AdapterInfo:
         return self.commit_record().info
@@ -80,10 +86,7 @@ class PutStream:
     def commit_record(self) -> StoredRecord:
         """End the stream; the stored record once the store has checked and stored the files."""
         self._put(_END)
-        try:
-            return record_from_pb(self._future.result())
-        except grpc.RpcError as e:
-            raise self._error_from_rpc(e) from None
+        return record_from_pb(self._answer())
 
     def abort(self) -> None:
         self._future.cancel()

@@ -20,7 +20,8 @@ import grpc
 import pytest
 
 from loraplex.adapter_store.client import StoreClient
-from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError
+from loraplex.adapter_store.assembly import DeclaredFile
+from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError, UnavailableError
 from loraplex.adapter_store.format import peft_format
 from loraplex.clients import LoraplexClient
 from loraplex.clients.errors import InvalidArgumentError
@@ -186,3 +187,24 @@ def test_the_store_checks_the_servers_base_it_was_never_told(stack, tmp_path: Pa
             store.stat("acme/misfit")
     with StoreClient(target) as unbound:  # without a base the store's own checks only: it fits no model here
         assert unbound.put("acme/misfit", files).adapter_id == "acme/misfit"
+
+
+def test_an_open_put_aborted_midway_stores_nothing_and_says_so(stack) -> None:
+    """The store client's side of the stream (adapter_store/put_stream.py), as the server drives it."""
+    _, _, target, peft, _ = stack
+    files = {n: (peft / "attn-r8" / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
+    declared = [DeclaredFile(n, len(b), hashlib.sha256(b).hexdigest()) for n, b in files.items()]
+    with StoreClient(target) as store:
+        put = store.open_put("acme/aborted", declared, timeout_s=30)
+        put.send(files["adapter_config.json"])
+        put.abort()
+        with pytest.raises(UnavailableError, match="abandoned; nothing was stored"):
+            put.send(files["adapter_model.safetensors"])
+        with pytest.raises(AdapterNotFoundError):
+            store.stat("acme/aborted")
+        too_big = store.open_put("acme/too-big-direct", [DeclaredFile("adapter_model.safetensors", 2 << 20)])
+        answered = threading.Event()
+        too_big.on_answer(answered.set)
+        assert answered.wait(10)  # refused at the metadata: nothing had to be sent
+        with pytest.raises(AdapterValidationError, match="over the store's limit"):
+            too_big.send(b"\0" * 1024)
