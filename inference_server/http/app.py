@@ -28,7 +28,7 @@ from loraplex.inference_server.edge.metrics import ServerMetrics
 from loraplex.inference_server.edge.state import ServingState
 from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
-from loraplex.inference_server.http.connections import HttpConnectionLimits
+from loraplex.inference_server.http.connections import ConnectionCap, HttpConnectionLimits
 from loraplex.inference_server.http.errors import error_body
 from loraplex.inference_server.http.router_metrics import RouterCollector
 from loraplex.inference_server.http.routes import OpenAIRoutes, RouteConfig
@@ -113,8 +113,13 @@ class HttpServer:
         self._task: asyncio.Task[None] | None = None
         self.port = 0
 
-    def app(self) -> Starlette:
-        return Starlette(routes=self.routes.routes(), exception_handlers={HTTPException: _http_error})
+    def app(self) -> ConnectionCap:
+        routes = Starlette(routes=self.routes.routes(), exception_handlers={HTTPException: _http_error})
+        return ConnectionCap(routes, self._open_connections, self.options.connections.max_connections,
+                             self.routes.http_metrics.over_cap.inc)
+
+    def _open_connections(self) -> int:
+        return 0 if self._server is None else len(self._server.server_state.connections)
 
     async def start(self) -> int:
         """Bind and serve (/health answers 503 until the engine is attached); the bound port."""

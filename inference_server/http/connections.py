@@ -1,10 +1,10 @@
 """Bounds on the HTTP port's connections (docs/HTTP.md, "Bounded connections").
 
-uvicorn and h11 bound most of it with their own knobs: ``timeout_keep_alive`` closes an idle
-kept-alive connection, ``limit_concurrency`` answers 503 to a request on a connection past the
-cap, ``h11_max_incomplete_event_size`` refuses a request head that grows past it before it is
-complete (400). What they lack
-is a deadline for the request head: a connection that sends nothing, or half a request line,
+uvicorn and h11 bound some of it with their own knobs: ``timeout_keep_alive`` closes an idle
+kept-alive connection, ``h11_max_incomplete_event_size`` refuses a request head that grows past
+it before it is complete (400). ``ConnectionCap`` answers a request on a connection past the cap
+with an OpenAI-shaped 503, counted (uvicorn's ``limit_concurrency`` answers plain text, counted
+nowhere). What they lack is a deadline for the request head: a connection that sends nothing, or half a request line,
 was held forever. ``deadline_protocol`` adds it as a small subclass of uvicorn's h11 protocol,
 with a backstop for a body still arriving after its route's own deadline (routes read their
 bodies under ``RouteConfig.body_timeout_s`` and answer 408; this closes the connections of the
@@ -20,12 +20,14 @@ closes once the client stops sending or ``LINGER_S`` has passed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from loraplex.inference_server.http.errors import HttpError, error_response
 
 BODY_BACKSTOP_GRACE_S = 1.0  # the route's own body deadline answers 408 first
 LINGER_S = 5.0  # how long a closed connection still reads (and drops) a refused body
@@ -61,8 +63,6 @@ class HttpConnectionLimits:
         is called for each connection a deadline closes."""
         return {"http": deadline_protocol(self.head_timeout_s, body_timeout_s + BODY_BACKSTOP_GRACE_S, on_timeout),
                 "timeout_keep_alive": self.keep_alive_timeout_s,
-                # uvicorn answers 503 once its connections (this one included) reach the limit
-                "limit_concurrency": self.max_connections + 1,
                 "h11_max_incomplete_event_size": self.max_head_bytes}
 
 
@@ -100,6 +100,29 @@ class _LingeringTransport:
     def stop_lingering(self) -> None:
         if self._linger is not None:
             self._linger.cancel()
+
+
+class ConnectionCap:
+    """The ASGI app behind a cap on open connections: a request on a connection past ``limit``
+    (``open_connections()`` counts this one) is answered 503 in OpenAI's shape, with Retry-After and
+    Connection: close, and ``on_refused()`` is called; no route runs for it."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], open_connections: Callable[[], int], limit: int,
+                 on_refused: Callable[[], None]) -> None:
+        self._app = app
+        self._open_connections = open_connections
+        self._limit = limit
+        self._on_refused = on_refused
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "http" and self._open_connections() > self._limit:
+            self._on_refused()
+            refusal = HttpError(503, f"this server holds its limit of {self._limit} HTTP connections "
+                                     "(--http-max-connections); retry shortly", kind="server_error",
+                                code="too_many_connections", close=True)
+            await error_response(refusal)(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
 
 
 def deadline_protocol(head_timeout_s: float, body_timeout_s: float,

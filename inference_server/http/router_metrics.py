@@ -129,6 +129,8 @@ class HttpMetrics:
         self.seconds = Histogram("loraplex_http_request_duration_seconds",
                                  "HTTP request duration by route (a stream: until its first token, when its "
                                  "headers go out)", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.over_cap = Counter("loraplex_http_connections_over_cap", "HTTP requests answered 503 because their "
+                                "connection was past --http-max-connections", registry=r)
         self.connection_timeouts = Counter("loraplex_http_connection_timeouts",
                                            "HTTP connections closed for sending no request head (phase head) or no "
                                            "whole body (phase body) in time", ["phase"], registry=r)
