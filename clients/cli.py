@@ -22,12 +22,13 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+from loraplex.clients.cli_generate import EXIT_OK, add_generate_arguments, generate
+
+EXIT_ERROR, EXIT_USAGE = 1, 2
 
 
 def _seconds(text: str) -> float:
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="key of --tls-client-cert (env LORAPLEX_TLS_CLIENT_KEY)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a server (see `loraplex serve --help`)", add_help=False)
-    _generate_parser(sub.add_parser("generate", help="stream a generation"))
+    add_generate_arguments(sub.add_parser("generate", help="stream a generation"))
     adapters = sub.add_parser("adapters", help="manage adapters").add_subparsers(dest="action", required=True)
     up = adapters.add_parser("upload", help="upload a PEFT LoRA folder")
     up.add_argument("adapter_id", help="name or tenant/name")
@@ -81,92 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="the served model and the server's limits (JSON)")
     sub.add_parser("hash-token", help="read a token on stdin, print its entry for a tokens file's sha256")
     return p
-
-
-def _logit_bias(text: str) -> tuple[int, float]:
-    """A --logit-bias: TOKEN_ID=BIAS (e.g. 13=-100)."""
-    token, sep, bias = text.partition("=")
-    try:
-        if not sep:
-            raise ValueError
-        return int(token), float(bias)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be TOKEN_ID=BIAS (e.g. 13=-100), got {text!r}") from None
-
-
-def _generate_parser(g: argparse.ArgumentParser) -> None:
-    g.add_argument("prompt", help="the prompt ('-' reads stdin)")
-    g.add_argument("--adapter", default=None, help="adapter id (default: the base model)")
-    g.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
-    g.add_argument("--system", default=None, help="system message (chat mode)")
-    g.add_argument("--max-new-tokens", type=int, default=None)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than this times the top one")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--repetition-penalty", type=float, default=None, help="1 = off")
-    g.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]")
-    g.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]")
-    g.add_argument("--logit-bias", type=_logit_bias, action="append", default=[], metavar="TOKEN_ID=BIAS",
-                   help="add BIAS ([-100, 100]) to the token's logit (repeatable)")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
-                   help="stop at this token (repeatable)")
-    g.add_argument("--min-tokens", type=int, default=0, help="no EOS, stop token or stop string before this many")
-    g.add_argument("--ignore-eos", action="store_true", help="go on past EOS (up to --max-new-tokens)")
-    g.add_argument("-n", "--n", type=int, default=1, help="choices of the prompt (printed one after another)")
-    g.add_argument("--json-schema", default=None, metavar="SCHEMA",
-                   help="the answer is a document of this JSON schema (JSON text, or @file.json)")
-    g.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
-    g.add_argument("--json", action="store_true", help="print each event as a JSON line")
-    g.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
-
-
-def _schema(text: str | None) -> str | None:
-    """--json-schema's JSON text (``@path`` reads a file)."""
-    if text is None or not text.startswith("@"):
-        return text
-    with open(text[1:], encoding="utf-8") as handle:
-        return handle.read()
-
-
-def _generate(client: Any, args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    kwargs: dict[str, Any] = dict(
-        adapter=args.adapter, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, min_p=args.min_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        logit_bias=dict(args.logit_bias), stop=args.stop, stop_token_ids=args.stop_token_id,
-        min_tokens=args.min_tokens, ignore_eos=args.ignore_eos, n=args.n, json_schema=_schema(args.json_schema),
-        json_object=args.json_object, timeout=args.timeout)
-    if args.raw:
-        kwargs["prompt"] = prompt
-    else:
-        system = [{"role": "system", "content": args.system}] if args.system else []
-        kwargs["messages"] = [*system, {"role": "user", "content": prompt}]
-    start, tokens, last = time.perf_counter(), 0, None
-    texts: dict[int, list[str]] = {}  # n > 1: each choice's text, printed whole at the end
-    for event in client.generate(**kwargs):
-        tokens += len(event.token_ids)
-        last = event
-        if args.json:
-            print(json.dumps(asdict(event)), flush=True)
-        elif args.n > 1:
-            texts.setdefault(event.index, []).append(event.text)
-        else:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-    for index in sorted(texts):
-        sys.stdout.write(f"[choice {index}]\n{''.join(texts[index])}\n")
-    if not args.json and args.n <= 1:
-        sys.stdout.write("\n")
-    if not args.quiet and last is not None:
-        elapsed = time.perf_counter() - start
-        ttft = f", first token {last.timings.ttft_s:.3f}s" if last.timings else ""
-        print(f"[{last.finish_reason}: {tokens} tokens in {elapsed:.2f}s{ttft}, {tokens / max(elapsed, 1e-9):.1f} tok/s]",
-              file=sys.stderr)
-    return EXIT_OK
 
 
 def _upload(client: Any, args: argparse.Namespace) -> int:
@@ -213,7 +128,7 @@ def _health(client: Any, args: argparse.Namespace) -> int:
 
 def _dispatch(client: Any, args: argparse.Namespace) -> int:
     if args.command == "generate":
-        return _generate(client, args)
+        return generate(client, args)
     if args.command == "health":
         return _health(client, args)
     if args.command == "info":
