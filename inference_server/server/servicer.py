@@ -91,9 +91,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             try:
                 messages = aiter(request_iterator)
                 async for message in messages:
+                    metadata_first = assembler.adapter_id is None
                     assembler.add(message)
-                    if assembler.adapter_id is not None and assembler.received_bytes == 0:
-                        self._tenancy.check_write(context, assembler.adapter_id, "upload")  # before the bytes
+                    if metadata_first and assembler.adapter_id is not None:  # the checks before the bytes
+                        self._tenancy.check_write(context, assembler.adapter_id, "upload")
+                        await self._tenancy.check_upload_quota(context, engine, assembler.adapter_id,
+                                                               sum(f.size for f in assembler.declared))
                         put = self._open_put(context, engine, assembler.adapter_id, assembler)
                         if put is not None:
                             break
@@ -123,7 +126,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     async def _store_upload(self, context: grpc.aio.ServicerContext, engine: ServingEngine,
                             assembler: UploadAssembler, put: OpenPut | None) -> AdapterInfo:
-        """Check the whole upload arrived (and the tenant's quota), then commit it."""
+        """Check the whole upload arrived and the tenant's quota again (held with the commit, so
+        parallel uploads cannot pass it together), then commit it."""
         if put is None:
             adapter_id, files = await asyncio.to_thread(assembler.finish)  # hashing 80 MB: not on the loop
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -268,12 +269,38 @@ def test_adapter_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> 
         srv.close()
 
 
+def test_an_upload_over_the_quota_is_refused_before_its_bytes_are_sent(tmp_path) -> None:
+    """The declared sizes are checked against the tenant's quota at the metadata: a client still
+    holding every byte after its first chunk hears RESOURCE_EXHAUSTED."""
+    srv, _ = _quota_server(tmp_path, TenantLimits(max_adapter_bytes=1 << 20))
+    declared = [pb.UploadFile(name="adapter_config.json", size_bytes=2),
+                pb.UploadFile(name="adapter_model.safetensors", size_bytes=2 << 20)]
+    held = threading.Event()
+
+    def requests():
+        yield pb.UploadAdapterRequest(metadata=pb.UploadMetadata(adapter_id="a/too-big", files=declared))
+        yield pb.UploadAdapterRequest(chunk=pb.FileChunk(name="adapter_config.json", data=b"{}"))
+        held.wait(30)
+
+    metadata = (("authorization", f"Bearer {TOKENS['a']}"),)
+    try:
+        with grpc.insecure_channel(srv.address) as channel:
+            call = pb_grpc.InferenceServiceStub(channel).UploadAdapter.future(requests(), metadata=metadata, timeout=30)
+            try:
+                with pytest.raises(grpc.RpcError) as refused:
+                    call.result(timeout=10)
+            finally:
+                held.set()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_adapter_bytes" in refused.value.details()
+    finally:
+        srv.close()
+
+
 def test_parallel_uploads_cannot_pass_the_adapter_quota_together(tmp_path) -> None:
     """Each upload's quota check and store are one step per tenant: six uploads at once by a
     tenant allowed two adapters store two, and the others are RESOURCE_EXHAUSTED (all six
     passed the check before any was stored)."""
-    import threading
-
     folder = write_fake_adapter(tmp_path / "peft")
     srv, _ = _quota_server(tmp_path, TenantLimits(max_adapters=2))
     start, results = threading.Barrier(6), []
