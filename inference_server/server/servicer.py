@@ -96,7 +96,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     if metadata_first and assembler.adapter_id is not None:  # the checks before the bytes
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")
                         await self._tenancy.check_upload_quota(context, engine, assembler.adapter_id,
-                                                               sum(f.size for f in assembler.declared))
+                                                               assembler.declared_bytes)
                         put = self._open_put(context, engine, assembler.adapter_id, assembler)
                         if put is not None:
                             break
@@ -133,7 +133,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         else:
             adapter_id, files = assembler.finish_relayed(), {}
         async with self._tenancy.quota_held(adapter_id):
-            await self._tenancy.check_upload_quota(context, engine, adapter_id, sum(f.size for f in assembler.declared))
+            await self._tenancy.check_upload_quota(context, engine, adapter_id, assembler.declared_bytes)
             if put is not None:
                 return await asyncio.to_thread(put.commit)
             writer = self._tenancy.adapters_for(context, engine)

@@ -67,6 +67,10 @@ class UploadAssembler:
         """The files the metadata declared, in its order (empty before the metadata)."""
         return () if self._assembly is None else self._assembly.declared
 
+    @property
+    def declared_bytes(self) -> int:
+        return sum(f.size for f in self.declared)
+
     def relay(self) -> None:
         """From now on ``add`` returns the bytes to pass on instead of keeping them (call it
         between the metadata and the first chunk)."""
