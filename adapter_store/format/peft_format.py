@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -88,22 +88,9 @@ def parse_adapter_files(
     patterns are then not matched again); None judges the patterns now, as an upload does.
     Raises AdapterValidationError naming the file, tensor or feature at fault.
     """
-    pickles = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
-    if pickles:
-        raise AdapterValidationError(
-            f"pickle files are refused ({', '.join(pickles)}): save the adapter with "
-            "safe_serialization=True (adapter_model.safetensors)"
-        )
-    for required in (CONFIG_FILE, WEIGHTS_FILE):
-        if required not in files:
-            raise AdapterValidationError(f"missing {required}")
-    patterns = PatternMatcher() if decided is None else None
-    config = read_config(files[CONFIG_FILE], patterns)
-    tensors = read_header(files[WEIGHTS_FILE])
-    defaults = base.architecture.peft_defaults if base is not None else NO_BASE_DEFAULT_TARGETS
-    decider = (PatternJudge(config, patterns, defaults) if patterns is not None
-               else StoredDecisions(config, decided, defaults))
-    modules = _module_specs(config, tensors, base, max_rank, decider)
+    check_file_names(files)
+    config, tensors, decider, modules = _judge(files[CONFIG_FILE], lambda: read_header(files[WEIGHTS_FILE]), base,
+                                               max_rank, decided)
     return AdapterSpec(
         rank=int(config["r"]),
         lora_alpha=float(config["lora_alpha"]),
@@ -116,6 +103,42 @@ def parse_adapter_files(
         checked_base=base,
         pattern_values=tuple(decider.decided),
     )
+
+
+def check_file_names(names: Iterable[str]) -> None:
+    """AdapterValidationError for pickle files, or without the config and the safetensors weights."""
+    names = set(names)
+    pickles = sorted(f for f in names if f.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise AdapterValidationError(
+            f"pickle files are refused ({', '.join(pickles)}): save the adapter with "
+            "safe_serialization=True (adapter_model.safetensors)"
+        )
+    for required in (CONFIG_FILE, WEIGHTS_FILE):
+        if required not in names:
+            raise AdapterValidationError(f"missing {required}")
+
+
+def check_upload_head(config: bytes, weights_head: bytes, weights_size: int, base: BaseShapes | None,
+                      max_rank: int) -> None:
+    """The checks of ``parse_adapter_files`` that need no tensor data, for an upload still on its way:
+    its config whole and its weights' first bytes (``weights_head``: at least 8 + the header of the
+    ``weights_size``-byte file). Raises the same AdapterValidationError the whole upload's parse would."""
+    _judge(config, lambda: read_header(weights_head, WEIGHTS_FILE, weights_size), base, max_rank, None)
+
+
+def _judge(config_raw: bytes, read_tensors: Callable[[], dict[str, TensorInfo]], base: BaseShapes | None,
+           max_rank: int, decided: tuple[PatternValue, ...] | None
+           ) -> tuple[dict, dict[str, TensorInfo], PatternJudge | StoredDecisions, tuple[LoraModuleSpec, ...]]:
+    """The config read (patterns judged now, or as ``decided``), then the weights' header, and every
+    module checked."""
+    patterns = PatternMatcher() if decided is None else None
+    config = read_config(config_raw, patterns)
+    tensors = read_tensors()
+    defaults = base.architecture.peft_defaults if base is not None else NO_BASE_DEFAULT_TARGETS
+    decider = (PatternJudge(config, patterns, defaults) if patterns is not None
+               else StoredDecisions(config, decided, defaults))
+    return config, tensors, decider, _module_specs(config, tensors, base, max_rank, decider)
 
 
 def parse_adapter_upload(

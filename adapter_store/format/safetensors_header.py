@@ -23,8 +23,10 @@ class TensorInfo:
     end: int
 
 
-def read_header(data: bytes, filename: str = "adapter_model.safetensors") -> dict[str, TensorInfo]:
-    """Parse and check a safetensors header: sizes, offsets, dtypes. Raises AdapterValidationError."""
+def read_header(data: bytes, filename: str = "adapter_model.safetensors",
+                size: int | None = None) -> dict[str, TensorInfo]:
+    """Parse and check a safetensors header: sizes, offsets, dtypes. Raises AdapterValidationError.
+    ``size``: the whole file's size where ``data`` is only its head (at least 8 + the header)."""
     if len(data) < 8:
         raise AdapterValidationError(f"{filename}: truncated (no header)")
     (n,) = struct.unpack("<Q", data[:8])
@@ -39,7 +41,7 @@ def read_header(data: bytes, filename: str = "adapter_model.safetensors") -> dic
     if not isinstance(header, dict):
         raise AdapterValidationError(f"{filename}: header is not a JSON object")
     header.pop("__metadata__", None)
-    data_len = len(data) - 8 - n
+    data_len = (len(data) if size is None else size) - 8 - n
     tensors = {name: _tensor_info(name, entry, data_len, filename) for name, entry in header.items()}
     _check_coverage(tensors, data_len, filename)
     return tensors

@@ -13,6 +13,7 @@ from loraplex.adapter_store.format.files import (AdapterFiles, AdapterInfo, Adap
                                                  TenantScopedSource)
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
+from loraplex.adapter_store.format.upload_head import UploadHead
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.model.config import ModelConfig
 
@@ -73,14 +74,17 @@ class ManagedAdapters:
     def open_put(self, adapter_id: str, declared: Sequence[DeclaredFile], public: bool = False,
                  timeout_s: float | None = None) -> OpenPut | None:
         """The upload streamed into the source as its bytes arrive, when the source takes streams
-        (the store sidecar: it checks the files against this server's base model, which its
-        client sends with them, so nothing is parsed here); None when the source needs the whole
-        adapter (``put``). ``timeout_s``: the uploading client's deadline, which the store then
-        holds the write to. Its commit drops any resident old version."""
+        (the store sidecar); None when the source needs the whole adapter (``put``). This server
+        checks the upload's head against its base model as it passes (the config and the weights'
+        header: a misfit is refused before its weights are sent); the store parses the whole of it
+        against the same base, which its client sends with the files. ``timeout_s``: the uploading
+        client's deadline, which the store then holds the write to. Its commit drops any resident
+        old version."""
         if not isinstance(self.source, StreamingPutSource):
             return None
-        return _InvalidatingPut(self.source.open_put(validate_adapter_id(adapter_id), declared, public, timeout_s),
-                                lambda: self._manager.invalidate(adapter_id))
+        head = UploadHead(declared, self._base, self._max_rank)  # refuses bad names now
+        put = self.source.open_put(validate_adapter_id(adapter_id), declared, public, timeout_s)
+        return _CheckedPut(put, head, lambda: self._manager.invalidate(adapter_id))
 
     def import_s3(self, adapter_id: str, source: str, max_bytes: int) -> AdapterInfo:
         """Have the adapter store import ``source`` (``s3://bucket/prefix``) as ``adapter_id``:
@@ -117,14 +121,17 @@ class ManagedAdapters:
         return {i: (i in device, i in host) for i in device | host}
 
 
-class _InvalidatingPut:
-    """An OpenPut whose commit drops the adapter's resident old version."""
+class _CheckedPut:
+    """An OpenPut whose bytes pass the upload's head check on their way, and whose commit drops
+    the adapter's resident old version."""
 
-    def __init__(self, put: OpenPut, invalidate: Callable[[], None]) -> None:
+    def __init__(self, put: OpenPut, head: UploadHead, invalidate: Callable[[], None]) -> None:
         self._put = put
+        self._head = head
         self._invalidate = invalidate
 
     def send(self, data: bytes) -> None:
+        self._head.feed(data)
         self._put.send(data)
 
     def on_answer(self, callback: Callable[[], None]) -> None:

@@ -1,13 +1,14 @@
 """An upload is checked once per trust boundary and streamed through the server (#43).
 
 The GPU server checks what its client sent (declared files, sizes, digests, its limits, the
-tenant's rights) as the chunks pass, and streams them on to the store sidecar without holding the
-adapter; the store, the durable gate, parses it once, against the base model and rank cap the
-server sends with the upload (so a store that was never told the base still refuses a misfit).
-Nothing is parsed in the server. A real store process and the real gRPC server; the parses of
-this process (the server's) are counted at the safetensors header read. The store refuses what it
-must before the client has sent everything, and stores nothing from an upload that fails or is
-abandoned on its way."""
+tenant's rights) as the chunks pass, and the upload's head against its base model (the config and
+the weights' safetensors header, read once, as they pass: a misfit is refused before its weights
+follow); it streams the bytes on to the store sidecar without holding the adapter. The store, the
+durable gate, parses the whole of it once, against the base model and rank cap the server sends
+with the upload (so a store that was never told the base still refuses a misfit). A real store
+process and the real gRPC server; the parses of this process (the server's) are counted at the
+safetensors header read. The store refuses what it must before the client has sent everything,
+and stores nothing from an upload that fails or is abandoned on its way."""
 
 from __future__ import annotations
 
@@ -66,19 +67,20 @@ def header_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads: list[int] = []
     real = peft_format.read_header
 
-    def counted(raw: bytes):
+    def counted(raw: bytes, *args):
         reads.append(len(raw))
-        return real(raw)
+        return real(raw, *args)
 
     monkeypatch.setattr(peft_format, "read_header", counted)
     return reads
 
 
-def test_an_upload_streams_through_the_server_unparsed(stack, header_reads: list[int]) -> None:
+def test_an_upload_streams_through_the_server_which_reads_only_its_head(stack, header_reads: list[int]) -> None:
     srv, _, target, peft, _ = stack
     with LoraplexClient(srv.address, timeout=60) as client:
         info = client.upload_adapter("acme/once", peft / "attn-r8")
-    assert header_reads == []  # the store parsed it, against this server's base
+    weights = (peft / "attn-r8" / "adapter_model.safetensors").stat().st_size
+    assert len(header_reads) == 1 and header_reads[0] < weights  # the head, as it passed; the store parsed the rest
     with StoreClient(target) as store:
         record, files = store.fetch("acme/once")
     assert record.info.version == info.version
@@ -86,13 +88,13 @@ def test_an_upload_streams_through_the_server_unparsed(stack, header_reads: list
     assert all(data == (peft / "attn-r8" / name).read_bytes() for name, data in files.items())
 
 
-def test_a_misfit_upload_is_refused_by_the_store_against_the_servers_base(stack, tmp_path: Path,
-                                                                         header_reads: list[int]) -> None:
+def test_a_misfit_upload_is_refused_by_its_head_in_the_server(stack, tmp_path: Path,
+                                                              header_reads: list[int]) -> None:
     srv, _, target, _, _ = stack
     with LoraplexClient(srv.address, timeout=60) as client:
         with pytest.raises(InvalidArgumentError, match="shape"):
             client.upload_adapter("acme/misfit-via-server", write_fake_adapter(tmp_path / "misfit"))
-    assert header_reads == []
+    assert len(header_reads) == 1
     with StoreClient(target) as store, pytest.raises(AdapterNotFoundError):
         store.stat("acme/misfit-via-server")
 

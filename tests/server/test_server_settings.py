@@ -151,8 +151,9 @@ def test_connection_settings_become_uvicorn_and_grpc_options() -> None:
                                     {"LORAPLEX_GRPC_MAX_CONNECTION_IDLE_S": "1.5"})
     http = HttpOptions.from_settings(s)
     config = http.connections.uvicorn_config(http.routes.body_timeout_s, lambda phase: None)
-    assert (config["timeout_keep_alive"], config["limit_concurrency"], config["h11_max_incomplete_event_size"]) == (
-        5.0, 11, 16384)
+    assert (config["timeout_keep_alive"], config["h11_max_incomplete_event_size"]) == (5.0, 16384)
+    assert http.connections.max_connections == 10  # the app's ConnectionCap (uvicorn's limit_concurrency is off)
+    assert "limit_concurrency" not in config
     assert http.routes.body_timeout_s == 4 and http.connections.head_timeout_s == 3
     grpc_options = dict(ServerOptions.from_settings(s).connections.channel_options())
     assert grpc_options["grpc.max_connection_idle_ms"] == 1500 and "grpc.max_connection_age_ms" not in grpc_options
