@@ -44,14 +44,13 @@ from loraplex.adapter_store.format.base_shapes import BaseShapes, HFBaseShapes
 from loraplex.adapter_store.format.files import AdapterFiles, AdapterInfo
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.adapter_store.protocol import MAX_MESSAGE_BYTES
-from loraplex.adapter_store.put_stream import PutStream
+from loraplex.adapter_store.put_stream import PIECE_BYTES, PutStream
 from loraplex.adapter_store.records import ChangeEvent, StoredRecord
 from loraplex.adapter_store.secret import with_secret
 from loraplex.adapter_store.tenants.principal import Principal
 from loraplex.v1 import store_pb2 as pb, store_pb2_grpc
 
 T = TypeVar("T")
-CHUNK_BYTES = 1 << 20
 # What to do when the store refuses the server's calls (its --secret-file and ours differ).
 SECRET_FIX = ("the inference server's --adapter-store-secret-file (LORAPLEX_ADAPTER_STORE_SECRET_FILE) must hold the "
               "secret of the store's --secret-file")
@@ -209,8 +208,8 @@ class StoreClient:
             sent = 0
             for n in names:
                 data = memoryview(files[n])
-                for start in range(0, len(data), CHUNK_BYTES):
-                    piece = data[start : start + CHUNK_BYTES]
+                for start in range(0, len(data), PIECE_BYTES):
+                    piece = data[start : start + PIECE_BYTES]
                     put.send(piece)
                     sent += len(piece)
                     if progress is not None:

@@ -33,7 +33,7 @@ from loraplex.inference_server.model.checkpoint import ModelSource
 from loraplex.inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as ipb, inference_pb2_grpc
 from lora_helpers import make_test_adapters
-from server_helpers import ServerThread, write_fake_adapter
+from server_helpers import ServerThread, upload_refusal_while_holding, write_fake_adapter
 from store_services import StoreProcess
 
 pytestmark = pytest.mark.slow
@@ -115,22 +115,9 @@ def test_the_store_refuses_at_the_metadata_before_the_bytes_are_sent(stack) -> N
     every byte after its first chunk (a server that buffered the upload would wait for them)."""
     srv = stack[0]
     files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"\0" * (2 << 20)}
-    held = threading.Event()
-
-    def requests():
-        yield _metadata("acme/too-big", files)
-        yield next(_chunks(files))
-        held.wait(30)  # the rest is sent only after the answer came
-
-    with grpc.insecure_channel(srv.address) as channel:
-        call = inference_pb2_grpc.InferenceServiceStub(channel).UploadAdapter.future(requests(), timeout=30)
-        try:
-            with pytest.raises(grpc.RpcError) as refused:
-                call.result(timeout=20)
-        finally:
-            held.set()
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "over the store's limit" in refused.value.details()
+    refused = upload_refusal_while_holding(srv.address, [_metadata("acme/too-big", files), next(_chunks(files))])
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "over the store's limit" in refused.details()
 
 
 def test_a_wrong_digest_or_an_abandoned_upload_stores_nothing(stack) -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client import generate_latest
-from server_helpers import FAKE_BASE, FakeEngine, ServerThread, StoreThread, write_fake_adapter
+from server_helpers import (FAKE_BASE, FakeEngine, ServerThread, StoreThread, upload_refusal_while_holding,
+                            write_fake_adapter)
 
 from loraplex.adapter_store.client import StoreClient
 from loraplex.clients import (LoraplexClient, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
@@ -275,24 +276,12 @@ def test_an_upload_over_the_quota_is_refused_before_its_bytes_are_sent(tmp_path)
     srv, _ = _quota_server(tmp_path, TenantLimits(max_adapter_bytes=1 << 20))
     declared = [pb.UploadFile(name="adapter_config.json", size_bytes=2),
                 pb.UploadFile(name="adapter_model.safetensors", size_bytes=2 << 20)]
-    held = threading.Event()
-
-    def requests():
-        yield pb.UploadAdapterRequest(metadata=pb.UploadMetadata(adapter_id="a/too-big", files=declared))
-        yield pb.UploadAdapterRequest(chunk=pb.FileChunk(name="adapter_config.json", data=b"{}"))
-        held.wait(30)
-
-    metadata = (("authorization", f"Bearer {TOKENS['a']}"),)
+    first = [pb.UploadAdapterRequest(metadata=pb.UploadMetadata(adapter_id="a/too-big", files=declared)),
+             pb.UploadAdapterRequest(chunk=pb.FileChunk(name="adapter_config.json", data=b"{}"))]
     try:
-        with grpc.insecure_channel(srv.address) as channel:
-            call = pb_grpc.InferenceServiceStub(channel).UploadAdapter.future(requests(), metadata=metadata, timeout=30)
-            try:
-                with pytest.raises(grpc.RpcError) as refused:
-                    call.result(timeout=10)
-            finally:
-                held.set()
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max_adapter_bytes" in refused.value.details()
+        refused = upload_refusal_while_holding(srv.address, first, (("authorization", f"Bearer {TOKENS['a']}"),))
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_adapter_bytes" in refused.details()
     finally:
         srv.close()
 

@@ -292,3 +292,29 @@ def fake_server_address(tmp_path: Path) -> Iterator[str]:
     srv.attach(FakeEngine(tmp_path / "store"))
     yield srv.address
     srv.close()
+
+
+def upload_refusal_while_holding(address: str, first: list[Any], metadata: tuple = ()) -> Any:
+    """The grpc.RpcError an UploadAdapter call ends with while its client, having sent ``first``
+    (its metadata and some chunks), still holds the rest: a server that waited for every byte
+    before refusing fails this with a timeout. ``metadata``: the call's (a tenant's token)."""
+    import grpc  # noqa: PLC0415
+
+    from loraplex.v1 import inference_pb2_grpc  # noqa: PLC0415
+
+    held = threading.Event()
+
+    def requests() -> Iterator[Any]:
+        yield from first
+        held.wait(30)  # the rest would be sent only after the answer came
+
+    with grpc.insecure_channel(address) as channel:
+        call = inference_pb2_grpc.InferenceServiceStub(channel).UploadAdapter.future(
+            requests(), metadata=metadata, timeout=30)
+        try:
+            call.result(timeout=10)
+        except grpc.RpcError as refused:
+            return refused
+        finally:
+            held.set()
+    raise AssertionError("the upload was accepted")
