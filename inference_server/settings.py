@@ -73,7 +73,9 @@ class ServerSettings:
     default_max_new_tokens: int = _opt(256, "max_new_tokens of requests that do not set it", int)
     max_waiting: int = _opt(1024, "engine queue length; beyond it Generate is RESOURCE_EXHAUSTED", int)
     num_kv_blocks: int | None = _opt(None, "KV cache blocks (default: sized from memory)", _optional_int)
-    kv_cache_memory_fraction: float = _opt(0.6, "share of free GPU memory for the KV cache", float)
+    kv_cache_memory_fraction: float = _opt(0.6, "share of the GPU memory left after the weights, the reserve the "
+                                                    "profile run measures for steps and an --adapter-pool-bytes, for "
+                                                    "the KV cache", float)
     adapter_pool_bytes: int | None = _opt(None, "device memory for resident adapters, bytes; auto: on a GPU "
                                                 "--adapter-pool-memory-fraction of what the weights and KV cache "
                                                 "leave, 256 MiB on the CPU", _optional_int)

@@ -17,7 +17,7 @@ class EngineConfig:
     dtype: str = "float32"
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_memory_fraction: float = 0.6  # of free GPU memory after weights and pool (CUDA)
+    kv_cache_memory_fraction: float = 0.6  # CUDA: of what weights, step reserve and a pool in bytes leave (memory_plan.py)
     kv_cache_cpu_bytes: int = 512 * 1024 * 1024  # CPU default when num_kv_blocks is None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,7 +17,10 @@ from loraplex.inference_server.engine.grammar import GrammarCompiler
 from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.llm_engine import LLMEngine
 from loraplex.inference_server.engine.lora_capacity import LoraCapacity, largest_adapter_bytes
+from loraplex.inference_server.engine.memory_plan import (MemoryPlan, Reserve, kv_block_bytes, plan_memory,
+                                                           unmeasured_reserve)
 from loraplex.inference_server.engine.model_runner import ModelRunner, RunnerOptions
+from loraplex.inference_server.engine.profile_run import check_after_start, measure_reserve
 from loraplex.inference_server.engine.scheduler import SchedulerConfig
 from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
 from loraplex.inference_server.lora.managed_adapters import ManagedAdapters
@@ -64,8 +68,13 @@ def assemble(
     substitute its rank-0 manager and runner."""
     dtype = config.torch_dtype
     elem = torch.tensor([], dtype=dtype).element_size()
-    num_blocks = config.num_kv_blocks or kv_blocks_from_memory(config, model_config, elem)
-    pool_size = pool_bytes(config, model_config, num_blocks, elem)
+    window = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
+    graph_sizes = runner_options(config, window).cuda_graph_sizes
+    profile = None  # tensor parallelism passes its runner: its ranks cannot run a profile step alone
+    if runner_factory is None and str(config.device).startswith("cuda"):
+        profile = lambda: measure_reserve(module, model_config, config, window, graph_sizes)  # noqa: E731
+    memory = plan_device_memory(config, model_config, elem, profile)
+    num_blocks, pool_size = memory.num_kv_blocks, memory.pool_bytes
     manager = manager_factory(
         source, model_config, pool_size // elem, dtype, config.device, config.adapter_acquire_timeout_s,
         config.adapter_host_cache_bytes,
@@ -73,8 +82,7 @@ def assemble(
     log.info("KV cache: %d blocks of %d tokens; adapter pool: %.1f MiB", num_blocks, config.block_size,
              pool_size / 2**20)
     blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
-    max_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings,
-                  num_blocks * config.block_size)
+    max_len = min(window, num_blocks * config.block_size)
     if runner_factory is not None:
         runner = runner_factory(module, model_config, blocks, manager, config.max_num_seqs,
                                 config.max_num_batched_tokens)
@@ -82,6 +90,8 @@ def assemble(
         runner = ModelRunner(module, model_config, blocks, manager.pool, config.max_num_seqs,
                              config.max_num_batched_tokens, options=runner_options(config, max_len))
     check_required_features(config, runner)
+    if profile is not None:
+        check_after_start(config, memory.reserve)
     listener = runner.pool_write_listener()
     if listener is not None and manager.counts_pool_writes:  # CPU decode stacks: told what loads wrote
         manager.add_write_listener(listener)
@@ -120,29 +130,18 @@ def runner_options(config: EngineConfig, max_len: int) -> RunnerOptions:
                          lora_side_stream=config.lora_side_stream)
 
 
-def _kv_block_bytes(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
-    return 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * elem
-
-
-def pool_bytes(config: EngineConfig, cfg: ModelConfig, num_blocks: int, elem: int) -> int:
-    """Bytes, or a fraction of the device memory left once the KV cache is allocated."""
-    if config.adapter_pool_memory_fraction is None or not str(config.device).startswith("cuda"):
-        return config.adapter_pool_bytes
+def plan_device_memory(config: EngineConfig, cfg: ModelConfig, elem: int,
+                       measure: Callable[[], Reserve] | None) -> MemoryPlan:
+    """The KV cache's blocks and the adapter pool's bytes. On a GPU: shared out of what is free
+    after the weights and the reserve (``measure()``, the profile run; with no ``measure``, as
+    under tensor parallelism, a fixed share). On the CPU: the flags'
+    sizes (``kv_cache_cpu_bytes`` when no block count is given)."""
+    block = kv_block_bytes(config, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
+    if not str(config.device).startswith("cuda"):
+        blocks = config.num_kv_blocks or config.kv_cache_cpu_bytes // block
+        if blocks < 1:
+            raise ValueError(f"KV cache budget of {config.kv_cache_cpu_bytes} bytes holds no block of {block} bytes")
+        return MemoryPlan(blocks, blocks * block, config.adapter_pool_bytes, None, 0)
     free, _ = torch.cuda.mem_get_info(torch.device(config.device))
-    left = free - num_blocks * _kv_block_bytes(config, cfg, elem)
-    if left <= 0:
-        raise ValueError("no device memory left for the adapter pool after the KV cache; lower its fraction")
-    return int(left * config.adapter_pool_memory_fraction)
-
-
-def kv_blocks_from_memory(config: EngineConfig, cfg: ModelConfig, elem: int) -> int:
-    per_block = _kv_block_bytes(config, cfg, elem)
-    if str(config.device).startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(torch.device(config.device))
-        budget = int(free * config.kv_cache_memory_fraction)
-    else:
-        budget = config.kv_cache_cpu_bytes
-    blocks = budget // per_block
-    if blocks < 1:
-        raise ValueError(f"KV cache budget of {budget} bytes holds no block of {per_block} bytes")
-    return int(blocks)
+    reserve = measure() if measure is not None else unmeasured_reserve(free)
+    return plan_memory(config, block, free, reserve)

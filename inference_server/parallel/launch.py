@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from loraplex.inference_server.engine.config import EngineConfig
-from loraplex.inference_server.engine.factory import adapter_source, assemble, kv_blocks_from_memory, pool_bytes
+from loraplex.inference_server.engine.factory import adapter_source, assemble, plan_device_memory
 from loraplex.inference_server.engine.model_runner import ModelRunner
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.model.checkpoint import Checkpoint, ModelSource
@@ -130,10 +130,8 @@ def load_rank(ckpt: Checkpoint, config: EngineConfig, group: TPGroup) -> tuple[T
     model = load_sharded_model(ckpt.config, ckpt.iter_tensors(), group.device, dtype, group)
     rank_config = dataclasses.replace(config, device=group.device)
     elem = _elem(config)
-    blocks = config.num_kv_blocks or kv_blocks_from_memory(rank_config, model.local_config, elem)
-    blocks = group.min_int(blocks)
-    pool = group.min_int(pool_bytes(rank_config, model.local_config, blocks, elem))
-    return model, blocks, pool
+    memory = plan_device_memory(rank_config, model.local_config, elem, None)
+    return model, group.min_int(memory.num_kv_blocks), group.min_int(memory.pool_bytes)
 
 
 def _check_devices(config: EngineConfig) -> None:
