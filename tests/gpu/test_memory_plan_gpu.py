@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import os
 import subprocess
 import sys
@@ -21,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
+from benchmarks.common.random_adapters import peft_files
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.profile_run import measure_reserve
 from loraplex.inference_server.model.dummy import preset_config
@@ -31,30 +30,18 @@ from server_helpers import free_port
 from server_process import REPO
 
 GiB = 1 << 30
-PROJ = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 
 
 def _write_adapters(root: Path, count: int, rank: int) -> None:
     """``count`` PEFT folders for the llama-7b preset sharing one weights file (hard links: 80 MB
     on disk, not 20 GB); each id is still its own copy in the GPU pool."""
-    cfg = preset_config("llama-7b")
-    shapes = cfg.projection_shapes()
-    gen = torch.Generator().manual_seed(0)
-    tensors = {}
-    for layer in range(cfg.num_layers):
-        for proj, parent in PROJ.items():
-            fan_in, fan_out = shapes[proj]
-            stem = f"base_model.model.model.layers.{layer}.{parent}.{proj}"
-            tensors[f"{stem}.lora_A.weight"] = (torch.randn(rank, fan_in, generator=gen) * 0.01).bfloat16()
-            tensors[f"{stem}.lora_B.weight"] = (torch.randn(fan_out, rank, generator=gen) * 0.01).bfloat16()
+    files = peft_files(preset_config("llama-7b"), rank)
     weights = root / "weights.safetensors"
-    save_file(tensors, weights)
-    config = json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(PROJ)})
+    weights.write_bytes(files["adapter_model.safetensors"])
     for i in range(count):
         folder = root / "adapters" / f"a{i}"
         folder.mkdir(parents=True)
-        (folder / "adapter_config.json").write_text(config)
+        (folder / "adapter_config.json").write_bytes(files["adapter_config.json"])
         os.link(weights, folder / "adapter_model.safetensors")
 
 
