@@ -271,7 +271,8 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--kv-fraction", type=float, default=0.5,
-                    help="share of the GPU memory free after the weights that the KV cache takes")
+                    help="the engine's kv_cache_memory_fraction: the KV cache's share of what the weights, the "
+                         "measured step reserve and the adapter pool leave (engine/memory_plan.py)")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--max-lora-rank", type=int, default=None,
                     help="the engine's rank cap (default: --rank; the server's default is 128)")
