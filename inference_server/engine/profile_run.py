@@ -46,7 +46,10 @@ def measure_reserve(module: nn.Module, model_config: ModelConfig, config: Engine
     device = torch.device(config.device)
     tokens, rows = config.max_num_batched_tokens, config.max_num_seqs
     prefill_len = min(tokens, max_len)
-    blocks = BlockManager(-(-tokens // config.block_size) + rows + 1, config.block_size, prefix_caching=False)
+    prompts = max(1, tokens // prefill_len)
+    # enough blocks for the prompts (each may end in a part-filled block) and a block a decoding row
+    blocks = BlockManager(-(-tokens // config.block_size) + prompts + rows + 1, config.block_size,
+                          prefix_caching=False)
     _settle(device)
     before = torch.cuda.memory_allocated(device)
     pool = torch.zeros(1, dtype=config.torch_dtype, device=device)
@@ -57,7 +60,7 @@ def measure_reserve(module: nn.Module, model_config: ModelConfig, config: Engine
         buffers = torch.cuda.memory_allocated(device) - before - caches
         vocab = model_config.vocab_size
         prefill = [_prompt(f"p{i}", prefill_len, vocab, blocks, prompt_logprobs=MAX_TOP_LOGPROBS)
-                   for i in range(max(1, tokens // prefill_len))]
+                   for i in range(prompts)]
         prefill_peak = _step_peak(runner, prefill, [s.num_pending for s in prefill], device)
         for s in prefill:
             blocks.free(s.block_table)
