@@ -77,11 +77,11 @@ class ServerSettings:
                                                     "profile run measures for steps and an --adapter-pool-bytes, for "
                                                     "the KV cache", float)
     adapter_pool_bytes: int | None = _opt(None, "device memory for resident adapters, bytes; auto: on a GPU "
-                                                "--adapter-pool-memory-fraction of what the weights and KV cache "
-                                                "leave, 256 MiB on the CPU", _optional_int)
+                                                "--adapter-pool-memory-fraction of what the weights, the step reserve "
+                                                "and the KV cache leave, 256 MiB on the CPU", _optional_int)
     adapter_pool_memory_fraction: float = _opt(0.5, "with --adapter-pool-bytes auto on a GPU: the share of the device "
-                                                    "memory left after the weights and KV cache that holds resident "
-                                                    "adapters (the rest: activations, CUDA graphs)", float)
+                                                    "memory left after the weights, the reserve the profile run "
+                                                    "measures for steps and the KV cache that holds resident adapters", float)
     adapter_host_cache_bytes: int = _opt(1024 * MiB, "pinned host memory holding adapters off the device pool "
                                          "(the host tier, LRU by bytes), bytes", int)
     max_lora_rank: int = _opt(128, "largest adapter rank accepted", int)

@@ -25,7 +25,7 @@ class EngineConfig:
     max_new_tokens_limit: int = 4096
     max_waiting: int = 1024
     adapter_pool_bytes: int = 256 * 1024 * 1024
-    # when set (CUDA): the pool takes this fraction of the memory left after weights and KV
+    # when set (CUDA): the pool takes this fraction of what weights, step reserve and KV leave (memory_plan.py)
     adapter_pool_memory_fraction: float | None = None
     adapter_host_cache_bytes: int = 1024 * 1024 * 1024  # pinned host tier
     max_lora_rank: int = 128

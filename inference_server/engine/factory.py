@@ -141,7 +141,7 @@ def plan_device_memory(config: EngineConfig, cfg: ModelConfig, elem: int,
         blocks = config.num_kv_blocks or config.kv_cache_cpu_bytes // block
         if blocks < 1:
             raise ValueError(f"KV cache budget of {config.kv_cache_cpu_bytes} bytes holds no block of {block} bytes")
-        return MemoryPlan(blocks, blocks * block, config.adapter_pool_bytes, None, 0)
+        return MemoryPlan(blocks, blocks * block, config.adapter_pool_bytes, None)
     free, _ = torch.cuda.mem_get_info(torch.device(config.device))
     reserve = measure() if measure is not None else unmeasured_reserve(free)
     return plan_memory(config, block, free, reserve)

@@ -41,7 +41,6 @@ class MemoryPlan:
     kv_bytes: int
     pool_bytes: int
     reserve: Reserve | None  # None on the CPU (its sizes are the flags')
-    free: int  # device memory free after the weights, when the plan was made (0 on the CPU)
 
 
 UNMEASURED_SHARE = 0.1  # of the free memory, reserved where no profile run can measure it
@@ -84,4 +83,4 @@ def plan_memory(config: EngineConfig, block_bytes: int, free: int, reserve: Rese
             f"{gib(available)} left of {gib(free)} free after the weights and {reserve.describe()} reserved for "
             f"steps at --max-num-seqs {config.max_num_seqs}: lower --num-kv-blocks or --adapter-pool-bytes, or "
             f"leave them to the memory fractions")
-    return MemoryPlan(blocks, kv, pool, reserve, free)
+    return MemoryPlan(blocks, kv, pool, reserve)
