@@ -31,6 +31,7 @@ each call's table, and its ``--results`` section, is built from every part so fa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import math
 import statistics
@@ -286,6 +287,9 @@ def main() -> None:
     ap.add_argument("--launch-ahead", choices=("on", "off", "both"), default="on",
                     help="launch each step before reading the previous one's tokens; both: every workload "
                          "twice, on then off (same engine, for an A/B in one run)")
+    ap.add_argument("--admission-headroom", default=None,
+                    help="admission headroom tokens (the engine's default when not given); a comma-separated "
+                         "list runs each workload once per value, on the same engine (scheduler.py)")
     ap.add_argument("--sampled-share", type=float, default=0.0,
                     help="the share of requests that sample (temperature 0.8, top-p 0.95, seeded); the rest greedy")
     ap.add_argument("--sampled-penalty", type=float, default=1.0,
@@ -317,13 +321,22 @@ def main() -> None:
     vocab = engine._core.runner.config.vocab_size
     rows = []
     modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.launch_ahead]
-    for workload, ahead in ((w, a) for w in workloads for a in modes):
+    scheduler = engine._core.scheduler
+    print(f"KV cache: {engine._core.blocks.num_blocks} blocks of {engine._core.blocks.block_size} tokens", flush=True)
+    headrooms = ([int(h) for h in args.admission_headroom.split(",")] if args.admission_headroom
+                 else [scheduler.config.admission_headroom_tokens])
+    for workload, ahead, headroom in ((w, a, h) for w in workloads for a in modes for h in headrooms):
         engine._core._launch_ahead = ahead and engine._core.runner.can_launch
+        scheduler.config = dataclasses.replace(scheduler.config, admission_headroom_tokens=headroom)
+        preempted = engine._core.num_preemptions
         ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
         r = run_workload(engine, reqs, ids, vocab, args.seed, log, args.sampled_share, args.sampled_penalty)
+        r["preemptions"] = engine._core.num_preemptions - preempted
         distinct = len({a for a in ids[: args.max_batch] if a}) if workload != "base" else 0
         roof, roof_lora = roofline_ms(engine, r["full_ctx"], distinct, args.rank, bandwidth)
         label = workload if ahead or args.launch_ahead == "off" else f"{workload} (no launch-ahead)"
+        if len(headrooms) > 1:
+            label += f" (headroom {headroom})"
         if args.sampled_share:
             label += f" ({args.sampled_share:.0%} sampled" + (
                 f", repetition penalty {args.sampled_penalty})" if args.sampled_penalty != 1.0 else ")")
@@ -333,6 +346,7 @@ def main() -> None:
             textgen_parts.save_row(args.parts_dir, r, command)
         print(f"{workload:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
               f"tpot p50/p99 {r['tpot_p50']:.2f}/{r['tpot_p99']:.2f} ms  ttft p50 {r['ttft_p50']:.1f} s  "
+              f"preemptions {r['preemptions']}  "
               f"step@{r['full_batch']} {r['full_step_ms']:.2f} ms (roofline {roof:.2f} ms, x{r['full_step_ms'] / roof:.2f})",
               flush=True)
     fixed = None
@@ -361,17 +375,17 @@ def main() -> None:
 def table(rows: list[dict], max_batch: int, fixed: dict | None) -> list[str]:
     """The markdown table of the workloads (against base, when a base row is there) and of the
     fixed batch (``fixed``: new_tokens, adapters, hf [base, mixed], loraplex {name: tokens/s})."""
-    base = next((r for r in rows if r["workload"] == "base"), None)
+    base = next((r for r in rows if r["workload"].split(" (")[0] == "base"), None)
     lines = ["| workload | tokens/s | generated tok/s | vs base | per-token p50 / p99 (ms) | TTFT p50 / p99 (s) "
              f"| decode step at batch {max_batch} (ms) | roofline weights+KV (ms) | step / roofline "
-             "| roofline + adapters (ms) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| roofline + adapters (ms) | preemptions |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         rel = f"{r['throughput'] / base['throughput'] - 1:+.1%}" if base else "-"
         lines.append(
             f"| {r['workload']} | {r['throughput']:.0f} | {r['decode_tps']:.0f} | {rel} | {r['tpot_p50']:.2f} / "
             f"{r['tpot_p99']:.2f} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['full_step_ms']:.2f} | "
-            f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} |")
+            f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} | {r.get('preemptions', '-')} |")
     if fixed:
         hf_base, hf_mixed = fixed["hf"]
         lines += ["", f"Fixed batch: {max_batch} requests x 128 prompt + {fixed['new_tokens']} new tokens "

@@ -34,9 +34,10 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_grow(self, table: list[int], num_tokens: int) -> bool:
-        """Whether ``table`` can be extended to hold ``num_tokens`` tokens."""
-        return self.blocks_for(num_tokens) - len(table) <= self.num_free
+    def can_grow(self, table: list[int], num_tokens: int, keep_free: int = 0) -> bool:
+        """Whether ``table`` can be extended to hold ``num_tokens`` tokens with ``keep_free``
+        blocks still free afterwards."""
+        return self.blocks_for(num_tokens) - len(table) + keep_free <= self.num_free
 
     def grow(self, table: list[int], num_tokens: int) -> None:
         """Append blocks to ``table`` until it holds ``num_tokens`` tokens (checked first)."""

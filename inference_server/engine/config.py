@@ -21,6 +21,8 @@ class EngineConfig:
     kv_cache_cpu_bytes: int = 512 * 1024 * 1024  # CPU default when num_kv_blocks is None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
+    # admission leaves room for every running sequence to decode this many more tokens (scheduler.py)
+    admission_headroom_tokens: int = 64
     max_model_len: int | None = None  # None = the model's context window
     max_new_tokens_limit: int = 4096
     max_waiting: int = 1024
@@ -53,6 +55,8 @@ class EngineConfig:
                      "max_waiting", "adapter_pool_bytes", "kv_cache_cpu_bytes", "adapter_host_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.admission_headroom_tokens < 0:
+            raise ValueError(f"admission_headroom_tokens must be >= 0, got {self.admission_headroom_tokens}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError(f"num_kv_blocks must be > 0, got {self.num_kv_blocks}")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -98,7 +98,8 @@ def assemble(
     eos = set(model_config.eos_token_ids) | set(tokenizer.eos_token_ids)
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, model_config.vocab_size, eos)
     core = LLMEngine(
-        runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), max_len, eos,
+        runner, tokenizer, SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                           config.admission_headroom_tokens), max_len, eos,
         manager.release, config.seed, launch_ahead=config.launch_ahead, grammars=grammars,
     )
     info = EngineInfo(

@@ -1,0 +1,90 @@
+"""The scheduler alone (no model) over bench_textgen's requests: preemptions and recomputed tokens
+by admission headroom, for a KV cache of a given size.
+
+Each step the real Scheduler picks its sequences; they compute their chunks, a sequence whose
+chunk ends its pending tokens gets one token, and a sequence with all its tokens leaves. What it
+shows is where KV pressure makes the engine preempt, and what admission headroom
+(``SchedulerConfig.admission_headroom_tokens``) does to that, without a GPU: a preempted sequence
+recomputes its whole context in one long step that every other row's next token waits for.
+Step times are not modelled: a step that carries a long chunk (more than 256 tokens: a recomputed
+context, or a long prompt) is counted, with the tokens that waited for it. Once those are over 1% of
+all tokens, the per-token latency's p99 is such a step's time.
+
+    python -m benchmarks.engine.replay_scheduler --max-batch 128 --num-requests 384 --max-len 2048 \\
+        --num-kv-blocks 4700 --headroom 0,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from benchmarks.engine.bench_textgen import request_set
+from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
+from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
+from loraplex.inference_server.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Replay:
+    steps: int
+    preemptions: int
+    recomputed_tokens: int  # context thrown away by preemptions (computed again later)
+    long_steps: int  # steps that carried a chunk of more than ``long_chunk`` tokens
+    waited: float  # the share of decode tokens made in such a step
+
+
+def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_blocks: int, block_size: int,
+           headroom: int, long_chunk: int = 256) -> Replay:
+    """Run (prompt, new tokens) requests, all queued at the start, through the scheduler."""
+    scheduler = Scheduler(SchedulerConfig(max_batch, budget, headroom), BlockManager(num_blocks, block_size,
+                                                                                        prefix_caching=False))
+    for i, (prompt, new) in enumerate(lengths):
+        request = GenerationRequest(f"r{i}", tuple(range(3, 3 + prompt)),
+                                    stopping=StoppingCriteria(max_new_tokens=new, ignore_eos=True))
+        seq = Sequence(request, None, None, None)
+        seq.token_ids = list(request.prompt_token_ids)
+        scheduler.add(seq)
+    steps = recomputed = long_steps = decoded = waited = 0
+    while scheduler.has_work():
+        batch = scheduler.schedule()
+        steps += 1
+        recomputed += sum(len(s.token_ids) - 1 for s in batch.preempted)
+        long = any(n > long_chunk for n in batch.num_tokens)
+        long_steps += long
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed += n
+            if seq.num_computed < len(seq.token_ids):
+                continue
+            seq.token_ids.append(0)
+            if n == 1:
+                decoded += 1
+                waited += long
+            if seq.num_output >= seq.request.stopping.max_new_tokens:
+                scheduler.remove(seq)
+    return Replay(steps, scheduler.num_preemptions, recomputed, long_steps, waited / max(decoded, 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--max-batch", type=int, default=128)
+    ap.add_argument("--num-requests", type=int, default=384)
+    ap.add_argument("--max-len", type=int, default=2048, help="also the step's token budget, as in bench_textgen")
+    ap.add_argument("--num-kv-blocks", type=int, required=True, help="the engine's (bench_textgen prints it)")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--headroom", default="0,64", help="admission headroom tokens to compare, comma-separated")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    lengths = request_set(args.num_requests, args.max_len, args.seed)
+    print("| headroom (tokens) | steps | preemptions | recomputed tokens | steps with a chunk > 256 "
+          "| decode tokens made in them |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for headroom in (int(h) for h in args.headroom.split(",")):
+        r = replay(lengths, args.max_batch, args.max_len, args.num_kv_blocks, args.block_size, headroom)
+        print(f"| {headroom} | {r.steps} | {r.preemptions} | {r.recomputed_tokens} | {r.long_steps} | "
+              f"{r.waited:.2%} |")
+
+
+if __name__ == "__main__":
+    main()
