@@ -172,8 +172,16 @@ def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: Ste
         ttft_p50=pct(ttft, 0.5), ttft_p99=pct(ttft, 0.99), generated=generated, prompt=prompt_tokens,
         full_step_ms=statistics.median(s[0] for s in full) * 1e3 if full else float("nan"),
         full_ctx=statistics.median(s[3] for s in full) if full else 0, full_batch=full[0][1] if full else 0,
-        steps=len(log.steps),
+        steps=len(log.steps), slow_steps=slow_steps(log),
     )
+
+
+def slow_steps(log: StepLog) -> int:
+    """Steps that took over 3x the median step (a long prompt or recomputed context beside the decodes)."""
+    if not log.steps:
+        return 0
+    median = statistics.median(s[0] for s in log.steps)
+    return sum(1 for s in log.steps if s[0] > 3 * median)
 
 
 def build_engine(args) -> AsyncEngine:
@@ -346,7 +354,7 @@ def main() -> None:
             textgen_parts.save_row(args.parts_dir, r, command)
         print(f"{workload:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
               f"tpot p50/p99 {r['tpot_p50']:.2f}/{r['tpot_p99']:.2f} ms  ttft p50 {r['ttft_p50']:.1f} s  "
-              f"preemptions {r['preemptions']}  "
+              f"preemptions {r['preemptions']}  slow steps {r['slow_steps']}/{r['steps']}  "
               f"step@{r['full_batch']} {r['full_step_ms']:.2f} ms (roofline {roof:.2f} ms, x{r['full_step_ms'] / roof:.2f})",
               flush=True)
     fixed = None
