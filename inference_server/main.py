@@ -71,6 +71,7 @@ def engine_config(settings: ServerSettings) -> Any:
         device=device, dtype=dtype, num_kv_blocks=settings.num_kv_blocks,
         kv_cache_memory_fraction=settings.kv_cache_memory_fraction, max_num_seqs=max_num_seqs(settings, device),
         max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
+        admission_headroom_tokens=settings.admission_headroom_tokens,
         max_new_tokens_limit=settings.max_new_tokens_limit, max_waiting=settings.max_waiting,
         **pool, adapter_host_cache_bytes=settings.adapter_host_cache_bytes,
         max_lora_rank=settings.max_lora_rank, seed=settings.seed,

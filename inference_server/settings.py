@@ -68,6 +68,10 @@ class ServerSettings:
     max_num_seqs: int | None = _opt(None, "most requests decoded in one step (batch size); auto: 256 on a GPU, "
                                           "32 on the CPU", _optional_int)
     max_num_batched_tokens: int = _opt(2048, "token budget of one step (prefill + decode)", int)
+    admission_headroom_tokens: int = _opt(64, "a waiting request starts only if the KV blocks it takes leave room for "
+                                              "every running request to decode this many more tokens (fewer "
+                                              "preemptions when the KV cache is full); 0 = admit while blocks last",
+                                          int)
     max_model_len: int | None = _opt(None, "context window cap (default: the model's)", _optional_int)
     max_new_tokens_limit: int = _opt(4096, "largest max_new_tokens a request may ask for", int)
     default_max_new_tokens: int = _opt(256, "max_new_tokens of requests that do not set it", int)
@@ -194,6 +198,8 @@ class ServerSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(_where(name, f"must be >= 1, got {value}"))
+        if self.admission_headroom_tokens < 0:
+            raise ValueError(_where("admission_headroom_tokens", f"must be >= 0, got {self.admission_headroom_tokens}"))
         if self.default_max_new_tokens > self.max_new_tokens_limit:
             raise ValueError(_where("default_max_new_tokens",
                                     f"({self.default_max_new_tokens}) is above max_new_tokens_limit "

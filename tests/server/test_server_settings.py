@@ -91,6 +91,11 @@ def test_engine_config_and_model_source_follow_settings() -> None:
     assert by_name.launch_ahead and by_name.require_launch_ahead and by_name.require_cuda_graphs
     assert config.prefix_caching
     assert not engine_config(ServerSettings.from_sources(["--prefix-caching", "off"], {})).prefix_caching
+    assert config.admission_headroom_tokens == 64
+    assert engine_config(ServerSettings.from_sources([], {"LORAPLEX_ADMISSION_HEADROOM_TOKENS": "0"})
+                         ).admission_headroom_tokens == 0
+    with pytest.raises(ValueError, match="admission_headroom_tokens.*>= 0"):
+        ServerSettings.from_sources(["--admission-headroom-tokens", "-1"], {})
     dummy = model_source(ServerSettings.from_sources(["--model-format", "dummy", "--model", "tiny"], {}))
     assert dummy.format == "dummy" and dummy.dummy == "tiny" and dummy.path is None
     assert model_source(s).path is None and model_source(s).format == "auto"  # the embedded SmolLM2
