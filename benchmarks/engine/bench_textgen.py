@@ -393,7 +393,8 @@ def table(rows: list[dict], max_batch: int, fixed: dict | None) -> list[str]:
         lines.append(
             f"| {r['workload']} | {r['throughput']:.0f} | {r['decode_tps']:.0f} | {rel} | {r['tpot_p50']:.2f} / "
             f"{r['tpot_p99']:.2f} | {r['ttft_p50']:.1f} / {r['ttft_p99']:.1f} | {r['full_step_ms']:.2f} | "
-            f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} | {r.get('preemptions', '-')} |")
+            f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} | "
+            f"{r.get('preemptions', '-')} |")
     if fixed:
         hf_base, hf_mixed = fixed["hf"]
         lines += ["", f"Fixed batch: {max_batch} requests x 128 prompt + {fixed['new_tokens']} new tokens "

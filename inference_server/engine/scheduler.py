@@ -37,7 +37,8 @@ from loraplex.inference_server.engine.sequence import Sequence, SeqStatus
 class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
-    admission_headroom_tokens: int = 64  # per running sequence, kept free when admitting (0: none; --admission-headroom-tokens)
+    # tokens of room per running sequence an admission leaves free (0: none; --admission-headroom-tokens)
+    admission_headroom_tokens: int = 64
 
 
 @dataclass(slots=True)
