@@ -231,8 +231,10 @@ def fixed_batch_loraplex(engine: AsyncEngine, ids: list[str | None], new_tokens:
     return sum(len(t) for t in times.values()) / (time.perf_counter() - start)
 
 
-def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_tokens: int, n_adapters: int):
-    """transformers + PEFT, random 7B-shaped weights: (base tokens/s, mixed-adapter tokens/s)."""
+def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_tokens: int,
+                   n_adapters: int) -> tuple[float, float, float]:
+    """transformers + PEFT, random 7B-shaped weights, tokens/s: (base model, eager generate; base
+    model, static cache, which generate compiles on a GPU; mixed adapters, eager)."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -248,17 +250,24 @@ def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_
     ids = torch.arange(10, 10 + prompt_len, device="cuda").repeat(batch, 1)
     mask = torch.ones_like(ids)
 
-    def timed(m, **kw) -> float:
-        m.generate(ids[:, :8], attention_mask=mask[:, :8], max_new_tokens=4, do_sample=False, **kw)  # warm-up
+    def generate(m, **kw):
+        return m.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                          do_sample=False, **kw)
+
+    def timed(m, warm_up_full: bool = False, **kw) -> float:
+        if warm_up_full:  # the compiled static-cache path: compile for these very shapes first
+            generate(m, **kw)
+        else:
+            m.generate(ids[:, :8], attention_mask=mask[:, :8], max_new_tokens=4, do_sample=False, **kw)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = m.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, **kw)
+        out = generate(m, **kw)
         torch.cuda.synchronize()
         return (out.shape[1] - prompt_len) * batch / (time.perf_counter() - t0)
 
     with torch.inference_mode():
         base = timed(model)
+        static = timed(model, warm_up_full=True, cache_implementation="static")
     lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(PROJ), init_lora_weights=False)
     peft_model = get_peft_model(model, lora, adapter_name="a0")
     for i in range(1, n_adapters):
@@ -270,7 +279,7 @@ def fixed_batch_hf(model_name: str, rank: int, batch: int, prompt_len: int, new_
     del peft_model, model
     gc.collect()
     torch.cuda.empty_cache()
-    return base, mixed
+    return base, static, mixed
 
 
 def main() -> None:
@@ -317,8 +326,8 @@ def main() -> None:
     hf = None
     if args.hf_new_tokens:
         hf = fixed_batch_hf(args.model, args.rank, args.max_batch, 128, args.hf_new_tokens, args.hf_adapters)
-        print(f"transformers: base {hf[0]:.0f} tok/s, + PEFT ({args.hf_adapters} adapters mixed) {hf[1]:.0f} tok/s",
-              flush=True)
+        print(f"transformers: base {hf[0]:.0f} tok/s, base with a static cache (compiled) {hf[1]:.0f} tok/s, "
+              f"+ PEFT ({args.hf_adapters} adapters mixed) {hf[2]:.0f} tok/s", flush=True)
     bandwidth = measure_copy_bandwidth()  # before the engine takes the memory it sizes its caches from
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (the roofline's)", flush=True)
     torch.cuda.empty_cache()
@@ -382,7 +391,8 @@ def main() -> None:
 
 def table(rows: list[dict], max_batch: int, fixed: dict | None) -> list[str]:
     """The markdown table of the workloads (against base, when a base row is there) and of the
-    fixed batch (``fixed``: new_tokens, adapters, hf [base, mixed], loraplex {name: tokens/s})."""
+    fixed batch (``fixed``: new_tokens, adapters, hf [base, base with a static cache, mixed] or,
+    from parts saved before the static cache was timed, [base, mixed]; loraplex {name: tokens/s})."""
     base = next((r for r in rows if r["workload"].split(" (")[0] == "base"), None)
     lines = ["| workload | tokens/s | generated tok/s | vs base | per-token p50 / p99 (ms) | TTFT p50 / p99 (s) "
              f"| decode step at batch {max_batch} (ms) | roofline weights+KV (ms) | step / roofline "
@@ -396,12 +406,19 @@ def table(rows: list[dict], max_batch: int, fixed: dict | None) -> list[str]:
             f"{r['roof']:.2f} | {r['full_step_ms'] / r['roof']:.2f}x | {r['roof_lora']:.2f} | "
             f"{r.get('preemptions', '-')} |")
     if fixed:
-        hf_base, hf_mixed = fixed["hf"]
+        hf = fixed["hf"]
+        hf_base, hf_static, hf_mixed = hf if len(hf) == 3 else (hf[0], None, hf[1])
         lines += ["", f"Fixed batch: {max_batch} requests x 128 prompt + {fixed['new_tokens']} new tokens "
                       "(generated tokens/s):", "", "| system | tokens/s |", "| --- | ---: |",
-                  f"| transformers, base model | {hf_base:.0f} |",
-                  f"| transformers + PEFT, {fixed['adapters']} adapters mixed (adapter_names) | {hf_mixed:.0f} |"]
+                  f"| transformers, base model | {hf_base:.0f} |"]
+        if hf_static is not None:
+            lines.append(f"| transformers, base model, static cache (generate compiles it) | {hf_static:.0f} |")
+        lines.append(f"| transformers + PEFT, {fixed['adapters']} adapters mixed (adapter_names) | {hf_mixed:.0f} |")
         lines += [f"| loraplex, {name} | {v:.0f} |" for name, v in fixed["loraplex"].items()]
+        distinct = fixed["loraplex"].get(f"{max_batch} distinct adapters")
+        if hf_static and distinct:
+            lines += ["", f"loraplex with {max_batch} distinct adapters against transformers' compiled static cache "
+                          f"(base model): {distinct / hf_static:.2f}x"]
     return lines
 
 
