@@ -11,8 +11,9 @@ Admission keeps headroom: a waiting sequence is admitted only if the blocks it t
 for every running sequence to decode ``admission_headroom_tokens`` more tokens. Without it a
 preempted sequence came back as soon as its own freed blocks allowed, recomputed its whole
 context in one long step (every other row's token waits for it), and was the newest again when
-blocks next ran out: 698 preemptions for 384 requests at max batch 128 on an H100's KV cache
-(the scheduler alone, replayed over bench_textgen's requests), 42 with 64 tokens of headroom.
+blocks next ran out. bench_textgen at max batch 128 on an H100 (384 requests, 4538 KV blocks):
+791 preemptions and a per-token p99 of 294 ms without headroom, 53 and 45 ms with 64 tokens
+(benchmarks/RESULTS.md; benchmarks/engine/replay_scheduler.py replays the scheduler alone).
 
 A sequence admitted with nothing computed starts from the longest prompt prefix already in the
 KV cache for the same adapter version (prefix caching, engine/prefix_cache.py): only the rest
