@@ -304,6 +304,10 @@ def main() -> None:
     ap.add_argument("--launch-ahead", choices=("on", "off", "both"), default="on",
                     help="launch each step before reading the previous one's tokens; both: every workload "
                          "twice, on then off (same engine, for an A/B in one run)")
+    ap.add_argument("--lora-decode-rows", type=int, default=None,
+                    help="LoRA calls of up to this many rows take the decode kernels (default: the kernels' "
+                         "SMALL_BATCH_ROWS, 256); past it the prefill kernels, one 128-row tile a segment. Steps "
+                         "that admit prompts beside a full batch of 256 reach graphs of up to 512 rows")
     ap.add_argument("--admission-headroom", default=None,
                     help="admission headroom tokens (the engine's default when not given); a comma-separated "
                          "list runs each workload once per value, on the same engine (scheduler.py)")
@@ -331,6 +335,11 @@ def main() -> None:
     bandwidth = measure_copy_bandwidth()  # before the engine takes the memory it sizes its caches from
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (the roofline's)", flush=True)
     torch.cuda.empty_cache()
+    if args.lora_decode_rows:  # before the graphs are captured: each call's path is fixed then
+        from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+
+        _launch.SMALL_BATCH_ROWS = args.lora_decode_rows
+        print(f"LoRA decode kernels up to {args.lora_decode_rows} rows", flush=True)
     engine = build_engine(args)
     log = StepLog()
     instrument(engine, log)

@@ -6,9 +6,10 @@ chunk ends its pending tokens gets one token, and a sequence with all its tokens
 shows is where KV pressure makes the engine preempt, and what admission headroom
 (``SchedulerConfig.admission_headroom_tokens``) does to that, without a GPU: a preempted sequence
 recomputes its whole context in one long step that every other row's next token waits for.
-Step times are not modelled: a step that carries a long chunk (more than 256 tokens: a recomputed
-context, or a long prompt) is counted, with the tokens that waited for it. Once those are over 1% of
-all tokens, the per-token latency's p99 is such a step's time.
+Step times are not modelled: a step that no CUDA graph holds (more rows than the largest captured
+graph, or a prefill chunk past ``step_plan.graph_span``: a recomputed context, a long prompt) runs
+eager, far slower, and is counted with the decode tokens that waited for it. Once those are over 1% of all tokens, the
+per-token latency's p99 is such a step's time.
 
     python -m benchmarks.engine.replay_scheduler --max-batch 128 --num-requests 384 --max-len 2048 \\
         --num-kv-blocks 4700 --headroom 0,16,64
@@ -21,9 +22,12 @@ from dataclasses import dataclass
 
 from benchmarks.engine.bench_textgen import request_set
 from loraplex.inference_server.engine.block_manager import BlockManager
+from loraplex.inference_server.engine.cuda_graphs import default_sizes
 from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
 from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
 from loraplex.inference_server.engine.sequence import Sequence
+from loraplex.inference_server.engine.step_plan import SpanPlan, graph_span
+from loraplex.kernels.cuda._launch import SMALL_BATCH_ROWS
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,13 @@ class Replay:
     steps: int
     preemptions: int
     recomputed_tokens: int  # context thrown away by preemptions (computed again later)
-    long_steps: int  # steps that carried a chunk of more than ``long_chunk`` tokens
+    eager_steps: int  # steps no CUDA graph holds
+    wide_steps: int  # steps of more rows than the LoRA decode kernels take
     waited: float  # the share of decode tokens made in such a step
 
 
 def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_blocks: int, block_size: int,
-           headroom: int, long_chunk: int = 256) -> Replay:
+           headroom: int) -> Replay:
     """Run (prompt, new tokens) requests, all queued at the start, through the scheduler."""
     scheduler = Scheduler(SchedulerConfig(max_batch, budget, headroom), BlockManager(num_blocks, block_size,
                                                                                         prefix_caching=False))
@@ -46,13 +51,16 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
         seq = Sequence(request, None, None, None)
         seq.token_ids = list(request.prompt_token_ids)
         scheduler.add(seq)
-    steps = recomputed = long_steps = decoded = waited = 0
+    largest_graph = default_sizes(max_batch, budget)[-1]
+    steps = recomputed = eager_steps = wide_steps = decoded = waited = 0
     while scheduler.has_work():
         batch = scheduler.schedule()
         steps += 1
         recomputed += sum(len(s.token_ids) - 1 for s in batch.preempted)
-        long = any(n > long_chunk for n in batch.num_tokens)
-        long_steps += long
+        eager = sum(batch.num_tokens) > largest_graph or not all(
+            graph_span(SpanPlan(0, n, s.num_computed + n, ())) for s, n in zip(batch.seqs, batch.num_tokens))
+        eager_steps += eager
+        wide_steps += sum(batch.num_tokens) > SMALL_BATCH_ROWS
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):
@@ -60,10 +68,10 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
             seq.token_ids.append(0)
             if n == 1:
                 decoded += 1
-                waited += long
+                waited += eager
             if seq.num_output >= seq.request.stopping.max_new_tokens:
                 scheduler.remove(seq)
-    return Replay(steps, scheduler.num_preemptions, recomputed, long_steps, waited / max(decoded, 1))
+    return Replay(steps, scheduler.num_preemptions, recomputed, eager_steps, wide_steps, waited / max(decoded, 1))
 
 
 def main() -> None:
@@ -77,13 +85,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     lengths = request_set(args.num_requests, args.max_len, args.seed)
-    print("| headroom (tokens) | steps | preemptions | recomputed tokens | steps with a chunk > 256 "
-          "| decode tokens made in them |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| headroom (tokens) | steps | preemptions | recomputed tokens | eager steps (no graph holds them) "
+          f"| decode tokens made in them | steps over {SMALL_BATCH_ROWS} rows (LoRA prefill kernels) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for headroom in (int(h) for h in args.headroom.split(",")):
         r = replay(lengths, args.max_batch, args.max_len, args.num_kv_blocks, args.block_size, headroom)
-        print(f"| {headroom} | {r.steps} | {r.preemptions} | {r.recomputed_tokens} | {r.long_steps} | "
-              f"{r.waited:.2%} |")
+        print(f"| {headroom} | {r.steps} | {r.preemptions} | {r.recomputed_tokens} | {r.eager_steps} | "
+              f"{r.waited:.2%} | {r.wide_steps} |")
 
 
 if __name__ == "__main__":
