@@ -1,6 +1,6 @@
 """An engine over a model file and a folder of PEFT adapters made by the peft library, as
-bench_cpu_vs_transformers runs it (the tests keep their own copy in tests/support/lora_helpers.py:
-benchmarks and tests do not import each other)."""
+bench_cpu_vs_transformers runs it (tests/support/lora_helpers.py makes its adapters with
+``make_peft_adapter`` too: tests reach benchmarks by their public names, never the reverse)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,12 @@ reference, and an in-process engine built around a loaded model."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 from pathlib import Path
 
 import torch
 
+from benchmarks.engine.local_engine import make_peft_adapter
 from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.factory import assemble
@@ -32,20 +32,6 @@ ADAPTER_CONFIGS = {
         rank_pattern={"down_proj": 2}, alpha_pattern={"o_proj": 2},
     ),
 }
-
-
-def make_peft_adapter(hf_model, out: Path, lora_kwargs: dict, seed: int, std: float) -> Path:
-    """Save a PEFT LoRA adapter with random non-zero A and B (std ``std``) for ``hf_model``."""
-    from peft import LoraConfig, get_peft_model
-
-    peft_model = get_peft_model(copy.deepcopy(hf_model), LoraConfig(**lora_kwargs))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    peft_model.save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def make_test_adapters(model_dir: Path, root: Path, std: float = 0.1) -> Path:
