@@ -6,10 +6,12 @@ chunk ends its pending tokens gets one token, and a sequence with all its tokens
 shows is where KV pressure makes the engine preempt, and what admission headroom
 (``SchedulerConfig.admission_headroom_tokens``) does to that, without a GPU: a preempted sequence
 recomputes its whole context in one long step that every other row's next token waits for.
-Step times are not modelled: a step that no CUDA graph holds (more rows than the largest captured
-graph, or a prefill chunk past ``step_plan.graph_span``: a recomputed context, a long prompt) runs
-eager, far slower, and is counted with the decode tokens that waited for it. Once those are over 1% of all tokens, the
-per-token latency's p99 is such a step's time.
+Step times are not modelled. Two kinds of step are counted:
+- eager steps, which no CUDA graph holds (more rows than the largest captured graph, or a prefill
+  chunk past ``step_plan.graph_span``: a recomputed context, a long prompt), with the decode tokens
+  made in them: once those are over 1% of all tokens, the per-token p99 is such a step's time;
+- steps of more rows than the LoRA decode kernels take (``SMALL_BATCH_ROWS``: prompts admitted
+  beside a full batch), whose LoRA calls take the prefill kernels, one 128-row tile a segment.
 
     python -m benchmarks.engine.replay_scheduler --max-batch 128 --num-requests 384 --max-len 2048 \\
         --num-kv-blocks 4700 --headroom 0,16,64
@@ -36,8 +38,8 @@ class Replay:
     preemptions: int
     recomputed_tokens: int  # context thrown away by preemptions (computed again later)
     eager_steps: int  # steps no CUDA graph holds
+    waited: float  # the share of decode tokens made in an eager step
     wide_steps: int  # steps of more rows than the LoRA decode kernels take
-    waited: float  # the share of decode tokens made in such a step
 
 
 def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_blocks: int, block_size: int,
@@ -71,7 +73,7 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
                 waited += eager
             if seq.num_output >= seq.request.stopping.max_new_tokens:
                 scheduler.remove(seq)
-    return Replay(steps, scheduler.num_preemptions, recomputed, eager_steps, wide_steps, waited / max(decoded, 1))
+    return Replay(steps, scheduler.num_preemptions, recomputed, eager_steps, waited / max(decoded, 1), wide_steps)
 
 
 def main() -> None:
