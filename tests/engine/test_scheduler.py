@@ -97,8 +97,8 @@ def test_admission_leaves_headroom_for_the_running_sequences(headroom: int, prom
 
 
 def test_headroom_stops_a_preempted_sequence_from_thrashing_under_kv_pressure() -> None:
-    """Punica's request mix (all queued at once) through a cache that holds about a third of
-    their contexts: without headroom, a preempted sequence comes back as soon as its own freed
+    """Punica's request mix (96 requests of up to 512 tokens, all queued at once, 32 running)
+    through a cache of 4800 tokens, less than 32 full contexts: without headroom, a preempted sequence comes back as soon as its own freed
     blocks allow and is the newest again at the next shortage; with the default headroom far
     fewer contexts are thrown away, and every request still finishes."""
     from benchmarks.engine.bench_textgen import request_set
