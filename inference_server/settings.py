@@ -69,8 +69,9 @@ class ServerSettings:
                                           "32 on the CPU", _optional_int)
     max_num_batched_tokens: int = _opt(2048, "token budget of one step (prefill + decode)", int)
     admission_headroom_tokens: int = _opt(64, "a waiting request starts only if the KV blocks it takes leave room for "
-                                              "every running request to decode this many more tokens (fewer "
-                                              "preemptions when the KV cache is full); 0 = admit while blocks last",
+                                              "every running request to decode this many more tokens, at most a "
+                                              "quarter of the KV cache (fewer preemptions when it is full); 0 = admit "
+                                              "while blocks last",
                                           int)
     max_model_len: int | None = _opt(None, "context window cap (default: the model's)", _optional_int)
     max_new_tokens_limit: int = _opt(4096, "largest max_new_tokens a request may ask for", int)
