@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from benchmarks.engine.bench_textgen import request_set
 from loraplex.inference_server.engine.block_manager import BlockManager
-from loraplex.inference_server.engine.cuda_graphs import default_sizes
+from loraplex.inference_server.engine.cuda_graphs import GraphShape, default_sizes, graph_size
 from loraplex.inference_server.engine.request import GenerationRequest, StoppingCriteria
 from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
 from loraplex.inference_server.engine.sequence import Sequence
-from loraplex.inference_server.engine.step_plan import SpanPlan, graph_span
+from loraplex.inference_server.engine.step_plan import SpanPlan
 from loraplex.kernels.cuda._launch import SMALL_BATCH_ROWS
 
 
@@ -53,14 +53,17 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
         seq = Sequence(request, None, None, None)
         seq.token_ids = list(request.prompt_token_ids)
         scheduler.add(seq)
-    largest_graph = default_sizes(max_batch, budget)[-1]
+    # the engine's graphs (bench_textgen: max_model_len = the token budget); block tables as wide as contexts
+    shape = GraphShape(default_sizes(max_batch, budget), -(-budget // block_size), block_size, 0)
     steps = recomputed = eager_steps = wide_steps = decoded = waited = 0
     while scheduler.has_work():
         batch = scheduler.schedule()
         steps += 1
         recomputed += sum(len(s.token_ids) - 1 for s in batch.preempted)
-        eager = sum(batch.num_tokens) > largest_graph or not all(
-            graph_span(SpanPlan(0, n, s.num_computed + n, ())) for s, n in zip(batch.seqs, batch.num_tokens))
+        spans = [SpanPlan(0, n, s.num_computed + n, (0,) * -(-(s.num_computed + n) // block_size))
+                 for s, n in zip(batch.seqs, batch.num_tokens)]
+        samples = any(s.num_computed + n >= len(s.token_ids) for s, n in zip(batch.seqs, batch.num_tokens))
+        eager = graph_size(shape, sum(batch.num_tokens), spans, samples) is None
         eager_steps += eager
         wide_steps += sum(batch.num_tokens) > SMALL_BATCH_ROWS
         for seq, n in zip(batch.seqs, batch.num_tokens):

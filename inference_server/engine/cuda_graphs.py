@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from loraplex.inference_server.engine.step_plan import StepPlan, graph_span
+from loraplex.inference_server.engine.step_plan import SpanPlan, StepPlan, graph_span
 from loraplex.inference_server.lora.batch import LoraBatchBuilder
 from loraplex.inference_server.lora.layers import LoraContext
 from loraplex.inference_server.model.attention import AttentionMetadata, DecodeRows
@@ -53,6 +54,18 @@ class GraphShape:
     max_blocks: int  # block-table width (max context / block size, rounded up)
     block_size: int
     pad_slot: int  # cache slot the padding rows write to
+
+
+def graph_size(shape: GraphShape, rows: int, spans: Sequence[SpanPlan], samples: bool) -> int | None:
+    """The captured size that runs a step of ``rows`` rows over ``spans``, or None when it must run
+    eagerly: no rows or nothing sampled, more rows than the largest graph, a block table wider than
+    the graphs' or a prompt chunk past ``graph_span``. (A function of shapes alone: the scheduler's
+    replay, benchmarks/engine/replay_scheduler.py, asks it without a GPU.)"""
+    if rows == 0 or not samples or rows > shape.sizes[-1]:
+        return None
+    if any(len(s.block_table) > shape.max_blocks or not graph_span(s) for s in spans):
+        return None
+    return next(s for s in shape.sizes if s >= rows)
 
 
 class StepGraphs:
@@ -122,12 +135,7 @@ class StepGraphs:
     # -- replay -----------------------------------------------------------------------
     def size_for(self, plan: StepPlan) -> int | None:
         """The captured size that runs ``plan``, or None when the step must run eagerly."""
-        n = len(plan.token_ids)
-        if n == 0 or not plan.sample_rows or n > self.shape.sizes[-1]:
-            return None
-        if any(len(s.block_table) > self.shape.max_blocks or not graph_span(s) for s in plan.spans):
-            return None
-        return next(s for s in self.shape.sizes if s >= n)
+        return graph_size(self.shape, len(plan.token_ids), plan.spans, bool(plan.sample_rows))
 
     def replay(self, plan: StepPlan, size: int, fed=None) -> torch.Tensor:
         """Logits [len(sample_rows), V] of the plan's sampled rows; writes the LoRA tables first.
