@@ -268,7 +268,15 @@ def main() -> None:
     ap.add_argument("--workloads-only", action="store_true", help="only the rank-16 four-workload grid")
     ap.add_argument("--one-row-items", type=int, default=None,
                     help="decode SGMV calls of up to this many rows take one-row items (default: the launcher's)")
+    ap.add_argument("--lora-decode-rows", type=int, default=None,
+                    help="SGMV calls of up to this many rows take the decode kernels (default: the launcher's "
+                         "SMALL_BATCH_ROWS); the grid's batches past it time SGMV on both paths")
     args = ap.parse_args()
+    if args.lora_decode_rows is not None:
+        from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+
+        _launch.SMALL_BATCH_ROWS = args.lora_decode_rows
+        print(f"# SMALL_BATCH_ROWS = {args.lora_decode_rows}", flush=True)
     if args.one_row_items is not None:
         from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
