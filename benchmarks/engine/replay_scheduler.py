@@ -7,9 +7,10 @@ shows is where KV pressure makes the engine preempt, and what admission headroom
 (``SchedulerConfig.admission_headroom_tokens``) does to that, without a GPU: a preempted sequence
 recomputes its whole context in one long step that every other row's next token waits for.
 Step times are not modelled. Two kinds of step are counted:
-- eager steps, which no CUDA graph holds (more rows than the largest captured graph, or a prefill
-  chunk past ``step_plan.graph_span``: a recomputed context, a long prompt), with the decode tokens
-  made in them: once those are over 1% of all tokens, the per-token p99 is such a step's time;
+- eager steps, which no CUDA graph holds (the engine's rule, ``cuda_graphs.graph_size``: more rows
+  than the largest captured graph, a prefill chunk past ``step_plan.graph_span`` such as a recomputed
+  context or a long prompt, or nothing to sample), with the decode tokens made in them: once those
+  are over 1% of all tokens, the per-token p99 is such a step's time;
 - steps of more rows than the LoRA decode kernels take (``SMALL_BATCH_ROWS``: prompts admitted
   beside a full batch), whose LoRA calls take the prefill kernels, one 128-row tile a segment.
 
