@@ -6,16 +6,7 @@
 # 1.84.0 runs it) carried too. Log into $OUT (or ./.out).
 # Usage: bash benchmarks/run_serve_gpu.sh --model llama-7b --device cuda --dtype bfloat16 ...
 set -o pipefail
-OUT=${OUT:-.out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-# the project is not installed there: the server processes (python -P) import loraplex from here
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+source benchmarks/gpu_env.sh || exit 1
 [ -f loraplex/v1/inference_pb2.py ] || { echo "loraplex/ (the generated gRPC code) was not carried" >&2; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m benchmarks.serving.bench_open_loop --workdir /tmp "$@" 2>&1 | tee "$OUT/bench_open_loop.log"
