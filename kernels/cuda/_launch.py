@@ -21,7 +21,11 @@ from loraplex.kernels.operands import LoraOperands
 
 THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
-SMALL_BATCH_ROWS = 256  # up to this many rows (and always for BGMV): the decode path
+# Up to this many rows (and always for BGMV): the decode path. As many as the engine's largest CUDA
+# graph (MAX_GRAPH_ROWS): a graph step is a decode batch plus short prompt chunks, many one-row
+# segments, where the prefill kernels' 128-row tiles take a tile a segment and split each 8 ways
+# for the few tiles the rows alone imply (256 distinct rows and a prompt: 260 items x 8 splits x 3 slices, ~24 waves).
+SMALL_BATCH_ROWS = 512
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = SHRINK_BM  # prefill: rows per work item (the tensor-core kernels' row tile)

@@ -182,6 +182,29 @@ def test_cuda_graph_replay_with_new_tables(bgmv, rows):
         assert_close_rows(captured.y, ref, y0)
 
 
+@pytest.mark.parametrize("rows", [300, 512])
+def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows):
+    """The engine's widest graph steps: 255 distinct adapters decoding, one prompt chunk of another
+    adapter, base-model rows and padding (rows past seg[S]), through the decode kernels with the
+    engine's row_slot, as shrink then expand stage calls; checked against the float64 reference."""
+    from loraplex.kernels.cuda._launch import is_decode
+
+    assert is_decode(rows, 0)
+    gen = torch.Generator().manual_seed(rows)
+    prompt = rows - 255 - 8
+    lengths = [1] * 255 + [prompt, 5]  # the last segment: base-model rows (rank 0); 3 rows of padding
+    ranks = [[16] * 255 + [8, 0]] * 3
+    batch = make_batch(gen, rows=rows, h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
+                       table=seg_from_lengths(lengths), layers=1, rank_cap=16)
+    y0 = batch.y.clone()
+    ref = reference64(batch, False)
+    row_slot = _row_slot(batch.table, rows)
+    for stage in ("shrink", "expand"):
+        kcuda.add_lora_slices(*batch.args(), stage=stage, row_slot=row_slot)
+    torch.cuda.synchronize()
+    assert_close_rows(batch.y, ref, y0)
+
+
 def test_entry_point_dispatches_cuda_tensors():
     gen = torch.Generator().manual_seed(5)
     batch = make_batch(gen, rows=9, h_in=300, widths=(100,), ranks=[[4, 9]], table=seg_from_lengths([4, 5]))

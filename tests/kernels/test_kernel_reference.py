@@ -139,6 +139,23 @@ def test_launch_plan_covers_every_work_item():
             assert plan.ksplit * math.ceil(rows / PREFILL_BM) * len(problem.widths) <= wave
 
 
+def test_every_call_of_a_graph_step_takes_the_decode_kernels():
+    """A step replayed from a CUDA graph (up to the engine's MAX_GRAPH_ROWS rows: a full batch of
+    decodes plus short prompt chunks, one segment a sequence) takes the decode kernels: the prefill
+    kernels' 128-row tiles would take a tile for each one-row segment, split for the few tiles its
+    rows alone imply. Longer (eager) calls take the prefill kernels; BGMV is always decode."""
+    from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS
+    from loraplex.kernels.checks import Problem
+    from loraplex.kernels.cuda import _launch
+
+    for rows in (1, 256, 257, 300, MAX_GRAPH_ROWS):
+        assert _launch.is_decode(rows, _launch.MODE_SGMV)
+        plan = _launch.make_plan(Problem(rows, 4096, (4096, 1024, 1024), 256, 16), _launch.MODE_SGMV, 256, 132)
+        assert plan.decode and plan.bm == (1 if rows <= _launch.ONE_ROW_ITEMS_ROWS else _launch.DEC_ROWS)
+    assert not _launch.is_decode(MAX_GRAPH_ROWS + 1, _launch.MODE_SGMV)
+    assert _launch.is_decode(4096, _launch.MODE_BGMV)
+
+
 @pytest.mark.parametrize("rows", [1, 64, 65, 128, 256])
 def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
     """Which items each decode kernel walks, by the call's rows: up to ONE_ROW_ITEMS_ROWS one row
@@ -206,13 +223,13 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
     from loraplex.kernels.cuda._launch import MAX_CLUSTER, PREFILL_BM, PREFILL_MAX_BLOCKS_PER_SM, plan_call
 
     rt = SimpleNamespace(sms=132, resident_blocks=lambda *a: 16 * 132)
-    for rows in (300, 1024, 4096, 9000):
+    for rows in (600, 1024, 4096, 9000):
         plan = plan_call(rt, Problem(rows, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16)
         items = math.ceil(rows / PREFILL_BM)
         assert not plan.decode and plan.bm == PREFILL_BM
         assert plan.ksplit * items <= PREFILL_MAX_BLOCKS_PER_SM * 132 and plan.ksplit <= MAX_CLUSTER
         assert (plan.ksplit + 1) * items > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == MAX_CLUSTER
-    assert plan_call(rt, Problem(300, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16).ksplit == MAX_CLUSTER
+    assert plan_call(rt, Problem(600, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16).ksplit == MAX_CLUSTER
     from loraplex.kernels.cuda._launch import MODE_SGMV, Plan
 
     with pytest.raises(ValueError, match="invalid launch plan"):  # more splits than one cluster holds
