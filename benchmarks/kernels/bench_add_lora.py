@@ -35,6 +35,9 @@ def workload_rows(name: str, batch: int, gen: torch.Generator) -> list[int]:
         return list(range(batch))
     if name == "identical":
         return [0] * batch
+    if name.startswith("mixed"):  # mixed<D>: D one-row decodes (distinct adapters), then a prompt chunk
+        decodes = int(name[len("mixed"):])
+        return list(range(decodes)) + [decodes] * (batch - decodes)
     if name.startswith("prefill"):  # prefill<L>: segments of L rows, one adapter each
         seglen = int(name[len("prefill"):])
         return [i // seglen for i in range(batch)]
@@ -96,14 +99,14 @@ def build(h_in, h_out, rank, rows_adapter, nsets, gen):
 def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
     if name == "sgmv":
         return lambda: kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
-    if name == "sgmv_dec":  # SGMV forced onto the decode path (split-K + CUDA-core expand)
+    if name == "sgmv_dec":  # SGMV forced onto the decode path (split-K + CUDA-core expand), with row_slot as the engine's
         def sgmv_dec():
             from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
             old = _launch.SMALL_BATCH_ROWS
             _launch.SMALL_BATCH_ROWS = 1 << 30
             try:
-                kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
+                kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg, row_slot=s.row_slot)
             finally:
                 _launch.SMALL_BATCH_ROWS = old
         return sgmv_dec
@@ -235,7 +238,8 @@ def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = 
     batches = batches or ([1, 4, 16, 64, 256] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
     allm = ("sgmv", "bgmv", "loop", "gather")
     for b in batches:
-        for w in WORKLOADS:
+        # past 256 rows, also a full batch of 256 decodes beside a prompt chunk: the engine's steps there
+        for w in WORKLOADS + (("mixed256",) if b > 256 else ()):
             # past the decode path's rows (steps that admit prompts beside a full batch of 256):
             # SGMV takes the prefill kernels; set against the same call on the decode kernels
             yield 4096, 4096, 16, b, w, allm if b <= _launch.SMALL_BATCH_ROWS else ("sgmv", "sgmv_dec", "bgmv")
