@@ -93,8 +93,11 @@ def check_args(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands) -> Problem:
 
 
 def check_seg(seg: torch.Tensor, problem: Problem, dev: torch.device) -> None:
-    """seg: int32 [S+1] contiguous, S = the tables' column count."""
-    _check_table("seg", seg, torch.int32, (problem.nslots + 1,), dev)
+    """seg: int32 [S+1] contiguous, S at most the tables' column count (segment i uses column i;
+    columns past S are not read)."""
+    if seg.dim() != 1 or not 1 <= seg.shape[0] <= problem.nslots + 1:
+        _fail("seg", f"shape {tuple(seg.shape)}, expected [S+1] with S <= {problem.nslots} (the tables' columns)")
+    _check_table("seg", seg, torch.int32, tuple(seg.shape), dev)
 
 
 def check_row_slot(row_slot: torch.Tensor, problem: Problem, dev: torch.device) -> None:

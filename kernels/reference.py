@@ -9,9 +9,11 @@ layer's matrix, which follows from the slot's rank):
     B_i(layer) = pool[b_off[i] + layer*r_i*h_out : + r_i*h_out].view(r_i, h_out)
 
 A batch of T rows is split into segments by ``seg`` (int32 [S+1], non-decreasing,
-seg[0] = 0, seg[S] <= T); segment i uses slot i. Rank 0 means "no LoRA on this
-projection for this slot" and the segment is skipped. Empty segments are allowed, so
-the tables can have a fixed capacity (what lets a CUDA graph stay valid).
+seg[0] = 0, seg[S] <= T); segment i uses slot i, and S is at most the slot tables' columns
+(those past S are not read). Rank 0 means "no LoRA on this projection for this slot" and the
+segment is skipped. Empty segments are allowed, so the tables can have a fixed capacity (what
+lets a CUDA graph stay valid); a seg of the step's own S + 1 bounds sizes the CUDA kernels'
+grids by the step's segments where nothing is captured.
 
     shrink:  v[seg[i]:seg[i+1], :r_i]  = x[seg[i]:seg[i+1]] @ A_i
     expand:  y[seg[i]:seg[i+1]]       += scale_i * (v[seg[i]:seg[i+1], :r_i] @ B_i)

@@ -306,8 +306,8 @@ def main() -> None:
                          "twice, on then off (same engine, for an A/B in one run)")
     ap.add_argument("--lora-decode-rows", type=int, default=None,
                     help="LoRA calls of up to this many rows take the decode kernels (default: the kernels' "
-                         "SMALL_BATCH_ROWS, 256); past it the prefill kernels, one 128-row tile a segment. Steps "
-                         "that admit prompts beside a full batch of 256 reach graphs of up to 512 rows")
+                         "SMALL_BATCH_ROWS, 512, the largest graph); past it the prefill kernels, one 128-row tile "
+                         "a segment. Steps that admit prompts beside a full batch of 256 reach graphs of 257-512 rows")
     ap.add_argument("--admission-headroom", default=None,
                     help="admission headroom tokens (the engine's default when not given); a comma-separated "
                          "list runs each workload once per value, on the same engine (scheduler.py)")

@@ -33,7 +33,7 @@ class LoraBatch:
     """One step's LoRA view: layers call ``apply`` around each base projection (or ``add`` after it)."""
 
     pool: torch.Tensor
-    seg: torch.Tensor  # int32 [S_cap+1]
+    seg: torch.Tensor  # int32 [S+1]: the step's own segments (eager), or S_cap (what a graph captures)
     row_slot: torch.Tensor  # int32 [T_cap]
     a_off: torch.Tensor  # int64 [P, S_cap], P = the family's LoRA targets
     b_off: torch.Tensor  # int64 [P, S_cap]
@@ -144,9 +144,11 @@ class LoraBatchBuilder:
         self._dev_bytes.copy_(self._host_bytes, non_blocking=self.pool.is_cuda)
         if self._copied is not None:
             self._copied.record()
+        # the step's own segments: the kernels size their grids (and prefill split) by them
         return LoraBatch(
-            pool=self.pool, seg=self.seg, row_slot=self.row_slot, a_off=self.a_off, b_off=self.b_off,
-            ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)), rows=self.rows,
+            pool=self.pool, seg=self.seg[: len(segments) + 1], row_slot=self.row_slot, a_off=self.a_off,
+            b_off=self.b_off, ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)),
+            rows=self.rows,
             widths=self.widths, active=active, cache=self.cache,
         )
 

@@ -28,10 +28,11 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
     y: [T, sum(out_widths)] bf16/fp16, rows contiguous (row stride free); x: [T, h_in],
     same dtype, last dim contiguous (row stride free); ``ops`` as ``loraplex.kernels.operands`` says
     (ranks at most min(R, 128)); seg: int32 [S+1] (non-decreasing, trailing empty segments
-    allowed). The workspace is scratch: the prefill path stores x @ A rounded to x's dtype
-    there; the decode path, T <= 512, keeps it in the runtime's own fp32 scratch and rounds it
-    the same way; contents after the call are unspecified. One call at a time per device: the
-    runtime's scratch is shared.
+    allowed; S at most the tables' columns, and the grids are sized by it). The workspace is
+    scratch: the prefill path stores x @ A rounded to x's dtype there; the decode path,
+    T <= 512, keeps it in the runtime's own fp32 scratch and rounds it the same way; contents
+    after the call are unspecified. One call at a time per device: the runtime's scratch is
+    shared.
     stage: "both", or "shrink" then "expand" as two calls with the same arguments, so a
     caller can run the shrink (which reads x only) beside other work, e.g. on a side stream
     next to the base projection that produces y; nothing else may use the kernels between
@@ -48,10 +49,10 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
     check_seg(seg, problem, x.device)
     if row_slot is not None:
         check_row_slot(row_slot, problem, x.device)
-    if problem.rows == 0:
+    if problem.rows == 0 or seg.shape[0] == 1:  # no rows, or no segments
         return
     rt = default_cache().get(x.device)
-    plan = plan_call(rt, problem, 0, problem.nslots, x.dtype)
+    plan = plan_call(rt, problem, 0, seg.shape[0] - 1, x.dtype)
     call = Call(y, x, ops, seg, row_slot)
     launch(rt, plan, problem, call, None if stage == "both" else stage)
 

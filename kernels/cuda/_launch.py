@@ -121,6 +121,14 @@ def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
     return rows if mode == MODE_BGMV or bm == 1 else ntable + _ceil(rows, bm)
 
 
+def _prefill_tiles(rows: int, ntable: int, bm: int) -> int:
+    """Most row tiles S segments of `rows` rows can need: each segment past the first may add a
+    partly filled one. A table of one-row segments beside a prompt (a full batch admitting one)
+    has a tile each: the split-K must not multiply those by what the rows alone would leave room
+    for. A captured graph's table has its capacity: it is sized for the worst case."""
+    return _ceil(rows, bm) + max(0, min(ntable, rows) - 1)
+
+
 def is_decode(rows: int, mode: int) -> bool:
     """Whether a call takes the decode path (CUDA-core kernels over DEC_ROWS-row items)."""
     return mode == 1 or rows <= SMALL_BATCH_ROWS
@@ -138,7 +146,7 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
     decode = is_decode(rows, mode)
     bm = (1 if mode == MODE_BGMV or rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS) if decode else PREFILL_BM
     items = _item_bound(mode, rows, ntable, bm)
-    expected = (rows if bm == 1 else min(ntable, rows)) if decode else _ceil(rows, bm)
+    expected = (rows if bm == 1 else min(ntable, rows)) if decode else _prefill_tiles(rows, ntable, bm)
     if decode:  # about two blocks a multiprocessor, and each thread's loads of A in flight together
         ksplit = max(_ceil(TARGET_BLOCKS, max(1, expected) * nslices), _ceil(h_in, DEC_KC))
     else:

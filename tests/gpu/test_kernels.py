@@ -205,6 +205,29 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
     assert_close_rows(batch.y, ref, y0)
 
 
+@pytest.mark.parametrize("rows", [300, 1024])
+def test_a_seg_of_the_steps_own_segments_short_of_the_tables_capacity(rows):
+    """An eager step's seg stops at its last segment, short of the tables' columns (the engine's
+    capacity): 255 distinct decodes, a prompt chunk and base-model rows, on the decode kernels
+    (300 rows) and on the prefill kernels (1024: a tile a segment, no split-K), against the
+    float64 reference."""
+    from loraplex.kernels.cuda._launch import is_decode
+
+    assert is_decode(rows, 0) == (rows == 300)
+    gen = torch.Generator().manual_seed(7 + rows)
+    lengths = [1] * 255 + [rows - 255 - 8, 5]  # then 3 rows of padding
+    capacity = 320
+    ranks = [[16] * 255 + [8, 0] + [16] * (capacity - 257)] * 3
+    batch = make_batch(gen, rows=rows, h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
+                       table=seg_from_lengths(lengths), layers=1, rank_cap=16)
+    assert batch.table.shape[0] == 258 and batch.a_off.shape[1] == capacity
+    y0 = batch.y.clone()
+    ref = reference64(batch, False)
+    kcuda.add_lora_slices(*batch.args(), row_slot=_row_slot(batch.table, rows))
+    torch.cuda.synchronize()
+    assert_close_rows(batch.y, ref, y0)
+
+
 def test_entry_point_dispatches_cuda_tensors():
     gen = torch.Generator().manual_seed(5)
     batch = make_batch(gen, rows=9, h_in=300, widths=(100,), ranks=[[4, 9]], table=seg_from_lengths([4, 5]))

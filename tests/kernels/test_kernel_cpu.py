@@ -28,6 +28,28 @@ def test_cpu_backend_is_bitwise_the_reference(seed: int, dtype: torch.dtype) -> 
         assert not torch.equal(got, y) or int(seg[-1]) == 0, "the case must add something"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the CPU backend, the reference
+def test_a_seg_of_the_steps_own_segments_adds_what_the_capacity_seg_adds(dtype: torch.dtype) -> None:
+    """seg may stop at the call's last segment short of the tables' capacity (what the engine's
+    eager steps pass); the result is the capacity seg's. A seg past the capacity is refused."""
+    for seed in range(4):
+        x, y, pool, a_off, b_off, ranks, scales, seg, widths = _case(seed)
+        x, y, pool = x.to(dtype), y.to(dtype), pool.to(dtype)
+        ops = LoraOperands(pool, a_off, b_off, ranks, scales, 1, widths,
+                           torch.zeros(len(widths), x.shape[0] + 1, 128, dtype=dtype))
+        own = seg[: a_off.shape[1] - 1]  # _case's tables have two columns of empty capacity
+        assert int(own[-1]) == int(seg[-1])
+        full, short = y.clone(), y.clone()
+        kernels.add_lora_slices(full, x, ops, seg)
+        kernels.add_lora_slices(short, x, ops, own)
+        assert torch.equal(short, full) and not torch.equal(full, y)
+        kernels.add_lora_slices(short, x, ops, seg[:1])  # no segments: nothing to add
+        assert torch.equal(short, full)
+        longer = torch.cat([seg, seg[-1:]])
+        with pytest.raises(ValueError, match=r"seg: shape .* S <= 8"):
+            kernels.add_lora_slices(short, x, ops, longer)
+
+
 def test_entry_point_takes_the_cpu_backend_for_float32_and_the_reference_for_bfloat16(monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(cpu, "add_lora_slices", lambda *a: calls.append("cpu"))
@@ -216,9 +238,10 @@ def test_a_lora_side_stream_is_refused_for_a_cpu_pool() -> None:
         builder.static_batch(side_stream=object())
 
 
-def test_an_eager_steps_workspace_rank_is_its_largest_adapter_rank() -> None:
+def test_an_eager_steps_workspace_rank_and_seg_follow_its_adapters() -> None:
     """An eager step's workspace R (which picks the kernels' prefill variant) follows the
-    step's adapters, rounded up to 16, not the engine's rank cap; it is the same memory."""
+    step's adapters, rounded up to 16, not the engine's rank cap; it is the same memory. Its seg
+    holds its own segments (the kernels size their grids by them); graphs keep the capacity."""
     from loraplex.inference_server.lora.batch import LoraBatchBuilder  # noqa: PLC0415
     from loraplex.inference_server.lora.resident import AdapterLayout, AdapterPlacement  # noqa: PLC0415
     from loraplex.inference_server.model.config import ModelConfig  # noqa: PLC0415
@@ -234,7 +257,9 @@ def test_an_eager_steps_workspace_rank_is_its_largest_adapter_rank() -> None:
         batch = builder.build([(2, adapter(r)) for r in ranks])
         assert batch.workspace.shape == (3, 8, want)
         assert batch.workspace.is_contiguous() and batch.workspace.data_ptr() == builder.workspace.data_ptr()
+        assert batch.seg.tolist() == [2 * i for i in range(len(ranks) + 1)]
     assert builder.static_batch().workspace.shape == (3, 8, 128)  # graphs: the cap
+    assert builder.static_batch().seg.tolist() == [0, 2, 4, 4, 4]  # the last step's, to the capacity
 
 
 def test_step_cache_only_for_the_cpu_backend() -> None:

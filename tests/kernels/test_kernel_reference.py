@@ -135,8 +135,9 @@ def test_launch_plan_covers_every_work_item():
             assert plan.bm == PREFILL_BM and plan.ksplit <= MAX_CLUSTER
         assert sum(math.ceil(int(n) / plan.bm) for n in lengths) <= plan.items
         assert 1 <= plan.ksplit <= MAX_KSPLIT
-        if not plan.decode and plan.ksplit > 1:  # the prefill shrink's grid fits one wave of the device
-            assert plan.ksplit * math.ceil(rows / PREFILL_BM) * len(problem.widths) <= wave
+        if not plan.decode and plan.ksplit > 1:  # the prefill shrink's real blocks fit one wave of the device
+            tiles = sum(math.ceil(int(n) / PREFILL_BM) for n in lengths)
+            assert plan.ksplit * tiles * len(problem.widths) <= wave
 
 
 def test_every_call_of_a_graph_step_takes_the_decode_kernels():
@@ -154,6 +155,21 @@ def test_every_call_of_a_graph_step_takes_the_decode_kernels():
         assert plan.decode and plan.bm == (1 if rows <= _launch.ONE_ROW_ITEMS_ROWS else _launch.DEC_ROWS)
     assert not _launch.is_decode(MAX_GRAPH_ROWS + 1, _launch.MODE_SGMV)
     assert _launch.is_decode(4096, _launch.MODE_BGMV)
+
+
+def test_prefill_split_k_counts_a_tile_for_each_segment():
+    """An eager step past the graphs' rows that holds a full batch of one-row decodes beside a
+    prompt chunk: a 128-row tile for each segment, so no split-K (one wave of 132 blocks holds
+    fewer than the tiles of three slices). The same rows as one prompt split as before."""
+    from loraplex.kernels.checks import Problem
+    from loraplex.kernels.cuda._launch import MAX_CLUSTER, MODE_SGMV, make_plan
+
+    qkv = (4096, 1024, 1024)
+    mixed = make_plan(Problem(1024, 4096, qkv, 256, 16), MODE_SGMV, 257, 132)  # 256 decodes + 768 prompt rows
+    assert not mixed.decode and mixed.ksplit == 1 and mixed.items == 257 + 8
+    one = make_plan(Problem(1024, 4096, qkv, 256, 16), MODE_SGMV, 1, 132)
+    assert one.ksplit == 132 // (8 * 3) and one.items == 1 + 8
+    assert make_plan(Problem(4096, 4096, (4096,), 256, 16), MODE_SGMV, 1, 132).ksplit == min(132 // 32, MAX_CLUSTER)
 
 
 @pytest.mark.parametrize("rows", [1, 64, 65, 128, 256])
