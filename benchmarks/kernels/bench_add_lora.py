@@ -99,17 +99,8 @@ def build(h_in, h_out, rank, rows_adapter, nsets, gen):
 def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
     if name == "sgmv":
         return lambda: kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
-    if name == "sgmv_dec":  # SGMV forced onto the decode path (split-K + CUDA-core expand), with row_slot as the engine's
-        def sgmv_dec():
-            from loraplex.kernels.cuda import _launch  # noqa: PLC0415
-
-            old = _launch.SMALL_BATCH_ROWS
-            _launch.SMALL_BATCH_ROWS = 1 << 30
-            try:
-                kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg, row_slot=s.row_slot)
-            finally:
-                _launch.SMALL_BATCH_ROWS = old
-        return sgmv_dec
+    if name in ("sgmv_dec", "sgmv_pre"):  # SGMV forced onto the decode or the prefill kernels, row_slot as the engine's
+        return lambda: _forced_path(name == "sgmv_dec", y, x, s.ops(pool, h_out, ws), s.seg, s.row_slot)
     if name == "bgmv":
         return lambda: kcuda.add_lora_slices_bgmv(y, x, s.ops(pool, h_out, ws), s.row_slot)
     if name == "loop":
@@ -123,6 +114,19 @@ def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
             y.add_(torch.bmm(v, s.b_stack[s.row_adapter]).squeeze(1), alpha=0.5)
         return gather
     raise ValueError(name)
+
+
+def _forced_path(decode: bool, y, x, ops, seg, row_slot) -> None:
+    """add_lora_slices on the decode kernels (split-K + CUDA-core expand) or the prefill kernels
+    (128-row tensor-core tiles), whatever the launcher's path choice would take."""
+    from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+
+    old = _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_MEAN_SEGMENT_ROWS
+    _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_MEAN_SEGMENT_ROWS = (1 << 30, 0) if decode else (0, 0)
+    try:
+        kcuda.add_lora_slices(y, x, ops, seg, row_slot=row_slot)
+    finally:
+        _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_MEAN_SEGMENT_ROWS = old
 
 
 def time_graph(fns, calls: int, replays: int = 15) -> float:
@@ -232,17 +236,23 @@ def breakdown(gen) -> None:
         print(f"# breakdown {h_in}x{h_out} r{r} B{b} {w}: {' '.join(line)} plan={plan}", flush=True)
 
 
-def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = False):
+def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = False, path_sweep: bool = False):
     from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
+    if path_sweep:  # where the prefill kernels overtake the decode ones: segments of L rows, 2048 in all
+        for h_in, h_out in ((4096, 4096), (11008, 4096)):
+            for r in (16, 64):
+                for seglen in (4, 8, 16, 24, 32, 64):
+                    yield h_in, h_out, r, 2048, f"prefill{seglen}", ("sgmv", "sgmv_pre", "sgmv_dec")
+        return
     batches = batches or ([1, 4, 16, 64, 256] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
     allm = ("sgmv", "bgmv", "loop", "gather")
     for b in batches:
         # past 256 rows, also a full batch of 256 decodes beside a prompt chunk: the engine's steps there
         for w in WORKLOADS + (("mixed256",) if b > 256 else ()):
-            # past the decode path's rows (steps that admit prompts beside a full batch of 256):
-            # SGMV takes the prefill kernels; set against the same call on the decode kernels
-            yield 4096, 4096, 16, b, w, allm if b <= _launch.SMALL_BATCH_ROWS else ("sgmv", "sgmv_dec", "bgmv")
+            # past the graphs' rows (eager steps): SGMV takes the prefill or the decode kernels by its
+            # segments' mean length; set against the same call on each
+            yield 4096, 4096, 16, b, w, allm if b <= _launch.SMALL_BATCH_ROWS else ("sgmv", "sgmv_pre", "sgmv_dec", "bgmv")
     if workloads_only:
         return
     for r in (8, 32, 64):
@@ -270,6 +280,8 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=None,
                     help="comma-separated batch sizes of the rank-16 four-workload grid")
     ap.add_argument("--workloads-only", action="store_true", help="only the rank-16 four-workload grid")
+    ap.add_argument("--path-sweep", action="store_true",
+                    help="only SGMV on both paths over segments of 4-64 rows (the launcher's DECODE_MAX_MEAN_SEGMENT_ROWS)")
     ap.add_argument("--one-row-items", type=int, default=None,
                     help="decode SGMV calls of up to this many rows take one-row items (default: the launcher's)")
     ap.add_argument("--lora-decode-rows", type=int, default=None,
@@ -289,12 +301,12 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     bw = measure_copy_bandwidth()
     print(f"# {torch.cuda.get_device_name()} copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    if not args.workloads_only:
+    if not (args.workloads_only or args.path_sweep):
         breakdown(gen)
     if args.breakdown_only:
         return
     results = []
-    for h_in, h_out, r, b, w, methods in cases(args.quick, args.batches, args.workloads_only):
+    for h_in, h_out, r, b, w, methods in cases(args.quick, args.batches, args.workloads_only, args.path_sweep):
         if args.prefill_only and not w.startswith("prefill"):
             continue
         res = run_case(h_in, h_out, r, b, w, methods, gen, args.rank_cap)

@@ -23,9 +23,12 @@ THREADS = 128
 TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
 # Up to this many rows (and always for BGMV): the decode path. As many as the engine's largest CUDA
 # graph (MAX_GRAPH_ROWS): a graph step is a decode batch plus short prompt chunks, many one-row
-# segments, where the prefill kernels' 128-row tiles take a tile a segment and split each 8 ways
-# for the few tiles the rows alone imply (256 distinct rows and a prompt: 260 items x 8 splits x 3 slices, ~24 waves).
+# segments, and the prefill kernels take a 128-row tile for each segment.
 SMALL_BATCH_ROWS = 512
+# Longer SGMV calls (eager steps, whose seg has their own segments) take the decode kernels as well
+# while their segments average fewer rows than this: the prefill kernels cost about a tile a segment,
+# the decode kernels about their rows. See docs/KERNELS.md, "Path choice".
+DECODE_MAX_MEAN_SEGMENT_ROWS = 16
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = SHRINK_BM  # prefill: rows per work item (the tensor-core kernels' row tile)
@@ -129,9 +132,11 @@ def _prefill_tiles(rows: int, ntable: int, bm: int) -> int:
     return _ceil(rows, bm) + max(0, min(ntable, rows) - 1)
 
 
-def is_decode(rows: int, mode: int) -> bool:
-    """Whether a call takes the decode path (CUDA-core kernels over DEC_ROWS-row items)."""
-    return mode == 1 or rows <= SMALL_BATCH_ROWS
+def is_decode(rows: int, mode: int, ntable: int) -> bool:
+    """Whether a call takes the decode path (CUDA-core kernels over DEC_ROWS-row items): BGMV
+    calls, calls of up to SMALL_BATCH_ROWS rows, and SGMV calls whose ntable segments average
+    fewer than DECODE_MAX_MEAN_SEGMENT_ROWS rows."""
+    return mode == MODE_BGMV or rows <= SMALL_BATCH_ROWS or rows < DECODE_MAX_MEAN_SEGMENT_ROWS * ntable
 
 
 def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Plan:
@@ -143,7 +148,7 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
     wave (docs/KERNELS.md, "Prefill split").
     """
     rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
-    decode = is_decode(rows, mode)
+    decode = is_decode(rows, mode, ntable)
     bm = (1 if mode == MODE_BGMV or rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS) if decode else PREFILL_BM
     items = _item_bound(mode, rows, ntable, bm)
     expected = (rows if bm == 1 else min(ntable, rows)) if decode else _prefill_tiles(rows, ntable, bm)
@@ -160,7 +165,7 @@ def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype
     """make_plan with the device's prefill wave (a driver query, cached per kernel variant), at most
     PREFILL_MAX_BLOCKS_PER_SM blocks a multiprocessor."""
     wave = 0
-    if not is_decode(problem.rows, mode):
+    if not is_decode(problem.rows, mode, ntable):
         kind, variant = shrink_kernel(True, problem.rank_cap)
         tiles = prefill_shrink_tiles(problem.rank_cap)
         wave = min(rt.resident_blocks(kind, dtype, variant, 32 * tiles.warps, tiles.smem_bytes, PREFILL_CARVEOUT),

@@ -189,7 +189,7 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
     engine's row_slot, as shrink then expand stage calls; checked against the float64 reference."""
     from loraplex.kernels.cuda._launch import is_decode
 
-    assert is_decode(rows, 0)
+    assert is_decode(rows, 0, 257)
     gen = torch.Generator().manual_seed(rows)
     prompt = rows - 255 - 8
     lengths = [1] * 255 + [prompt, 5]  # the last segment: base-model rows (rank 0); 3 rows of padding
@@ -205,22 +205,23 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
     assert_close_rows(batch.y, ref, y0)
 
 
-@pytest.mark.parametrize("rows", [300, 1024])
-def test_a_seg_of_the_steps_own_segments_short_of_the_tables_capacity(rows):
+@pytest.mark.parametrize("rows,decodes,decode_path", [(300, 255, True), (1024, 255, True), (1024, 40, False)])
+def test_a_seg_of_the_steps_own_segments_short_of_the_tables_capacity(rows, decodes, decode_path):
     """An eager step's seg stops at its last segment, short of the tables' columns (the engine's
-    capacity): 255 distinct decodes, a prompt chunk and base-model rows, on the decode kernels
-    (300 rows) and on the prefill kernels (1024: a tile a segment, no split-K), against the
-    float64 reference."""
+    capacity): distinct decodes, a prompt chunk and base-model rows, on the decode kernels (up to
+    512 rows, or segments of a few rows on average) and on the prefill kernels (a tile a segment,
+    split by their count), against the float64 reference."""
     from loraplex.kernels.cuda._launch import is_decode
 
-    assert is_decode(rows, 0) == (rows == 300)
-    gen = torch.Generator().manual_seed(7 + rows)
-    lengths = [1] * 255 + [rows - 255 - 8, 5]  # then 3 rows of padding
+    nseg = decodes + 2
+    assert is_decode(rows, 0, nseg) == decode_path
+    gen = torch.Generator().manual_seed(7 + rows + decodes)
+    lengths = [1] * decodes + [rows - decodes - 8, 5]  # then 3 rows of padding
     capacity = 320
-    ranks = [[16] * 255 + [8, 0] + [16] * (capacity - 257)] * 3
+    ranks = [[16] * decodes + [8, 0] + [16] * (capacity - nseg)] * 3
     batch = make_batch(gen, rows=rows, h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
                        table=seg_from_lengths(lengths), layers=1, rank_cap=16)
-    assert batch.table.shape[0] == 258 and batch.a_off.shape[1] == capacity
+    assert batch.table.shape[0] == nseg + 1 and batch.a_off.shape[1] == capacity
     y0 = batch.y.clone()
     ref = reference64(batch, False)
     kcuda.add_lora_slices(*batch.args(), row_slot=_row_slot(batch.table, rows))
