@@ -11,8 +11,8 @@ Step times are not modelled. Two kinds of step are counted:
   than the largest captured graph, a prefill chunk past ``step_plan.graph_span`` such as a recomputed
   context or a long prompt, or nothing to sample), with the decode tokens made in them: once those
   are over 1% of all tokens, the per-token p99 is such a step's time;
-- steps of more rows than the LoRA decode kernels take (``SMALL_BATCH_ROWS``: prompts admitted
-  beside a full batch), whose LoRA calls take the prefill kernels, one 128-row tile a segment.
+- steps whose LoRA calls take the prefill kernels, one 128-row tile a segment (the launcher's
+  ``is_decode``, for Distinct: a segment a sequence in eager steps, the tables' capacity in graphs).
 
     python -m benchmarks.engine.replay_scheduler --max-batch 128 --num-requests 384 --max-len 2048 \\
         --num-kv-blocks 4700 --headroom 0,16,64
@@ -30,7 +30,7 @@ from loraplex.inference_server.engine.request import GenerationRequest, Stopping
 from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
 from loraplex.inference_server.engine.sequence import Sequence
 from loraplex.inference_server.engine.step_plan import SpanPlan
-from loraplex.kernels.cuda._launch import SMALL_BATCH_ROWS
+from loraplex.kernels.cuda._launch import MODE_SGMV, is_decode
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Replay:
     recomputed_tokens: int  # context thrown away by preemptions (computed again later)
     eager_steps: int  # steps no CUDA graph holds
     waited: float  # the share of decode tokens made in an eager step
-    wide_steps: int  # steps of more rows than the LoRA decode kernels take
+    prefill_kernel_steps: int  # steps whose LoRA calls take the prefill kernels (Distinct)
 
 
 def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_blocks: int, block_size: int,
@@ -56,7 +56,7 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
         scheduler.add(seq)
     # the engine's graphs (bench_textgen: max_model_len = the token budget); block tables as wide as contexts
     shape = GraphShape(default_sizes(max_batch, budget), -(-budget // block_size), block_size, 0)
-    steps = recomputed = eager_steps = wide_steps = decoded = waited = 0
+    steps = recomputed = eager_steps = prefill_kernel_steps = decoded = waited = 0
     while scheduler.has_work():
         batch = scheduler.schedule()
         steps += 1
@@ -66,7 +66,8 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
         samples = any(s.num_computed + n >= len(s.token_ids) for s, n in zip(batch.seqs, batch.num_tokens))
         eager = graph_size(shape, sum(batch.num_tokens), spans, samples) is None
         eager_steps += eager
-        wide_steps += sum(batch.num_tokens) > SMALL_BATCH_ROWS
+        segments = len(batch.seqs) if eager else max_batch  # Distinct's; a graph's seg has the capacity
+        prefill_kernel_steps += not is_decode(sum(batch.num_tokens), MODE_SGMV, segments)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):
@@ -77,7 +78,8 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
                 waited += eager
             if seq.num_output >= seq.request.stopping.max_new_tokens:
                 scheduler.remove(seq)
-    return Replay(steps, scheduler.num_preemptions, recomputed, eager_steps, waited / max(decoded, 1), wide_steps)
+    return Replay(steps, scheduler.num_preemptions, recomputed, eager_steps, waited / max(decoded, 1),
+                  prefill_kernel_steps)
 
 
 def main() -> None:
@@ -92,12 +94,12 @@ def main() -> None:
     args = ap.parse_args()
     lengths = request_set(args.num_requests, args.max_len, args.seed)
     print("| headroom (tokens) | steps | preemptions | recomputed tokens | eager steps (no graph holds them) "
-          f"| decode tokens made in them | steps over {SMALL_BATCH_ROWS} rows (LoRA prefill kernels) |")
+          "| decode tokens made in them | steps on the LoRA prefill kernels (Distinct) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for headroom in (int(h) for h in args.headroom.split(",")):
         r = replay(lengths, args.max_batch, args.max_len, args.num_kv_blocks, args.block_size, headroom)
         print(f"| {headroom} | {r.steps} | {r.preemptions} | {r.recomputed_tokens} | {r.eager_steps} | "
-              f"{r.waited:.2%} | {r.wide_steps} |")
+              f"{r.waited:.2%} | {r.prefill_kernel_steps} |")
 
 
 if __name__ == "__main__":
