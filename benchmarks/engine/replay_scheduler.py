@@ -67,7 +67,7 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
         eager = graph_size(shape, sum(batch.num_tokens), spans, samples) is None
         eager_steps += eager
         segments = len(batch.seqs) if eager else max_batch  # Distinct's; a graph's seg has the capacity
-        prefill_kernel_steps += not is_decode(sum(batch.num_tokens), MODE_SGMV, segments)
+        prefill_kernel_steps += not is_decode(sum(batch.num_tokens), MODE_SGMV, segments, 16)  # bench_textgen's rank
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):

@@ -121,12 +121,12 @@ def _forced_path(decode: bool, y, x, ops, seg, row_slot) -> None:
     (128-row tensor-core tiles), whatever the launcher's path choice would take."""
     from loraplex.kernels.cuda import _launch  # noqa: PLC0415
 
-    old = _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_MEAN_SEGMENT_ROWS
-    _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_MEAN_SEGMENT_ROWS = (1 << 30, 0) if decode else (0, 0)
+    old = _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_SEGMENT_ROW_RANKS
+    _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_SEGMENT_ROW_RANKS = (1 << 30, 0) if decode else (0, 0)
     try:
         kcuda.add_lora_slices(y, x, ops, seg, row_slot=row_slot)
     finally:
-        _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_MEAN_SEGMENT_ROWS = old
+        _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_SEGMENT_ROW_RANKS = old
 
 
 def time_graph(fns, calls: int, replays: int = 15) -> float:
@@ -281,7 +281,7 @@ def main() -> None:
                     help="comma-separated batch sizes of the rank-16 four-workload grid")
     ap.add_argument("--workloads-only", action="store_true", help="only the rank-16 four-workload grid")
     ap.add_argument("--path-sweep", action="store_true",
-                    help="only SGMV on both paths over segments of 4-64 rows (the launcher's DECODE_MAX_MEAN_SEGMENT_ROWS)")
+                    help="only SGMV on both paths over segments of 4-64 rows (the launcher's DECODE_MAX_SEGMENT_ROW_RANKS)")
     ap.add_argument("--one-row-items", type=int, default=None,
                     help="decode SGMV calls of up to this many rows take one-row items (default: the launcher's)")
     ap.add_argument("--lora-decode-rows", type=int, default=None,

@@ -122,7 +122,7 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
     rows = ["| case | shrink | grid (split-K x items) | expand | grid (tiles x items) |", "| --- | --- | --- | --- | --- |"]
     for name, rows_, segments, rank, mode in CASES:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
-        prefill = not _launch.is_decode(rows_, mode, segments if mode == 0 else rows_)
+        prefill = not _launch.is_decode(rows_, mode, segments if mode == 0 else rows_, rank)
         pdl = not prefill and rank <= _launch.SHRINK_DEC_RC  # sm_90: the expand follows early (expand_follows_early)
         kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
         shrink = f"lora_{kind}_bf16_{variant}"

@@ -26,9 +26,10 @@ TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (1
 # segments, and the prefill kernels take a 128-row tile for each segment.
 SMALL_BATCH_ROWS = 512
 # Longer SGMV calls (eager steps, whose seg has their own segments) take the decode kernels as well
-# while their segments average fewer rows than this: the prefill kernels cost about a tile a segment,
-# the decode kernels about their rows. See docs/KERNELS.md, "Path choice".
-DECODE_MAX_MEAN_SEGMENT_ROWS = 16
+# while their segments' mean rows times the rank cap (at least 16) stay under this: 24 rows at rank
+# 16, 6 at rank 64. The prefill kernels cost about a tile a segment, the decode kernels about their
+# rows times the rank. See docs/KERNELS.md, "Path choice".
+DECODE_MAX_SEGMENT_ROW_RANKS = 384
 K_GRAIN = 64  # split-K chunks are multiples of this many input features
 MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
 PREFILL_BM = SHRINK_BM  # prefill: rows per work item (the tensor-core kernels' row tile)
@@ -132,11 +133,13 @@ def _prefill_tiles(rows: int, ntable: int, bm: int) -> int:
     return _ceil(rows, bm) + max(0, min(ntable, rows) - 1)
 
 
-def is_decode(rows: int, mode: int, ntable: int) -> bool:
+def is_decode(rows: int, mode: int, ntable: int, rank_cap: int) -> bool:
     """Whether a call takes the decode path (CUDA-core kernels over DEC_ROWS-row items): BGMV
-    calls, calls of up to SMALL_BATCH_ROWS rows, and SGMV calls whose ntable segments average
-    fewer than DECODE_MAX_MEAN_SEGMENT_ROWS rows."""
-    return mode == MODE_BGMV or rows <= SMALL_BATCH_ROWS or rows < DECODE_MAX_MEAN_SEGMENT_ROWS * ntable
+    calls, calls of up to SMALL_BATCH_ROWS rows, and SGMV calls whose ntable segments' mean rows
+    times the rank cap stay under DECODE_MAX_SEGMENT_ROW_RANKS."""
+    if mode == MODE_BGMV or rows <= SMALL_BATCH_ROWS:
+        return True
+    return rows * max(rank_cap, 16) < DECODE_MAX_SEGMENT_ROW_RANKS * ntable
 
 
 def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Plan:
@@ -148,7 +151,7 @@ def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Pl
     wave (docs/KERNELS.md, "Prefill split").
     """
     rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
-    decode = is_decode(rows, mode, ntable)
+    decode = is_decode(rows, mode, ntable, problem.rank_cap)
     bm = (1 if mode == MODE_BGMV or rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS) if decode else PREFILL_BM
     items = _item_bound(mode, rows, ntable, bm)
     expected = (rows if bm == 1 else min(ntable, rows)) if decode else _prefill_tiles(rows, ntable, bm)
@@ -165,7 +168,7 @@ def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype
     """make_plan with the device's prefill wave (a driver query, cached per kernel variant), at most
     PREFILL_MAX_BLOCKS_PER_SM blocks a multiprocessor."""
     wave = 0
-    if not is_decode(problem.rows, mode, ntable):
+    if not is_decode(problem.rows, mode, ntable, problem.rank_cap):
         kind, variant = shrink_kernel(True, problem.rank_cap)
         tiles = prefill_shrink_tiles(problem.rank_cap)
         wave = min(rt.resident_blocks(kind, dtype, variant, 32 * tiles.warps, tiles.smem_bytes, PREFILL_CARVEOUT),

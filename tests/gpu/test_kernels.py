@@ -189,7 +189,7 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
     engine's row_slot, as shrink then expand stage calls; checked against the float64 reference."""
     from loraplex.kernels.cuda._launch import is_decode
 
-    assert is_decode(rows, 0, 257)
+    assert is_decode(rows, 0, 257, 16)
     gen = torch.Generator().manual_seed(rows)
     prompt = rows - 255 - 8
     lengths = [1] * 255 + [prompt, 5]  # the last segment: base-model rows (rank 0); 3 rows of padding
@@ -209,12 +209,12 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
 def test_a_seg_of_the_steps_own_segments_short_of_the_tables_capacity(rows, decodes, decode_path):
     """An eager step's seg stops at its last segment, short of the tables' columns (the engine's
     capacity): distinct decodes, a prompt chunk and base-model rows, on the decode kernels (up to
-    512 rows, or segments of a few rows on average) and on the prefill kernels (a tile a segment,
-    split by their count), against the float64 reference."""
+    512 rows, or segments of a few rows on average at rank 16) and on the prefill kernels (a tile a
+    segment, split by their count), against the float64 reference."""
     from loraplex.kernels.cuda._launch import is_decode
 
     nseg = decodes + 2
-    assert is_decode(rows, 0, nseg) == decode_path
+    assert is_decode(rows, 0, nseg, 16) == decode_path
     gen = torch.Generator().manual_seed(7 + rows + decodes)
     lengths = [1] * decodes + [rows - decodes - 8, 5]  # then 3 rows of padding
     capacity = 320

@@ -145,34 +145,35 @@ def test_every_call_of_a_graph_step_takes_the_decode_kernels():
     decodes plus short prompt chunks, one segment a sequence) takes the decode kernels: the prefill
     kernels' 128-row tiles would take a tile for each one-row segment, split for the few tiles its
     rows alone imply. Longer (eager) calls take the prefill kernels unless their segments average
-    fewer than DECODE_MAX_MEAN_SEGMENT_ROWS rows (an eager step's seg has its own segments, a
-    graph's its capacity); BGMV is always decode."""
+    few rows for their rank (24 at rank 16, 6 at 64: the decode kernels' cost grows with the rank;
+    an eager step's seg has its own segments, a graph's its capacity); BGMV is always decode."""
     from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS
     from loraplex.kernels.checks import Problem
     from loraplex.kernels.cuda import _launch
 
     for rows in (1, 256, 257, 300, MAX_GRAPH_ROWS):
-        assert _launch.is_decode(rows, _launch.MODE_SGMV, 1)
+        assert _launch.is_decode(rows, _launch.MODE_SGMV, 1, 128)
         plan = _launch.make_plan(Problem(rows, 4096, (4096, 1024, 1024), 256, 16), _launch.MODE_SGMV, 256, 132)
         assert plan.decode and plan.bm == (1 if rows <= _launch.ONE_ROW_ITEMS_ROWS else _launch.DEC_ROWS)
-    mean = _launch.DECODE_MAX_MEAN_SEGMENT_ROWS
-    assert not _launch.is_decode(MAX_GRAPH_ROWS + 1, _launch.MODE_SGMV, 1)
-    assert _launch.is_decode(1024, _launch.MODE_SGMV, 257)  # 256 decodes beside a 768-row prompt chunk
-    assert _launch.is_decode(2048, _launch.MODE_SGMV, 2048 // mean + 1)
-    assert not _launch.is_decode(2048, _launch.MODE_SGMV, 2048 // mean)  # prompts of 16 rows on average
-    assert _launch.is_decode(4096, _launch.MODE_BGMV, 4096)
+    sgmv = _launch.MODE_SGMV
+    assert not _launch.is_decode(MAX_GRAPH_ROWS + 1, sgmv, 1, 16)
+    assert _launch.is_decode(1024, sgmv, 257, 16)  # 256 decodes beside a 768-row prompt chunk
+    assert _launch.is_decode(2048, sgmv, 2048 // 16, 16) and not _launch.is_decode(2048, sgmv, 2048 // 32, 16)
+    assert _launch.is_decode(2048, sgmv, 2048 // 4, 64) and not _launch.is_decode(2048, sgmv, 2048 // 8, 64)
+    assert _launch.is_decode(2048, sgmv, 2048 // 16, 8)  # ranks under 16 count as 16
+    assert _launch.is_decode(4096, _launch.MODE_BGMV, 4096, 128)
 
 
 def test_prefill_split_k_counts_a_tile_for_each_segment():
-    """An eager step on the prefill kernels: a 128-row tile for each segment, so 99 short prompts
+    """An eager step on the prefill kernels: a 128-row tile for each segment, so 79 short prompts
     beside a long one leave no room for a split-K in one wave of 132 blocks, where the same rows
     as one prompt split 8 ways. The grid holds items for the step's own segments only."""
     from loraplex.kernels.checks import Problem
     from loraplex.kernels.cuda._launch import MAX_CLUSTER, MODE_SGMV, make_plan
 
     problem = Problem(2048, 4096, (4096,), 256, 16)  # 256 table columns: max_num_seqs
-    many = make_plan(problem, MODE_SGMV, 100, 132)  # 99 prompts of 8 rows and one of 1256
-    assert not many.decode and many.ksplit == 1 and many.items == 100 + 16
+    many = make_plan(problem, MODE_SGMV, 80, 132)  # 79 prompts of 8 rows and one of 1416
+    assert not many.decode and many.ksplit == 1 and many.items == 80 + 16
     one = make_plan(problem, MODE_SGMV, 1, 132)
     assert not one.decode and one.ksplit == min(132 // 16, MAX_CLUSTER) and one.items == 1 + 16
 
