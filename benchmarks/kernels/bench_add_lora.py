@@ -252,7 +252,8 @@ def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = 
         for w in WORKLOADS + (("mixed256",) if b > 256 else ()):
             # past the graphs' rows (eager steps): SGMV takes the prefill or the decode kernels by its
             # segments' mean length; set against the same call on each
-            yield 4096, 4096, 16, b, w, allm if b <= _launch.SMALL_BATCH_ROWS else ("sgmv", "sgmv_pre", "sgmv_dec", "bgmv")
+            past = ("sgmv", "sgmv_pre", "sgmv_dec", "bgmv")
+            yield 4096, 4096, 16, b, w, allm if b <= _launch.SMALL_BATCH_ROWS else past
     if workloads_only:
         return
     for r in (8, 32, 64):
@@ -281,7 +282,8 @@ def main() -> None:
                     help="comma-separated batch sizes of the rank-16 four-workload grid")
     ap.add_argument("--workloads-only", action="store_true", help="only the rank-16 four-workload grid")
     ap.add_argument("--path-sweep", action="store_true",
-                    help="only SGMV on both paths over segments of 4-64 rows (the launcher's DECODE_MAX_SEGMENT_ROW_RANKS)")
+                    help="only SGMV on both paths over segments of 4-64 rows "
+                         "(the launcher's DECODE_MAX_SEGMENT_ROW_RANKS)")
     ap.add_argument("--one-row-items", type=int, default=None,
                     help="decode SGMV calls of up to this many rows take one-row items (default: the launcher's)")
     ap.add_argument("--lora-decode-rows", type=int, default=None,

@@ -148,8 +148,7 @@ class LoraBatchBuilder:
         return LoraBatch(
             pool=self.pool, seg=self.seg[: len(segments) + 1], row_slot=self.row_slot, a_off=self.a_off,
             b_off=self.b_off, ranks=self.ranks, scales=self.scales, workspace=self._step_workspace(len(segments)),
-            rows=self.rows,
-            widths=self.widths, active=active, cache=self.cache,
+            rows=self.rows, widths=self.widths, active=active, cache=self.cache,
         )
 
     def static_batch(self, side_stream: torch.cuda.Stream | None = None) -> LoraBatch:

@@ -29,9 +29,9 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
     same dtype, last dim contiguous (row stride free); ``ops`` as ``loraplex.kernels.operands`` says
     (ranks at most min(R, 128)); seg: int32 [S+1] (non-decreasing, trailing empty segments
     allowed; S at most the tables' columns, and the grids are sized by it). The workspace is
-    scratch: the prefill path stores x @ A rounded to x's dtype there; the decode path,
-    T <= 512, keeps it in the runtime's own fp32 scratch and rounds it the same way; contents
-    after the call are unspecified. One call at a time per device: the runtime's scratch is
+    scratch: the prefill path stores x @ A rounded to x's dtype there; the decode path (T <= 512,
+    or short segments for their rank) keeps it in the runtime's own fp32 scratch and rounds it
+    the same way; contents after the call are unspecified. One call at a time per device: the runtime's scratch is
     shared.
     stage: "both", or "shrink" then "expand" as two calls with the same arguments, so a
     caller can run the shrink (which reads x only) beside other work, e.g. on a side stream
