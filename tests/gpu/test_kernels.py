@@ -182,6 +182,17 @@ def test_cuda_graph_replay_with_new_tables(bgmv, rows):
         assert_close_rows(captured.y, ref, y0)
 
 
+def _decodes_beside_a_prompt(rows: int, decodes: int, capacity: int, seed: int):
+    """A step's LoRA batch at qkv widths, rank cap 16: `decodes` one-row segments of distinct rank-16
+    adapters, a prompt chunk (rank 8), 5 base-model rows (rank 0) and 3 rows of padding past seg[S];
+    tables of `capacity` columns (those past the step's segments rank 16, never read)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [1] * decodes + [rows - decodes - 8, 5]
+    ranks = [[16] * decodes + [8, 0] + [16] * (capacity - decodes - 2)] * 3
+    return make_batch(gen, rows=rows, h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
+                      table=seg_from_lengths(lengths), layers=1, rank_cap=16)
+
+
 @pytest.mark.parametrize("rows", [300, 512])
 def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows):
     """The engine's widest graph steps: 255 distinct adapters decoding, one prompt chunk of another
@@ -190,12 +201,7 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
     from loraplex.kernels.cuda._launch import is_decode
 
     assert is_decode(rows, 0, 257, 16)
-    gen = torch.Generator().manual_seed(rows)
-    prompt = rows - 255 - 8
-    lengths = [1] * 255 + [prompt, 5]  # the last segment: base-model rows (rank 0); 3 rows of padding
-    ranks = [[16] * 255 + [8, 0]] * 3
-    batch = make_batch(gen, rows=rows, h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
-                       table=seg_from_lengths(lengths), layers=1, rank_cap=16)
+    batch = _decodes_beside_a_prompt(rows, 255, 257, seed=rows)
     y0 = batch.y.clone()
     ref = reference64(batch, False)
     row_slot = _row_slot(batch.table, rows)
@@ -215,13 +221,8 @@ def test_a_seg_of_the_steps_own_segments_short_of_the_tables_capacity(rows, deco
 
     nseg = decodes + 2
     assert is_decode(rows, 0, nseg, 16) == decode_path
-    gen = torch.Generator().manual_seed(7 + rows + decodes)
-    lengths = [1] * decodes + [rows - decodes - 8, 5]  # then 3 rows of padding
-    capacity = 320
-    ranks = [[16] * decodes + [8, 0] + [16] * (capacity - nseg)] * 3
-    batch = make_batch(gen, rows=rows, h_in=4096, widths=(4096, 1024, 1024), ranks=ranks,
-                       table=seg_from_lengths(lengths), layers=1, rank_cap=16)
-    assert batch.table.shape[0] == nseg + 1 and batch.a_off.shape[1] == capacity
+    batch = _decodes_beside_a_prompt(rows, decodes, 320, seed=7 + rows + decodes)
+    assert batch.table.shape[0] == nseg + 1 and batch.a_off.shape[1] == 320
     y0 = batch.y.clone()
     ref = reference64(batch, False)
     kcuda.add_lora_slices(*batch.args(), row_slot=_row_slot(batch.table, rows))
