@@ -336,9 +336,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s (the roofline's)", flush=True)
     torch.cuda.empty_cache()
     if args.lora_decode_rows:  # before the graphs are captured: each call's path is fixed then
-        from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+        from loraplex.kernels.cuda import _plan  # noqa: PLC0415
 
-        _launch.SMALL_BATCH_ROWS = args.lora_decode_rows
+        _plan.SMALL_BATCH_ROWS = args.lora_decode_rows
         print(f"LoRA decode kernels up to {args.lora_decode_rows} rows", flush=True)
     engine = build_engine(args)
     log = StepLog()

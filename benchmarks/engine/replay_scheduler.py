@@ -30,7 +30,7 @@ from loraplex.inference_server.engine.request import GenerationRequest, Stopping
 from loraplex.inference_server.engine.scheduler import Scheduler, SchedulerConfig
 from loraplex.inference_server.engine.sequence import Sequence
 from loraplex.inference_server.engine.step_plan import SpanPlan
-from loraplex.kernels.cuda._launch import MODE_SGMV, is_decode
+from loraplex.kernels.cuda._plan import MODE_SGMV, is_decode
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ PyTorch baselines (Loop over adapters, Gather-BMM) vs the HBM roofline.
 Device time from CUDA events around CUDA-graph replays (each graph holds many calls,
 rotating over several table sets and adapters, and over copies of x and y where one call's
 would fit in L2, so repeated calls do not just re-read L2); median over replays. Every kernel result is checked against the Loop baseline first.
+Columns: sgmv is add_lora_slices as the engine calls it (seg and row_slot), sgmv_seg with seg alone,
+sgmv_dec / sgmv_pre forced onto the decode / prefill kernels, bgmv add_lora_slices_bgmv.
 
     python3 -m benchmarks.kernels.bench_add_lora [--quick] [--out results.json]
 """
@@ -97,7 +99,9 @@ def build(h_in, h_out, rank, rows_adapter, nsets, gen):
 
 
 def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
-    if name == "sgmv":
+    if name == "sgmv":  # as the engine calls it: seg and row_slot (the decode kernels' items come from row_slot)
+        return lambda: kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg, row_slot=s.row_slot)
+    if name == "sgmv_seg":  # seg alone (a caller without row_slot: the decode kernels find each row's segment)
         return lambda: kcuda.add_lora_slices(y, x, s.ops(pool, h_out, ws), s.seg)
     if name in ("sgmv_dec", "sgmv_pre"):  # SGMV forced onto the decode or the prefill kernels, row_slot as the engine's
         return lambda: _forced_path(name == "sgmv_dec", y, x, s.ops(pool, h_out, ws), s.seg, s.row_slot)
@@ -119,14 +123,14 @@ def method_fn(name, pool, ws, x, y, s: TableSet, h_out):
 def _forced_path(decode: bool, y, x, ops, seg, row_slot) -> None:
     """add_lora_slices on the decode kernels (split-K + CUDA-core expand) or the prefill kernels
     (128-row tensor-core tiles), whatever the launcher's path choice would take."""
-    from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+    from loraplex.kernels.cuda import _plan  # noqa: PLC0415
 
-    old = _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_SEGMENT_ROW_RANKS
-    _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_SEGMENT_ROW_RANKS = (1 << 30, 0) if decode else (0, 0)
+    old = _plan.SMALL_BATCH_ROWS, _plan.DECODE_MAX_SEGMENT_ROW_RANKS
+    _plan.SMALL_BATCH_ROWS, _plan.DECODE_MAX_SEGMENT_ROW_RANKS = (1 << 30, 0) if decode else (0, 0)
     try:
         kcuda.add_lora_slices(y, x, ops, seg, row_slot=row_slot)
     finally:
-        _launch.SMALL_BATCH_ROWS, _launch.DECODE_MAX_SEGMENT_ROW_RANKS = old
+        _plan.SMALL_BATCH_ROWS, _plan.DECODE_MAX_SEGMENT_ROW_RANKS = old
 
 
 def time_graph(fns, calls: int, replays: int = 15) -> float:
@@ -187,7 +191,7 @@ def run_case(h_in, h_out, rank, batch, workload, methods, gen, rank_cap: int = 0
     out = dict(h_in=h_in, h_out=h_out, rank=rank, rank_cap=ws.shape[2], batch=batch, workload=workload, adapters=uniq,
                roofline_us=max(nbytes / HBM_BPS, flops / TC_FLOPS) * 1e6, bytes=nbytes, flops=flops)
     for m in methods:
-        if m in ("sgmv", "bgmv", "sgmv_dec"):
+        if m in ("sgmv", "sgmv_seg", "bgmv", "sgmv_dec"):
             err = check(pool, ws, x, y, sets[0], h_out, m)
             if not err < 2e-2:
                 raise AssertionError(f"{m} wrong vs loop: rel err {err} at {out}")
@@ -237,7 +241,7 @@ def breakdown(gen) -> None:
 
 
 def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = False, path_sweep: bool = False):
-    from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+    from loraplex.kernels.cuda import _plan  # noqa: PLC0415
 
     if path_sweep:  # where the prefill kernels overtake the decode ones: segments of L rows, 2048 in all
         for h_in, h_out in ((4096, 4096), (11008, 4096)):
@@ -246,14 +250,14 @@ def cases(quick: bool, batches: list[int] | None = None, workloads_only: bool = 
                     yield h_in, h_out, r, 2048, f"prefill{seglen}", ("sgmv", "sgmv_pre", "sgmv_dec")
         return
     batches = batches or ([1, 4, 16, 64, 256] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
-    allm = ("sgmv", "bgmv", "loop", "gather")
+    allm = ("sgmv", "sgmv_seg", "bgmv", "loop", "gather")
     for b in batches:
         # past 256 rows, also a full batch of 256 decodes beside a prompt chunk: the engine's steps there
         for w in WORKLOADS + (("mixed256",) if b > 256 else ()):
             # past the graphs' rows (eager steps): SGMV takes the prefill or the decode kernels by its
             # segments' mean length; set against the same call on each
             past = ("sgmv", "sgmv_pre", "sgmv_dec", "bgmv")
-            yield 4096, 4096, 16, b, w, allm if b <= _launch.SMALL_BATCH_ROWS else past
+            yield 4096, 4096, 16, b, w, allm if b <= _plan.SMALL_BATCH_ROWS else past
     if workloads_only:
         return
     for r in (8, 32, 64):
@@ -291,14 +295,14 @@ def main() -> None:
                          "SMALL_BATCH_ROWS); the grid's batches past it time SGMV on both paths")
     args = ap.parse_args()
     if args.lora_decode_rows is not None:
-        from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+        from loraplex.kernels.cuda import _plan  # noqa: PLC0415
 
-        _launch.SMALL_BATCH_ROWS = args.lora_decode_rows
+        _plan.SMALL_BATCH_ROWS = args.lora_decode_rows
         print(f"# SMALL_BATCH_ROWS = {args.lora_decode_rows}", flush=True)
     if args.one_row_items is not None:
-        from loraplex.kernels.cuda import _launch  # noqa: PLC0415
+        from loraplex.kernels.cuda import _plan  # noqa: PLC0415
 
-        _launch.ONE_ROW_ITEMS_ROWS = args.one_row_items
+        _plan.ONE_ROW_ITEMS_ROWS = args.one_row_items
         print(f"# ONE_ROW_ITEMS_ROWS = {args.one_row_items}", flush=True)
     gen = torch.Generator().manual_seed(0)
     bw = measure_copy_bandwidth()

@@ -24,8 +24,8 @@ from pathlib import Path
 from benchmarks import ROOT
 
 from loraplex.kernels.checks import Problem
-from loraplex.kernels.cuda import _launch
-from loraplex.kernels.cuda._tiles import WALK_BN, dynamic_smem_bytes, walk_smem_bytes
+from loraplex.kernels.cuda import _launch, _plan
+from loraplex.kernels.cuda._tiles import PREFILL_SHRINK_TILES, WALK_BN, dynamic_smem_bytes, walk_smem_bytes
 
 CSRC = ROOT / "kernels" / "csrc"
 SOURCES = ("lora_shrink_dec.cu", "lora_shrink.cu", "lora_expand_dec.cu", "lora_expand.cu")
@@ -122,7 +122,7 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
     rows = ["| case | shrink | grid (split-K x items) | expand | grid (tiles x items) |", "| --- | --- | --- | --- | --- |"]
     for name, rows_, segments, rank, mode in CASES:
         problem = Problem(rows_, 4096, (4096,), segments, rank)
-        prefill = not _launch.is_decode(rows_, mode, segments if mode == 0 else rows_, rank)
+        prefill = not _plan.is_decode(rows_, mode, segments if mode == 0 else rows_, rank)
         pdl = not prefill and rank <= _launch.SHRINK_DEC_RC  # sm_90: the expand follows early (expand_follows_early)
         kind, variant = _launch.shrink_kernel(prefill, rank, pdl)
         shrink = f"lora_{kind}_bf16_{variant}"
@@ -130,14 +130,14 @@ def plan_rows(entries: dict[str, Entry], sms: int) -> list[str]:
         per_sm = min(blocks_per_sm(entries[shrink], threads, dynamic_smem_bytes(shrink)),
                      _launch.PREFILL_MAX_BLOCKS_PER_SM)  # as plan_call caps it
         wave = per_sm * sms
-        plan = _launch.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
+        plan = _plan.make_plan(problem, mode, segments if mode == 0 else rows_, wave)
         if plan.decode:
             tiles, _ = _launch._slice_args(plan, problem, _launch.DEC_COLS)
             expand = "lora_expand_dec_bf16_m4"
         else:  # groups of walk tiles, walk for one wave of the kernel's blocks
             expand = f"lora_expand_bf16_m{plan.bm}"
             per_sm = blocks_per_sm(entries[expand], _launch.EXPAND_THREADS, walk_smem_bytes(rank))
-            walk = _launch.walk_count(problem.widths, rows_, plan.bm, per_sm * sms)
+            walk = _plan.walk_count(problem.widths, rows_, plan.bm, per_sm * sms)
             tiles, _ = _launch._slice_args(plan, problem, WALK_BN * walk)
             expand += f" ({walk} tiles a block)"
         rows.append(f"| {name} | {shrink} | {plan.ksplit} x {plan.items} | {expand} | {tiles} x {plan.items} |")
@@ -173,7 +173,7 @@ def main() -> None:
     for name, e in sorted(entries.items()):
         counts, dyn = mix(e.sass), dynamic_smem_bytes(name)
         nc = re.fullmatch(r"lora_shrink_bf16_m128_r(\d+)", name)
-        threads = (32 * _launch.PREFILL_SHRINK_TILES[int(nc[1])].warps if nc
+        threads = (32 * PREFILL_SHRINK_TILES[int(nc[1])].warps if nc
                    else _launch.EXPAND_THREADS if name == "lora_expand_bf16_m128" else _launch.THREADS)
         print(f"| {name} | {e.registers} | {e.spill_bytes} | {e.smem} | {dyn} | {blocks_per_sm(e, threads, dyn)} | "
               f"{len(e.sass)} | " + " | ".join(str(counts[o]) for o in OPCODES) + " |")

@@ -4,7 +4,7 @@
 #pragma once
 #include "lora_common.cuh"
 
-#define LORA_MAX_CLUSTER 8  // blocks a cluster at most (the portable size; MAX_CLUSTER in kernels/cuda/_launch.py)
+#define LORA_MAX_CLUSTER 8  // blocks a cluster at most (the portable size; MAX_CLUSTER in kernels/cuda/_plan.py)
 
 #if __CUDA_ARCH__ >= 900
 #define LORA_HAVE_CLUSTERS 1

@@ -192,7 +192,7 @@ __device__ __noinline__ LoraItem seg_row_item(const int* seg, int nseg, int rows
 
 #define LORA_RUN_ROWS 4  // rows a run item takes at most (SHRINK_DEC_NR, DEC_ROWS)
 
-// Runs of row_slot (decode calls past ONE_ROW_ITEMS_ROWS rows, kernels/cuda/_launch.py): item t is
+// Runs of row_slot (decode calls past ONE_ROW_ITEMS_ROWS rows, kernels/cuda/_plan.py): item t is
 // row t, and it works when it heads a run, i.e. it is the first row of its segment in its aligned
 // window of LORA_RUN_ROWS rows; it takes that segment's rows of the window. Each segment is then cut
 // into 4-row tiles (a staged B tile serves up to four rows) with no scan over the segments, which

@@ -4,7 +4,7 @@
 #pragma once
 #include "lora_smem.cuh"
 
-#define EXPAND_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
+#define EXPAND_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_plan.py)
 
 #define WALK_BN 64              // columns a tile
 #define WALK_LD (WALK_BN + 8)   // y and B tile row stride (elements): conflict-free ldmatrix rows

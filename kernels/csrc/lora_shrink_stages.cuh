@@ -7,7 +7,7 @@
 #include "lora_smem.cuh"
 #include "lora_wgmma.cuh"
 
-#define SHRINK_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_launch.py)
+#define SHRINK_BM 128  // rows per item (PREFILL_BM in kernels/cuda/_plan.py)
 
 // NC: rank columns; BK: input features per stage; STAGES: stages in shared memory; NW: warps (4 or
 // 8). (The launcher mirrors SMEM: kernels/cuda/_tiles.py; the kernel traps if it was given less.)

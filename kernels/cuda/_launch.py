@@ -1,7 +1,8 @@
-"""Launch geometry and the two launches (shrink, expand) of one add_lora call.
+"""The two launches (shrink, expand) of one add_lora call, over the grids of its Plan
+(kernels/cuda/_plan.py), and the items each kernel reads.
 
-Everything here depends on tensor *shapes* only (never on table contents), so a call
-launches the same grids every time for the same shapes: what CUDA-graph replay needs.
+Grids, kernels and arguments depend on tensor *shapes* and pointers only (never on table contents),
+so a call launches the same way every time for the same tensors: what CUDA-graph replay needs.
 """
 
 from __future__ import annotations
@@ -13,54 +14,28 @@ import torch
 
 from loraplex.kernels.checks import Problem
 from loraplex.kernels.cuda._launch_ex import launch_ex
+from loraplex.kernels.cuda._plan import (DEC_ROWS, MODE_BGMV, MODE_RUNS, MODE_SGMV, MODE_SGMV_ROWS, PREFILL_BM, Plan,
+                                         ceil_div, is_decode, make_plan, rank_variant, walk_count)
 from loraplex.kernels.cuda._runtime import DeviceRuntime
 from loraplex.kernels.cuda._tensor_map import ZERO_MAP, TensorMap, encode_rows, map_fits
 from loraplex.kernels.cuda import _tiles
-from loraplex.kernels.cuda._tiles import PREFILL_SHRINK_TILES, SHRINK_BM, WALK_BN, walk_smem_bytes
+from loraplex.kernels.cuda._tiles import PREFILL_SHRINK_TILES, WALK_BN, walk_smem_bytes
 from loraplex.kernels.operands import LoraOperands
 
 THREADS = 128
-TARGET_BLOCKS = 264  # decode: about two blocks per multiprocessor on an H200 (132 SMs)
-# Up to this many rows (and always for BGMV): the decode path. As many as the engine's largest CUDA
-# graph (MAX_GRAPH_ROWS): a graph step is a decode batch plus short prompt chunks, many one-row
-# segments, and the prefill kernels take a 128-row tile for each segment.
-SMALL_BATCH_ROWS = 512
-# Longer SGMV calls (eager steps, whose seg has their own segments) take the decode kernels as well
-# while their segments' mean rows times the rank cap (at least 16) stay under this: 24 rows at rank
-# 16, 6 at rank 64. The prefill kernels cost about a tile a segment, the decode kernels about their
-# rows times the rank. See docs/KERNELS.md, "Path choice".
-DECODE_MAX_SEGMENT_ROW_RANKS = 384
-K_GRAIN = 64  # split-K chunks are multiples of this many input features
-MAX_KSPLIT = 16  # LORA_MAX_KSPLIT in lora_common.cuh
-PREFILL_BM = SHRINK_BM  # prefill: rows per work item (the tensor-core kernels' row tile)
 # The prefill kernels prefer shared memory over L1 (their copies bypass L1), so two blocks of each
 # fit an SM (shrink 83-105 KB, expand 48-106 KB by the rank cap).
 PREFILL_CARVEOUT = 100
 # The prefill expand walks column tiles (lora_expand.cu): each block reads the item's v once and
 # does `walk` tiles of WALK_BN columns, enough tiles that one wave of blocks covers the call, at
-# most MAX_WALK; EXPAND_THREADS a block.
+# most MAX_WALK (kernels/cuda/_plan.py, walk_count); EXPAND_THREADS a block.
 EXPAND_THREADS = 256
-MAX_WALK = 32
-# Prefill split-K blocks form one thread-block cluster per item and slice (sm_90+), whose blocks sum
-# their partials in each other's shared memory: the portable cluster size bounds the split.
-MAX_CLUSTER = 8  # LORA_MAX_CLUSTER in lora_cluster.cuh
-DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
-# Decode SGMV calls of up to this many rows take one-row items in both kernels (the row's segment
-# looked up by the block, or read from row_slot): a grouped batch then spreads over as many blocks
-# as a Distinct one, where 4-row tiles leave most of the device idle. Past it the 4-row tiles win
-# (fewer re-reads of each adapter). See docs/KERNELS.md, "One-row decode items".
-ONE_ROW_ITEMS_ROWS = 64
-MODE_SGMV, MODE_BGMV, MODE_SGMV_ROWS, MODE_RUNS = 0, 1, 2, 3  # LORA_MODE_* in lora_common.cuh
 # Decode SGMV calls past ONE_ROW_ITEMS_ROWS rows that come with a row_slot (the engine's): the kernels
 # of RUN_ITEMS ("shrink", "expand") take its runs as items (run_item in lora_common.cuh: each segment
 # in 4-row tiles, found with one round of row_slot loads). Otherwise the expand takes one row per item
 # (restaging its B tile for every row: at 128 rows of one adapter, 4x the L2 traffic of 4-row tiles)
 # and the shrink seg's 4-row tiles (those past a segment's first scan the segments).
 RUN_ITEMS = frozenset({"shrink", "expand"})
-# Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
-# flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured
-# graph costs what its adapters' ranks cost: larger ranks take more passes per block.
-DEC_KC = 512
 DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank in 16-row chunks)
 # The decode shrink that lets its expand start early prefers shared memory over L1 on its
 # multiprocessors (cudaSharedmemCarveoutMaxShared): the expand's blocks (35 KB of shared memory
@@ -82,86 +57,6 @@ SHRINK_TMA = True
 TENSOR_MAPS_KEPT = 64
 # sm_90: the prefill expand goes as its shrink's programmatic dependent (expand_follows_early).
 PREFILL_PDL = True
-
-
-def rank_variant(rank_cap: int, choices: tuple[int, ...]) -> str:
-    """Kernel variant for ranks up to rank_cap: the smallest r<N> with N >= rank_cap."""
-    return f"r{next((n for n in choices if rank_cap <= n), choices[-1])}"
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Grid of one call. mode MODE_SGMV (table = seg) or MODE_BGMV (table = row_slot).
-
-    decode: a CUDA-core shrink (lora_shrink_dec) stores fp32 split-K partials and the CUDA-core
-    expand (lora_expand_dec) sums them, both over items of DEC_ROWS rows, or of one row (bm = 1:
-    BGMV, and SGMV calls of up to ONE_ROW_ITEMS_ROWS rows); otherwise (prefill) the last
-    tensor-core shrink block of an item sums them into the workspace and the tensor-core expand
-    reads the workspace.
-    """
-
-    mode: int
-    ntable: int  # S for SGMV, T for BGMV
-    decode: bool
-    bm: int  # rows per work item (decode: 1 or DEC_ROWS; prefill: PREFILL_BM)
-    items: int  # upper bound of work items (grid.y of both kernels); surplus blocks exit at once
-    ksplit: int  # blocks splitting h_in in the shrink
-    kc: int  # input features per shrink block
-
-    def __post_init__(self) -> None:
-        bm_ok = self.bm in (1, DEC_ROWS) if self.decode else self.bm == PREFILL_BM
-        if self.mode not in (MODE_SGMV, MODE_BGMV) or not bm_ok or self.items < 1:
-            raise ValueError(f"invalid launch plan {self}")
-        if not 1 <= self.ksplit <= (MAX_KSPLIT if self.decode else MAX_CLUSTER):
-            raise ValueError(f"invalid launch plan {self}")
-
-
-def _item_bound(mode: int, rows: int, ntable: int, bm: int) -> int:
-    # SGMV: one item per segment (its first tile) + its further tiles, < T/bm in all; rows: one each
-    return rows if mode == MODE_BGMV or bm == 1 else ntable + _ceil(rows, bm)
-
-
-def _prefill_tiles(rows: int, ntable: int, bm: int) -> int:
-    """Most row tiles S segments of `rows` rows can need: each segment past the first may add a
-    partly filled one. A table of one-row segments beside a prompt (a full batch admitting one)
-    has a tile each: the split-K must not multiply those by what the rows alone would leave room
-    for. A captured graph's table has its capacity: it is sized for the worst case."""
-    return _ceil(rows, bm) + max(0, min(ntable, rows) - 1)
-
-
-def is_decode(rows: int, mode: int, ntable: int, rank_cap: int) -> bool:
-    """Whether a call takes the decode path (CUDA-core kernels over DEC_ROWS-row items): BGMV
-    calls, calls of up to SMALL_BATCH_ROWS rows, and SGMV calls whose ntable segments' mean rows
-    times the rank cap stay under DECODE_MAX_SEGMENT_ROW_RANKS."""
-    if mode == MODE_BGMV or rows <= SMALL_BATCH_ROWS:
-        return True
-    return rows * max(rank_cap, 16) < DECODE_MAX_SEGMENT_ROW_RANKS * ntable
-
-
-def make_plan(problem: Problem, mode: int, ntable: int, prefill_wave: int) -> Plan:
-    """Path, row tile, work-item bounds and split-K of a call, from its shapes.
-
-    prefill_wave: how many prefill shrink blocks the device runs at once (plan_call asks the
-    driver; unused on the decode path). The prefill split-K fills one such wave and no more:
-    more blocks only add fp32 partials for each item's last block to sum and a ragged second
-    wave (docs/KERNELS.md, "Prefill split").
-    """
-    rows, nslices, h_in = problem.rows, len(problem.widths), problem.h_in
-    decode = is_decode(rows, mode, ntable, problem.rank_cap)
-    bm = (1 if mode == MODE_BGMV or rows <= ONE_ROW_ITEMS_ROWS else DEC_ROWS) if decode else PREFILL_BM
-    items = _item_bound(mode, rows, ntable, bm)
-    expected = (rows if bm == 1 else min(ntable, rows)) if decode else _prefill_tiles(rows, ntable, bm)
-    if decode:  # about two blocks a multiprocessor, and each thread's loads of A in flight together
-        ksplit = max(_ceil(TARGET_BLOCKS, max(1, expected) * nslices), _ceil(h_in, DEC_KC))
-    else:
-        ksplit = min(prefill_wave // (expected * nslices), MAX_CLUSTER)
-    ksplit = max(1, min(ksplit, MAX_KSPLIT, _ceil(h_in, K_GRAIN)))
-    kc = _ceil(_ceil(h_in, ksplit), K_GRAIN) * K_GRAIN
-    return Plan(mode, ntable, decode, bm, items, _ceil(h_in, kc), kc)
 
 
 def plan_call(rt: DeviceRuntime, problem: Problem, mode: int, ntable: int, dtype: torch.dtype) -> Plan:
@@ -209,7 +104,7 @@ def _slice_args(plan: Plan, problem: Problem, bn: int) -> tuple[int, tuple]:
     """(column tiles in all, kernel arguments nslices, w0..w3, c0..c3, t1..t3)."""
     i32 = np.int32
     nslices = len(problem.widths)
-    tiles = [_ceil(w, bn) for w in problem.widths]
+    tiles = [ceil_div(w, bn) for w in problem.widths]
     starts = [sum(tiles[:i]) for i in range(nslices + 1)]
     widths = list(problem.widths) + [0] * (4 - nslices)
     cols = [sum(problem.widths[:i]) for i in range(nslices)] + [0] * (4 - nslices)
@@ -317,15 +212,6 @@ def walk_tiles(rt: DeviceRuntime, plan: Plan, problem: Problem, dtype: torch.dty
     smem = walk_smem_bytes(problem.rank_cap)
     wave = rt.resident_blocks("expand", dtype, f"m{plan.bm}", EXPAND_THREADS, smem, PREFILL_CARVEOUT)
     return walk_count(problem.widths, problem.rows, plan.bm, wave), smem
-
-
-def walk_count(widths: tuple[int, ...], rows: int, bm: int, wave: int) -> int:
-    """Column tiles a prefill expand block takes: as many column groups an item as one wave of
-    `wave` blocks holds over the call's items (whole groups: a ragged second wave costs more than
-    longer walks), at most MAX_WALK tiles."""
-    tiles = sum(_ceil(w, WALK_BN) for w in widths)
-    groups = max(1, wave // _ceil(rows, bm))
-    return max(1, min(MAX_WALK, _ceil(tiles, groups)))
 
 
 

@@ -97,7 +97,7 @@ def test_decode_one_row_items_are_bitwise_the_four_row_tiles(seed, monkeypatch):
     take row_slot's runs as 4-row tiles (each kernel in RUN_ITEMS), or else the expand one row per
     item and the shrink seg's tiles. Every way, the result must be bit for bit that of seg's 4-row tiles, for grouped and
     one-row segments, empty ones and rows past seg[S]."""
-    from loraplex.kernels.cuda import _launch
+    from loraplex.kernels.cuda import _launch, _plan
 
     gen = torch.Generator().manual_seed(6000 + seed)
     nseg = int(torch.randint(1, 40, (1,), generator=gen)) if seed % 2 else 1  # odd: many segments; even: one
@@ -120,7 +120,7 @@ def test_decode_one_row_items_are_bitwise_the_four_row_tiles(seed, monkeypatch):
     for threshold, with_rows, runs in ((0, False, both), (1 << 20, False, both), (1 << 20, True, both),
                                        (0, True, both), (0, True, neither), (0, True, {"shrink"}),
                                        (0, True, {"expand"})):
-        monkeypatch.setattr(_launch, "ONE_ROW_ITEMS_ROWS", threshold)
+        monkeypatch.setattr(_plan, "ONE_ROW_ITEMS_ROWS", threshold)
         monkeypatch.setattr(_launch, "RUN_ITEMS", frozenset(runs))
         batch.y.copy_(y0)
         kcuda.add_lora_slices(*batch.args(), row_slot=row_slot.cuda() if with_rows else None)

@@ -58,7 +58,7 @@ def test_bgmv_random(seed, dtype):
 @pytest.mark.parametrize("rank", [1, 8, 16, 33, 64, 128])
 def test_prefill_long_segments(rank, decode_path, monkeypatch):
     if decode_path:  # the same long segments through the split-K + CUDA-core decode kernels
-        monkeypatch.setattr("loraplex.kernels.cuda._launch.SMALL_BATCH_ROWS", 1 << 30)
+        monkeypatch.setattr("loraplex.kernels.cuda._plan.SMALL_BATCH_ROWS", 1 << 30)
     gen = torch.Generator().manual_seed(3000 + rank)
     table = seg_from_lengths([1500, 0, 1030, 7, 0])
     ranks = [[rank, 16, 0, rank, 5], [rank, 128, 3, 0, 2]]
@@ -198,7 +198,7 @@ def test_graph_step_of_distinct_decodes_and_a_prompt_on_the_decode_kernels(rows)
     """The engine's widest graph steps: 255 distinct adapters decoding, one prompt chunk of another
     adapter, base-model rows and padding (rows past seg[S]), through the decode kernels with the
     engine's row_slot, as shrink then expand stage calls; checked against the float64 reference."""
-    from loraplex.kernels.cuda._launch import is_decode
+    from loraplex.kernels.cuda._plan import is_decode
 
     assert is_decode(rows, 0, 257, 16)
     batch = _decodes_beside_a_prompt(rows, 255, 257, seed=rows)
@@ -217,7 +217,7 @@ def test_a_seg_of_the_steps_own_segments_short_of_the_tables_capacity(rows, deco
     capacity): distinct decodes, a prompt chunk and base-model rows, on the decode kernels (up to
     512 rows, or segments of a few rows on average at rank 16) and on the prefill kernels (a tile a
     segment, split by their count), against the float64 reference."""
-    from loraplex.kernels.cuda._launch import is_decode
+    from loraplex.kernels.cuda._plan import is_decode
 
     nseg = decodes + 2
     assert is_decode(rows, 0, nseg, 16) == decode_path

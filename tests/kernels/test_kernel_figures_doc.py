@@ -28,6 +28,6 @@ def test_every_citation_names_a_section_of_kernels_md() -> None:
 
 
 def test_launcher_and_tiles_hold_no_measured_figures() -> None:
-    for name in ("_launch.py", "_tiles.py"):
+    for name in ("_launch.py", "_plan.py", "_tiles.py"):
         text = (REPO / "kernels" / "cuda" / name).read_text()
         assert not FIGURE.findall(text), f"kernels/cuda/{name}: {FIGURE.findall(text)} (docs/KERNELS.md holds them)"

@@ -115,8 +115,8 @@ def test_bf16_reference_rounds_shrink_result_once():
 
 def test_launch_plan_covers_every_work_item():
     from loraplex.kernels.checks import Problem
-    from loraplex.kernels.cuda._launch import (DEC_ROWS, MAX_CLUSTER, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, PREFILL_BM,
-                                               make_plan)
+    from loraplex.kernels.cuda._plan import (DEC_ROWS, MAX_CLUSTER, MAX_KSPLIT, ONE_ROW_ITEMS_ROWS, PREFILL_BM,
+                                             make_plan)
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -149,19 +149,19 @@ def test_every_call_of_a_graph_step_takes_the_decode_kernels():
     an eager step's seg has its own segments, a graph's its capacity); BGMV is always decode."""
     from loraplex.inference_server.engine.cuda_graphs import MAX_GRAPH_ROWS
     from loraplex.kernels.checks import Problem
-    from loraplex.kernels.cuda import _launch
+    from loraplex.kernels.cuda import _plan
 
     for rows in (1, 256, 257, 300, MAX_GRAPH_ROWS):
-        assert _launch.is_decode(rows, _launch.MODE_SGMV, 1, 128)
-        plan = _launch.make_plan(Problem(rows, 4096, (4096, 1024, 1024), 256, 16), _launch.MODE_SGMV, 256, 132)
-        assert plan.decode and plan.bm == (1 if rows <= _launch.ONE_ROW_ITEMS_ROWS else _launch.DEC_ROWS)
-    sgmv = _launch.MODE_SGMV
-    assert not _launch.is_decode(MAX_GRAPH_ROWS + 1, sgmv, 1, 16)
-    assert _launch.is_decode(1024, sgmv, 257, 16)  # 256 decodes beside a 768-row prompt chunk
-    assert _launch.is_decode(2048, sgmv, 2048 // 16, 16) and not _launch.is_decode(2048, sgmv, 2048 // 32, 16)
-    assert _launch.is_decode(2048, sgmv, 2048 // 4, 64) and not _launch.is_decode(2048, sgmv, 2048 // 8, 64)
-    assert _launch.is_decode(2048, sgmv, 2048 // 16, 8)  # ranks under 16 count as 16
-    assert _launch.is_decode(4096, _launch.MODE_BGMV, 4096, 128)
+        assert _plan.is_decode(rows, _plan.MODE_SGMV, 1, 128)
+        plan = _plan.make_plan(Problem(rows, 4096, (4096, 1024, 1024), 256, 16), _plan.MODE_SGMV, 256, 132)
+        assert plan.decode and plan.bm == (1 if rows <= _plan.ONE_ROW_ITEMS_ROWS else _plan.DEC_ROWS)
+    sgmv = _plan.MODE_SGMV
+    assert not _plan.is_decode(MAX_GRAPH_ROWS + 1, sgmv, 1, 16)
+    assert _plan.is_decode(1024, sgmv, 257, 16)  # 256 decodes beside a 768-row prompt chunk
+    assert _plan.is_decode(2048, sgmv, 2048 // 16, 16) and not _plan.is_decode(2048, sgmv, 2048 // 32, 16)
+    assert _plan.is_decode(2048, sgmv, 2048 // 4, 64) and not _plan.is_decode(2048, sgmv, 2048 // 8, 64)
+    assert _plan.is_decode(2048, sgmv, 2048 // 16, 8)  # ranks under 16 count as 16
+    assert _plan.is_decode(4096, _plan.MODE_BGMV, 4096, 128)
 
 
 def test_prefill_split_k_counts_a_tile_for_each_segment():
@@ -169,7 +169,7 @@ def test_prefill_split_k_counts_a_tile_for_each_segment():
     beside a long one leave no room for a split-K in one wave of 132 blocks, where the same rows
     as one prompt split 8 ways. The grid holds items for the step's own segments only."""
     from loraplex.kernels.checks import Problem
-    from loraplex.kernels.cuda._launch import MAX_CLUSTER, MODE_SGMV, make_plan
+    from loraplex.kernels.cuda._plan import MAX_CLUSTER, MODE_SGMV, make_plan
 
     problem = Problem(2048, 4096, (4096,), 256, 16)  # 256 table columns: max_num_seqs
     many = make_plan(problem, MODE_SGMV, 80, 132)  # 79 prompts of 8 rows and one of 1416
@@ -185,23 +185,23 @@ def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
     grid row a batch row, runs cut in 4-row tiles on the device); without a row_slot, seg's 4-row
     tiles; BGMV calls always one row each."""
     from loraplex.kernels.checks import Problem
-    from loraplex.kernels.cuda import _launch
+    from loraplex.kernels.cuda import _launch, _plan
 
     seg = torch.tensor([0, rows], dtype=torch.int32)
     row_slot = torch.zeros(rows, dtype=torch.int32)
     problem = Problem(rows, 4096, (4096, 1024, 1024), 8, 16)
-    plan = _launch.make_plan(problem, _launch.MODE_SGMV, 8, 0)
-    bgmv = _launch.make_plan(problem, _launch.MODE_BGMV, rows, 0)
+    plan = _plan.make_plan(problem, _plan.MODE_SGMV, 8, 0)
+    bgmv = _plan.make_plan(problem, _plan.MODE_BGMV, rows, 0)
     for kernel in (_launch._shrink_items, _launch._expand_items):
         table, ntable, mode, items = kernel(plan, _launch.Call(None, None, None, seg, row_slot), rows)
-        if rows <= _launch.ONE_ROW_ITEMS_ROWS:
-            assert (table is row_slot, mode, items) == (True, _launch.MODE_BGMV, rows)
+        if rows <= _plan.ONE_ROW_ITEMS_ROWS:
+            assert (table is row_slot, mode, items) == (True, _plan.MODE_BGMV, rows)
         else:
-            assert (table is row_slot, ntable, mode, items) == (True, rows, _launch.MODE_RUNS, rows)
+            assert (table is row_slot, ntable, mode, items) == (True, rows, _plan.MODE_RUNS, rows)
         without = kernel(plan, _launch.Call(None, None, None, seg), rows)
-        if rows > _launch.ONE_ROW_ITEMS_ROWS:
-            assert without[0] is seg and without[2] == _launch.MODE_SGMV and without[3] == plan.items
-        assert kernel(bgmv, _launch.Call(None, None, None, row_slot), rows)[2:] == (_launch.MODE_BGMV, rows)
+        if rows > _plan.ONE_ROW_ITEMS_ROWS:
+            assert without[0] is seg and without[2] == _plan.MODE_SGMV and without[3] == plan.items
+        assert kernel(bgmv, _launch.Call(None, None, None, row_slot), rows)[2:] == (_plan.MODE_BGMV, rows)
 
 
 def test_cuda_wrappers_reject_cpu_tensors():
@@ -219,7 +219,8 @@ def test_expand_follows_its_shrink_early_for_prefill_and_one_pass_decode_calls()
     that has it: prefill calls, and decode calls under a rank cap of 16; never for a stage call, a
     decode call of a larger cap (its shrink re-reads A through L1) or a device without it."""
     from loraplex.kernels.checks import Problem
-    from loraplex.kernels.cuda._launch import expand_follows_early, make_plan
+    from loraplex.kernels.cuda._launch import expand_follows_early
+    from loraplex.kernels.cuda._plan import make_plan
 
     def follows(rows, rank_cap, only=None, device_pdl=True):
         problem = Problem(rows, 4096, (4096,), 4, rank_cap)
@@ -242,7 +243,8 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
     import torch
 
     from loraplex.kernels.checks import Problem
-    from loraplex.kernels.cuda._launch import MAX_CLUSTER, PREFILL_BM, PREFILL_MAX_BLOCKS_PER_SM, plan_call
+    from loraplex.kernels.cuda._launch import PREFILL_MAX_BLOCKS_PER_SM, plan_call
+    from loraplex.kernels.cuda._plan import MAX_CLUSTER, PREFILL_BM
 
     rt = SimpleNamespace(sms=132, resident_blocks=lambda *a: 16 * 132)
     for rows in (600, 1024, 4096, 9000):
@@ -252,7 +254,7 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
         assert plan.ksplit * items <= PREFILL_MAX_BLOCKS_PER_SM * 132 and plan.ksplit <= MAX_CLUSTER
         assert (plan.ksplit + 1) * items > PREFILL_MAX_BLOCKS_PER_SM * 132 or plan.ksplit == MAX_CLUSTER
     assert plan_call(rt, Problem(600, 4096, (4096,), 1, 16), 0, 1, torch.bfloat16).ksplit == MAX_CLUSTER
-    from loraplex.kernels.cuda._launch import MODE_SGMV, Plan
+    from loraplex.kernels.cuda._plan import MODE_SGMV, Plan
 
     with pytest.raises(ValueError, match="invalid launch plan"):  # more splits than one cluster holds
         Plan(MODE_SGMV, 4, False, PREFILL_BM, 40, MAX_CLUSTER + 1, 64)
@@ -262,7 +264,7 @@ def test_prefill_split_k_is_capped_in_blocks_a_multiprocessor_and_by_the_cluster
 def test_walking_expand_covers_a_call_in_one_wave_of_whole_column_groups():
     """The walking expand's tiles a block: as many column groups an item as one wave holds (whole
     groups: no ragged second wave), every column covered, at most MAX_WALK tiles."""
-    from loraplex.kernels.cuda._launch import MAX_WALK, PREFILL_BM, walk_count
+    from loraplex.kernels.cuda._plan import MAX_WALK, PREFILL_BM, walk_count
     from loraplex.kernels.cuda._tiles import WALK_BN
 
     # (widths, rows, resident blocks) -> tiles a block
