@@ -44,8 +44,9 @@ class Replay:
 
 
 def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_blocks: int, block_size: int,
-           headroom: int) -> Replay:
-    """Run (prompt, new tokens) requests, all queued at the start, through the scheduler."""
+           headroom: int, rank: int = 16) -> Replay:
+    """Run (prompt, new tokens) requests, all queued at the start, through the scheduler. rank: the
+    adapters' rank cap, for the LoRA kernels' path choice (bench_textgen's --max-lora-rank)."""
     scheduler = Scheduler(SchedulerConfig(max_batch, budget, headroom), BlockManager(num_blocks, block_size,
                                                                                         prefix_caching=False))
     for i, (prompt, new) in enumerate(lengths):
@@ -67,7 +68,7 @@ def replay(lengths: list[tuple[int, int]], max_batch: int, budget: int, num_bloc
         eager = graph_size(shape, sum(batch.num_tokens), spans, samples) is None
         eager_steps += eager
         segments = len(batch.seqs) if eager else max_batch  # Distinct's; a graph's seg has the capacity
-        prefill_kernel_steps += not is_decode(sum(batch.num_tokens), MODE_SGMV, segments, 16)  # bench_textgen's rank
+        prefill_kernel_steps += not is_decode(sum(batch.num_tokens), MODE_SGMV, segments, rank)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--num-kv-blocks", type=int, required=True, help="the engine's (bench_textgen prints it)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--headroom", default="0,64", help="admission headroom tokens to compare, comma-separated")
+    ap.add_argument("--max-lora-rank", type=int, default=16, help="the adapters' rank cap, as bench_textgen's")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     lengths = request_set(args.num_requests, args.max_len, args.seed)
@@ -97,7 +99,8 @@ def main() -> None:
           "| decode tokens made in them | steps on the LoRA prefill kernels (Distinct) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for headroom in (int(h) for h in args.headroom.split(",")):
-        r = replay(lengths, args.max_batch, args.max_len, args.num_kv_blocks, args.block_size, headroom)
+        r = replay(lengths, args.max_batch, args.max_len, args.num_kv_blocks, args.block_size, headroom,
+                   args.max_lora_rank)
         print(f"| {headroom} | {r.steps} | {r.preemptions} | {r.recomputed_tokens} | {r.eager_steps} | "
               f"{r.waited:.2%} | {r.prefill_kernel_steps} |")
 
