@@ -29,6 +29,7 @@ from typing import Any
 from loraplex.clients.cli_generate import EXIT_OK, add_generate_arguments, generate
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
+DEFAULT_CALL_TIMEOUT = 30.0  # seconds, a call other than generate's stream (uploads: at least 600)
 
 
 def _seconds(text: str) -> float:
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--address", default=os.environ.get("LORAPLEX_ADDRESS", DEFAULT_ADDRESS),
                    help="server host:port (env LORAPLEX_ADDRESS)")
-    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds per call (generate: the whole stream)")
+    p.add_argument("--timeout", type=_seconds, default=None,
+                   help=f"seconds per call (default {DEFAULT_CALL_TIMEOUT:g}); generate: the whole stream, no limit "
+                        "unless given (a long answer on a CPU takes minutes)")
     p.add_argument("--token", default=os.environ.get("LORAPLEX_TOKEN") or None,
                    help="bearer token for a server started with --auth tokens (env LORAPLEX_TOKEN)")
     p.add_argument("--tls", action="store_true", help="connect with TLS using the system's CAs")
@@ -97,7 +100,7 @@ def _upload(client: Any, args: argparse.Namespace) -> int:
             bar.update(sent - bar.n)
 
         info = client.upload_adapter(args.adapter_id, args.folder, public=args.public, progress=progress,
-                                     timeout=max(args.timeout, 600.0))
+                                     timeout=max(args.timeout or 0.0, 600.0))
     print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes, "
           f"{info.visibility})")
     return EXIT_OK
@@ -189,20 +192,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _hash_token()
     try:
         tls = _tls(args)
-        with LoraplexClient(args.address, timeout=args.timeout, token=args.token, tls=tls) as client:
+        with LoraplexClient(args.address, timeout=args.timeout or DEFAULT_CALL_TIMEOUT, token=args.token,
+                            tls=tls) as client:
             return _dispatch(client, args)
     except BrokenPipeError:  # `loraplex generate --json ... | head`: the reader left; stop quietly
         _quiet_closed_stdout()
         return EXIT_OK
     except LoraplexClientError as exc:
         field = f" (field {exc.field})" if exc.field else ""
-        print(f"loraplex: {exc}{field}", file=sys.stderr)
+        print(f"loraplex: {exc}{field}{_expired(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except (ValueError, TimeoutError, OSError) as exc:  # after BrokenPipeError, an OSError too
         print(f"loraplex: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def _expired(exc: Exception) -> str:
+    """What a deadline error owes the user: that the limit was this client's own (--timeout)."""
+    from loraplex.clients.errors import DeadlineExceededError  # noqa: PLC0415
+
+    return " (this client's deadline ran out: pass a larger --timeout)" if isinstance(exc, DeadlineExceededError) else ""
 
 
 def _quiet_closed_stdout() -> None:

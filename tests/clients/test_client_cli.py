@@ -129,3 +129,19 @@ def test_an_upload_that_fails_on_the_client_side_says_why(address: str, tmp_path
         from loraplex.clients.requests import generate_request
 
         generate_request(messages=[{"content": "x"}])
+
+
+def test_a_generate_past_its_timeout_says_the_limit_was_the_clients(capsys, tmp_path: Path) -> None:
+    """`generate --timeout` bounds the whole stream; when it runs out the message says it was this
+    client's deadline and names the flag (a bare DEADLINE_EXCEEDED reads like a server fault)."""
+    from server_helpers import FakeEngine, ServerOptions, ServerThread
+
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
+    srv.attach(FakeEngine(tmp_path / "store", step_s=0.05))
+    try:
+        code, out, err = run(capsys, srv.address, "--timeout", "0.5", "generate", "--raw", "hey",
+                             "--max-new-tokens", "200")
+    finally:
+        srv.close()
+    assert code == 1 and "DEADLINE_EXCEEDED" in err and "--timeout" in err
+    assert 0 < len(out) < 200  # the tokens that came before the deadline were printed
