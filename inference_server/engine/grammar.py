@@ -4,10 +4,10 @@ of the constrained rows, which the sampler applies (``sampler.TokenMasks``).
 
 Why xgrammar: filling the masks is host work every step, and at batch 256 on SmolLM2's
 vocabulary xgrammar fills a JSON schema's in a fraction of llguidance's time
-(benchmarks/engine/bench_grammar_mask.py, RESULTS.md). xgrammar skips JSON-schema keywords it does not
-implement, so ``check_schema`` refuses every keyword outside ``SCHEMA_KEYWORDS`` (each one's
-enforcement is tested in tests/engine/test_grammar.py) first: a schema is enforced whole or refused,
-never half-enforced.
+(benchmarks/engine/bench_grammar_mask.py, RESULTS.md). xgrammar skips, with only a log line, the
+JSON-schema keywords and combinations it does not implement, so ``check_schema`` (schema_checks.py)
+refuses those first, and the compiler refuses a pattern that xgrammar would not keep inside a JSON
+string: a schema is enforced whole or refused, never half-enforced.
 
 Compiling runs on the caller's thread (AsyncEngine compiles off the event loop and off the step
 loop, before the request is queued); the matchers and masks run on the step loop.
@@ -16,6 +16,7 @@ loop, before the request is queued); the matchers and masks run on the step loop
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -27,51 +28,15 @@ import torch
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.engine.request import GrammarSpec
 from loraplex.inference_server.engine.sampler import TokenMasks, to_device
+from loraplex.inference_server.engine.schema_checks import (SCHEMA_FIELD, check_schema, schema_patterns,
+                                                            with_whole_integer_bounds)
 
 SEPARATORS = (", ", ": ")  # JSON is written on one line, as models write it: no free whitespace
-SCHEMA_FIELD = "response_format.schema"
-
-# What xgrammar enforces (tests/engine/test_grammar.py shows each); annotations change nothing
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated",
-                         "readOnly", "writeOnly"})
-SCHEMA_KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
-    "enum", "const", "anyOf", "$ref", "$defs", "definitions", "pattern", "minLength", "maxLength", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties", "maxProperties",
-}) | ANNOTATIONS
-FORMATS = frozenset({"date", "date-time", "time", "email", "uuid", "ipv4", "ipv6"})
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keywords whose values map names to subschemas
-_SCHEMA_LISTS = ("prefixItems", "anyOf")  # keywords whose values are lists of subschemas
-_SCHEMA_VALUES = ("items", "additionalProperties")  # keywords whose value is a subschema (or a bool)
-
-
-def check_schema(schema: Any, field: str = SCHEMA_FIELD, path: str = "") -> None:
-    """Refuse (InvalidRequestError naming ``field`` and the keyword's place in the schema) a
-    schema that uses a keyword or a format outside what xgrammar enforces."""
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise InvalidRequestError(f"the schema at {path or '/'} must be an object or a boolean", field)
-    for key, value in schema.items():
-        where = f"{path}/{key}"
-        if key not in SCHEMA_KEYWORDS:
-            raise InvalidRequestError(f"keyword {key!r} at {where} is not supported; supported: "
-                                      f"{', '.join(sorted(SCHEMA_KEYWORDS - ANNOTATIONS))}", field)
-        if key == "format" and value not in FORMATS:
-            raise InvalidRequestError(f"format {value!r} at {where} is not supported; supported: "
-                                      f"{', '.join(sorted(FORMATS))}", field)
-        if key in _SCHEMA_MAPS:
-            if not isinstance(value, dict):
-                raise InvalidRequestError(f"{where} must be an object", field)
-            for name, sub in value.items():
-                check_schema(sub, field, f"{where}/{name}")
-        elif key in _SCHEMA_LISTS:
-            if not isinstance(value, list):
-                raise InvalidRequestError(f"{where} must be a list", field)
-            for i, sub in enumerate(value):
-                check_schema(sub, field, f"{where}/{i}")
-        elif key in _SCHEMA_VALUES:
-            check_schema(value, field, where)
+# the log prefix of the library's messages ("[04:29:08] /project/cpp/x.cc:5082: ") and its checks' wording
+_LIBRARY_NOISE = re.compile(r"^(\[[\d:]+\] \S+:\d+: )?(Check failed: .* is false: )?")
+# a pattern compiled to one automaton over a JSON string's characters (quote, backslash and control
+# characters left out); any other rule lets the library write them raw (json_schema_converter.cc)
+_STRING_REGEX_RULE = re.compile(r'^\w+ ::= Regex\(".*", json_string=true\)$', re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +91,10 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(spec)
                 return hit
-        if spec.schema:
-            check_schema(json.loads(spec.schema))
-        compiled = CompiledGrammar(spec, self._xgrammar_compile(spec))
+        schema = json.loads(spec.schema) if spec.schema else None
+        if schema is not None:
+            check_schema(schema)
+        compiled = CompiledGrammar(spec, self._xgrammar_compile(spec, with_whole_integer_bounds(schema)))
         with self._lock:
             self.compiles += 1
             self._cache[spec] = compiled
@@ -146,26 +112,52 @@ class GrammarCompiler:
                 self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def _xgrammar_compile(self, spec: GrammarSpec) -> Any:
+    def _xgrammar_compile(self, spec: GrammarSpec, schema: Any) -> Any:
+        """``spec`` compiled, ``schema`` being its schema as checked and rounded (None: none)."""
         import xgrammar  # noqa: PLC0415
 
         compiler = self._xgrammar_compiler()
         try:
+            _check_patterns_stay_in_strings(schema)
             if spec.kind == "tagged_json":
-                return compiler.compile_structural_tag(_tool_tag(spec))
-            schema = spec.schema if spec.kind == "json_schema" else '{"type": "object"}'
-            return compiler.compile_json_schema(schema, any_whitespace=False, separators=SEPARATORS,
+                return compiler.compile_structural_tag(_tool_tag(spec, schema))
+            text = json.dumps(schema) if spec.kind == "json_schema" else '{"type": "object"}'
+            return compiler.compile_json_schema(text, any_whitespace=False, separators=SEPARATORS,
                                                 strict_mode=spec.kind == "json_schema")
+        except InvalidRequestError:
+            raise
         except (RuntimeError, ValueError, xgrammar.InvalidJSONError, xgrammar.InvalidStructuralTagError) as exc:
-            message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise InvalidRequestError(f"the grammar library refused it: {message}", SCHEMA_FIELD) from None
+            raise InvalidRequestError(f"the grammar library refused it: {_library_message(exc)}",
+                                      SCHEMA_FIELD) from None
 
 
-def _tool_tag(spec: GrammarSpec) -> dict:
+def _check_patterns_stay_in_strings(schema: Any) -> None:
+    """Refuse a pattern xgrammar cannot compile to one automaton over a JSON string's characters:
+    it then matches the regex against the raw JSON text, writing an unescaped quote, backslash or
+    control character (a non-ASCII character in the pattern, a pattern whose every match holds
+    such a character, or one whose automaton would be too large)."""
+    import xgrammar  # noqa: PLC0415
+
+    for where, pattern in schema_patterns(schema):
+        alone = json.dumps({"type": "string", "pattern": pattern})
+        if not _STRING_REGEX_RULE.search(str(xgrammar.Grammar.from_json_schema(alone, any_whitespace=False))):
+            raise InvalidRequestError(
+                f"pattern {pattern!r} at {where} is one the grammar library cannot keep inside a JSON string (it "
+                f"could write an unescaped quote, backslash or control character): write non-ASCII characters as "
+                f"\\uXXXX, let it match text without such characters, and keep repetitions small", SCHEMA_FIELD)
+
+
+def _library_message(exc: Exception) -> str:
+    """The library's message as plain text: its last line without the log prefix."""
+    text = str(exc).strip()
+    return _LIBRARY_NOISE.sub("", text.splitlines()[-1]) if text else type(exc).__name__
+
+
+def _tool_tag(spec: GrammarSpec, schema: Any) -> dict:
     """xgrammar's structural tag of a tagged_json spec: begin, the JSON, end; the whole output,
     or (``free_text``) wherever the text writes ``begin``."""
     tag = {"type": "tag", "begin": spec.begin, "end": spec.end,
-           "content": {"type": "json_schema", "json_schema": json.loads(spec.schema), "max_whitespace_cnt": 1}}
+           "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}}
     if spec.free_text:
         return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [spec.begin],
                                                       "tags": [tag]}}

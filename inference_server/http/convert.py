@@ -21,8 +21,8 @@ from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.edge import checks as edge
 from loraplex.inference_server.edge.checks import MAX_CHOICES, RequestLimits
 from loraplex.inference_server.engine.api import PromptTokenizer
-from loraplex.inference_server.engine.grammar import check_schema
 from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
+from loraplex.inference_server.engine.schema_checks import check_schema
 from loraplex.inference_server.http import tool_formats, tools as tool_calls
 from loraplex.inference_server.http.chat_turns import chat_turns
 from loraplex.inference_server.http.prompts import completion_prompts

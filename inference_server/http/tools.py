@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.adapter_store.errors import InvalidRequestError
-from loraplex.inference_server.engine.grammar import check_schema
 from loraplex.inference_server.engine.request import GrammarSpec
+from loraplex.inference_server.engine.schema_checks import check_schema
 from loraplex.inference_server.http.tool_formats import FORMATS, ToolFormat, describe
 
 SMOLLM2 = FORMATS["smollm2"]

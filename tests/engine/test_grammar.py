@@ -1,25 +1,28 @@
 """Structured output in the engine (#41 item 4): the schema keywords loraplex accepts are the ones
 xgrammar enforces (each shown refusing a document that breaks it) and every other is refused
-naming its place; the bitmask layout; the sampler masking only the constrained rows; the compile
-cache; and, on a tiny random Llama, constrained requests mixed with free ones and adapters, in the
-plain and the launch-ahead engine: every constrained output is a path through its grammar and
-every free request gets the tokens it gets alone."""
+naming its place, as is each combination, multipleOf and regex feature xgrammar would drop, and a
+pattern it would not keep inside a JSON string; the library's own refusals read as plain text, and
+an integer's fractional bounds are rounded inward; the bitmask layout; the sampler masking only the
+constrained rows; the compile cache; and, on a tiny random Llama, constrained requests mixed with
+free ones and adapters, in the plain and the launch-ahead engine: every constrained output is a
+path through its grammar and every free request gets the tokens it gets alone."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from loraplex.adapter_store.errors import InvalidRequestError
-from loraplex.inference_server.engine.grammar import (ANNOTATIONS, FORMATS, SCHEMA_KEYWORDS, GrammarCompiler,
-                                                      GrammarState, MaskFiller, check_schema)
+from loraplex.inference_server.engine.grammar import GrammarCompiler, GrammarState, MaskFiller
 from loraplex.inference_server.engine.request import (GenerationRequest, GrammarSpec, SamplingParams,
                                                       StoppingCriteria)
 from loraplex.inference_server.engine.sampler import SampleRow, TokenMasks, apply_bitmask, sample
+from loraplex.inference_server.engine.schema_checks import ANNOTATIONS, FORMATS, SCHEMA_KEYWORDS, check_schema
 from lora_helpers import ADAPTER_CONFIGS, load_engine, make_test_adapters, run_all, tokens_of
 from launch_ahead import _deferred
 
@@ -116,6 +119,139 @@ def test_a_schema_the_library_cannot_compile_is_refused(grammars) -> None:
     with pytest.raises(InvalidRequestError) as refused:
         grammars.compile(GrammarSpec("json_schema", json.dumps({"$ref": "#/$defs/missing"})))
     assert refused.value.field == "response_format.schema" and "refused" in str(refused.value)
+
+
+def _refusal(grammars: GrammarCompiler, schema: dict) -> str:
+    """The message of ``schema``'s refusal at compile time."""
+    with pytest.raises(InvalidRequestError) as refused:
+        grammars.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    assert refused.value.field == "response_format.schema"
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "object", "required": ["b"]}, "'b' at /required/0 is not in /properties; declare it in properties"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, "'b' at /required/1"),
+    ({"type": "object", "properties": {"o": {"type": "object", "additionalProperties": {"type": "integer"},
+                                             "required": ["x"]}}}, "'x' at /properties/o/required/0"),
+])
+def test_required_names_properties_does_not_declare_are_refused(grammars, schema, where) -> None:
+    assert where in _refusal(grammars, schema)  # xgrammar let {} through for each
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "multipleOf": 7, "maximum": 100},  # one bound
+    {"type": "integer", "multipleOf": 7, "exclusiveMinimum": 0},
+    {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 10000},  # 10001 values
+    {"type": "integer", "multipleOf": 2.5},  # not whole
+    {"type": "integer", "multipleOf": 1025},
+    {"type": "number", "multipleOf": 0.5},
+    {"type": ["integer", "number"], "multipleOf": 7},
+])
+def test_multiple_of_is_refused_where_the_library_drops_it(grammars, schema) -> None:
+    assert "'multipleOf' at /multipleOf is enforced by the grammar library only on" in _refusal(grammars, schema)
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "integer", "multipleOf": 7}, ["14", "-21", "0"], ["15", "10826190002568232458"]),
+    ({"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 9999}, ["0", "9996"], ["8", "9997", "10003"]),
+    ({"type": "integer", "multipleOf": 7, "minimum": 0.5, "exclusiveMaximum": 10000.5}, ["7", "9996"], ["0", "10003"]),
+    ({"type": ["integer", "null"], "multipleOf": 7}, ["7", "null"], ["8"]),
+])
+def test_multiple_of_is_enforced_where_accepted(grammars, schema, good, bad) -> None:
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    assert all(_takes(grammars, spec, text) for text in good)
+    assert not any(_takes(grammars, spec, text) for text in bad)
+
+
+@pytest.mark.parametrize("pattern, words", [
+    ("^(?!abc)[a-z]{3}$", "negative lookahead"),  # xgrammar let "abc" through
+    ("^(?=a)[a-z]{3}$", "lookahead"),
+    ("^[a-z]{3}(?<!c)$", "lookbehind"),
+    (r"^a\bb$", "word boundary"),
+    (r"^(a)\1$", "backreference"),
+    (r"^(?<x>a)\k<x>$", "backreference"),
+    ("^(?i)abc$", "inline flag"),
+    (r"^\p{L}$", "Unicode property"),
+    (r"\Aab\z", "escape \\A"),  # xgrammar: a literal "A", Python's re: the start
+    (r"^[\a-z]$", "escape \\a"),  # xgrammar: the bell character to "z"; ECMA-262: "a" to "z"
+    (r"^\u{41}$", "\\u{...}"),
+    ("a^b", "'^' inside it"),  # xgrammar let "ab" through
+    ("(a$)b", "'$' inside it"),
+])
+def test_regex_features_the_library_drops_or_misreads_are_refused(grammars, pattern, words) -> None:
+    message = _refusal(grammars, {"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}}})
+    assert "at /properties/p/pattern" in message and words in message
+
+
+@pytest.mark.parametrize("pattern", [
+    "^é.$",  # non-ASCII: xgrammar matched "." against the raw text, quote included
+    '^a"b$',  # only a quote could match: written raw
+    r"^a\\b$",  # a backslash, written raw (then read as an escape)
+    r"^a\tb$",  # a raw tab: invalid JSON
+    r"^[\x00-\x1f]$",
+    r"^\S{1,10000}$",  # too large for one automaton: matched against the raw text
+])
+def test_patterns_the_library_would_not_keep_inside_a_json_string_are_refused(grammars, pattern) -> None:
+    message = _refusal(grammars, {"type": "string", "pattern": pattern})
+    assert "at /pattern is one the grammar library cannot keep inside a JSON string" in message
+    assert "refused it" not in message
+
+
+def test_supported_regex_features_are_enforced(grammars) -> None:
+    for pattern, good, bad in [(r"^(?:ab)+(?<n>c)(?P<m>d)?$", "ababcd", "abc d"), ("^a$|^b$", "b", "ab"),
+                               (r"^a{2,3}?\d\w\s\S$", "aa1_ x", "a1_ x"), (r"^\u00e9[^\d-]$", "éa", "é-"),
+                               (r"^[\w.+-]+\/x$", "a.b/x", "a b/x")]:
+        spec = GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": pattern}))
+        assert _takes(grammars, spec, json.dumps(good, ensure_ascii=False)), pattern
+        assert not _takes(grammars, spec, json.dumps(bad, ensure_ascii=False)), pattern
+
+
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "integer", "enum": [1, 2, 3], "maximum": 2}, "'maximum' at /maximum is ignored beside 'enum'"),
+    ({"type": "integer", "const": "a"}, "'a' at /const is not of the type"),
+    ({"type": "array", "items": {"type": "string", "enum": ["a", 1]}}, "1 at /items/enum/1 is not of the type"),
+    ({"type": "string", "anyOf": [{"type": "integer"}]}, "'type' at /type is ignored beside 'anyOf'"),
+    ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 3}, "'maximum' at /maximum is ignored"),
+    ({"anyOf": [{"minimum": 5}, {"type": "string"}]}, "'minimum' at /anyOf/0/minimum needs a \"type\""),
+    ({"maxLength": 3}, "'maxLength' at /maxLength needs"),
+    ({"minItems": 2}, "'minItems' at /minItems needs"),
+    ({"properties": {"a": {"type": "integer"}}, "minProperties": 1}, "'minProperties' at /minProperties needs"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "'maxLength' at /maxLength is ignored beside 'pattern'"),
+    ({"type": "string", "format": "email", "minLength": 9}, "'minLength' at /minLength is ignored beside 'format'"),
+    ({"type": "string", "format": "date", "pattern": "^1"}, "'pattern' at /pattern is ignored beside 'format'"),
+])
+def test_keywords_the_library_ignores_beside_others_are_refused(grammars, schema, where) -> None:
+    assert where in _refusal(grammars, schema)  # xgrammar let the document breaking it through
+
+
+@pytest.mark.parametrize("schema", [{"type": {"a": 1}}, {"type": [["integer"]], "const": 1},
+                                    {"type": "object", "required": [["a"]]}, {"type": "string", "format": ["date"]}])
+def test_malformed_values_are_refused_not_crashed_on(grammars, schema) -> None:
+    _refusal(grammars, schema)
+
+
+@pytest.mark.parametrize("schema, cause", [
+    ({"type": "integer", "minimum": 5, "maximum": 3}, "Invalid range: minimum greater than maximum"),
+    ({"type": "integer", "maximum": 1e300}, "Integer exceeds maximum limit"),
+    ({"type": "string", "pattern": "^a{2,1}$"}, "Lower bound is larger than upper bound: 2 > 1"),
+])
+def test_library_refusals_read_as_plain_text(grammars, schema, cause) -> None:
+    message = _refusal(grammars, schema)
+    assert "the grammar library refused it: " in message and message.endswith(cause), message
+    assert not re.search(r"\[\d\d:|\.cc:|Check failed", message), message  # no log time, C++ path or check
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "integer", "minimum": 2.5, "maximum": 4.5}, ["3", "4"], ["2", "5"]),
+    ({"type": "integer", "exclusiveMinimum": 2.5, "exclusiveMaximum": 4.5}, ["3", "4"], ["2", "5"]),
+    ({"type": "integer", "exclusiveMinimum": -2.5, "exclusiveMaximum": 0.0}, ["-2", "-1"], ["-3", "0"]),
+    ({"type": ["integer", "null"], "maximum": -0.5}, ["-1", "null"], ["0"]),
+])
+def test_fractional_integer_bounds_are_rounded_inward(grammars, schema, good, bad) -> None:
+    spec = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"n": schema}, "required": ["n"]}))
+    assert all(_takes(grammars, spec, f'{{"n": {text}}}') for text in good)
+    assert not any(_takes(grammars, spec, f'{{"n": {text}}}') for text in bad)
 
 
 def test_specs_are_checked_where_they_are_made() -> None:
