@@ -39,6 +39,9 @@ class SyntheticTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(map(chr, ids))
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return chr(token_id).encode()
+
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return self.encode("".join(m["content"] for m in messages))
 

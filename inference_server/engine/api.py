@@ -34,7 +34,12 @@ class PromptTokenizer(Protocol):
         ...
 
     def decode(self, ids: list[int]) -> str:
-        """Token ids -> text (the HTTP edge names each token of a logprobs answer by its text)."""
+        """Token ids -> text (the HTTP edge's echo of prompts given as token ids)."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token adds to a text, a part of a multi-byte character included (the HTTP
+        edge names each token of a logprobs answer by them)."""
         ...
 
 

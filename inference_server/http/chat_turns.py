@@ -20,6 +20,7 @@ from loraplex.inference_server.http.schemas import ChatCompletionRequest
 from loraplex.inference_server.http.tool_formats import ToolFormat, describe
 
 _ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name of the system role
+_ROLES = ("system", "developer", "user", "assistant", "tool")  # every role a message may have
 
 
 def chat_turns(body: ChatCompletionRequest, fmt: ToolFormat | None, template: str) -> list[dict[str, Any]]:
@@ -28,7 +29,7 @@ def chat_turns(body: ChatCompletionRequest, fmt: ToolFormat | None, template: st
     for i, m in enumerate(body.messages):
         content = m.content if isinstance(m.content, str) or m.content is None else edge.text_of_parts(
             ((part.type, part.text) for part in m.content), f"messages[{i}].content")
-        role = _ROLE_ALIASES.get(m.role, m.role)
+        role = _role(i, m.role)
         turn: dict[str, Any] = {"role": role, "content": content}
         if (m.tool_calls and role == "assistant") or role == "tool":
             if fmt is None:
@@ -41,6 +42,14 @@ def chat_turns(body: ChatCompletionRequest, fmt: ToolFormat | None, template: st
             raise InvalidRequestError(f"message {i} has no content", f"messages[{i}].content")
         out.append(turn)
     return out
+
+
+def _role(i: int, role: str) -> str:
+    """Message ``i``'s role as the template takes it; one not in _ROLES is refused naming it."""
+    if role not in _ROLES:
+        raise InvalidRequestError(f"message {i} has role {role!r}; roles are {', '.join(_ROLES)}",
+                                  f"messages[{i}].role")
+    return _ROLE_ALIASES.get(role, role)
 
 
 def _tool_turn(turn: dict[str, Any], calls: list[dict[str, Any]], call_id: str | None, fmt: ToolFormat,

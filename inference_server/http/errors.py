@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class HttpError(Exception):
-    """A refusal of the HTTP layer itself (body too large, wrong content type, no such route)."""
+    """A refusal of the HTTP layer itself (body too large, wrong content type, no such route, a
+    ``lora_path`` naming no stored adapter: a 404 whose ``param`` is not ``model``)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None, close: bool = False) -> None:

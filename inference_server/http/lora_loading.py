@@ -3,9 +3,12 @@ where a ``lora_path`` points, and the adapter files read from there.
 
 ``lora_path`` is one of: ``s3://bucket/prefix`` (imported by the adapter store sidecar with its
 own S3 client and credentials: ``S3Path``; this process reads no S3, and without a store such a
-path is refused naming ``--adapter-store``), a folder on the server, or the id of an adapter
-already stored. A folder's files then go through the same validation and store as an
-UploadAdapter call (``EdgeAdapters.put``), and the adapter is loaded into the device pool. A
+path is refused naming ``--adapter-store``), a folder on the server as an absolute path, or the
+id of an adapter already stored. Anything else is an id: a relative path is never looked up in
+the server's working directory (``rnd`` is the stored adapter ``rnd`` even where a folder
+``rnd`` is there), and one that is no valid id (``./rnd``) is refused. A folder's files then go
+through the same validation and store as an UploadAdapter call (``EdgeAdapters.put``), and the
+adapter is loaded into the device pool. A
 folder or a bucket is read with the server's (or its store's) file system and credentials, so
 with ``--auth tokens`` only an admin may name one; a tenant may load a stored adapter it can read.
 """
@@ -15,13 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.adapter_store.errors import InvalidRequestError, PermissionDeniedError
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError, PermissionDeniedError
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.engine.api import EdgeAdapters
+from loraplex.inference_server.http.errors import HttpError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_FILES = (CONFIG_FILE, WEIGHTS_FILE)  # what is read (a PEFT folder's other files, pickles included, are not)
+_FORMS = "an absolute folder path on the server, an s3://bucket/prefix or a stored adapter id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +49,27 @@ def lora_files(lora_path: str, adapters: EdgeAdapters, may_read_server: bool, ma
             raise InvalidRequestError(f"{lora_path!r} names no bucket (s3://bucket/prefix)", "lora_path")
         return S3Path(lora_path)
     folder = Path(lora_path)
-    if folder.is_absolute() or folder.is_dir():
+    if folder.is_absolute():
         _check_may_read(may_read_server, lora_path)
         return _folder_files(folder, max_bytes)
-    adapter_id = validate_adapter_id(lora_path, "lora_path")
-    adapters.get(adapter_id)  # AdapterNotFoundError (404) for one the caller cannot read
+    return _stored_id(lora_path, adapters)
+
+
+def _stored_id(lora_path: str, adapters: EdgeAdapters) -> str:
+    """``lora_path`` as the id of a stored adapter the caller may read: 400 if it is no valid id,
+    404 naming ``lora_path`` if no such adapter is stored (or readable)."""
+    try:
+        adapter_id = validate_adapter_id(lora_path, "lora_path")
+    except InvalidRequestError as exc:
+        reason = str(exc).removeprefix("lora_path: ").removeprefix(f"{lora_path!r}: ")
+        raise InvalidRequestError(f"must be {_FORMS}; {lora_path!r} is neither an absolute path nor an id "
+                                  f"({reason})", "lora_path") from None
+    try:
+        adapters.get(adapter_id)
+    except AdapterNotFoundError:
+        raise HttpError(404, f"lora_path: no stored adapter {adapter_id!r} exists; lora_path must be {_FORMS} (a "
+                             "folder as an absolute path: a relative one is never looked up in the server's working "
+                             "directory)", param="lora_path", code="model_not_found") from None
     return adapter_id
 
 

@@ -2,11 +2,15 @@
 
 A formatter is made per request; it numbers nothing and keeps only what a stream needs to
 carry over between chunks (the completion API's character offsets). Tokens of a logprobs
-answer are named by their decoded text, as OpenAI names them.
+answer are named by their text, as OpenAI names them, and carry their own bytes
+(Tokenizer.token_bytes): a token that holds part of a multi-byte character (one byte of an
+emoji) is named by those bytes escaped (``\\xf0\\x9f``, as DeepSeek names them), so the
+parts of one character keep distinct names.
 """
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import Callable
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
 from loraplex.inference_server.http.tools import ToolUse
 
-Decode = Callable[[list[int]], str]
+TokenBytes = Callable[[int], bytes]  # a token id -> the bytes it adds to a text
 
 # the engine's finish reasons as OpenAI's (an abort is reported as vLLM reports it)
 FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
@@ -29,6 +33,12 @@ def usage_json(usage: Usage) -> dict:
 
 def _finish(event: TokenEvent) -> str | None:
     return FINISH_REASONS[event.finish_reason] if event.finish_reason is not None else None
+
+
+def token_name(data: bytes) -> str:
+    """A token's name in a logprobs answer: the text of its bytes, each byte that is not part of a
+    whole UTF-8 character written as ``\\xNN`` (a literal backslash-x)."""
+    return data.decode("utf-8", "backslashreplace")
 
 
 def _ranked(alternatives: dict[int, float]) -> list[tuple[int, float]]:
@@ -51,7 +61,7 @@ class _Format:
     (``continuous_usage_stats`` reports them on every chunk)."""
 
     model: str
-    decode: Decode
+    token_bytes: TokenBytes
     logprobs: bool
     prompt_tokens: int = 0  # every prompt's
     continuous_usage: bool = False
@@ -63,6 +73,9 @@ class _Format:
 
     def __post_init__(self) -> None:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+
+    def _name(self, token_id: int) -> str:
+        return token_name(self.token_bytes(token_id))
 
     def _envelope(self, kind: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
@@ -86,14 +99,30 @@ class _Format:
 
 
 @dataclass(slots=True)
+class _TextOffsets:
+    """A choice's ``text_offset``s: the characters its tokens' bytes make before each token, a
+    token that starts inside a character (an emoji's second byte) at that character's."""
+
+    chars: int = 0
+    utf8: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+
+    def advance(self, data: bytes) -> int:
+        """The offset of the next token, whose bytes are ``data``."""
+        offset = self.chars
+        self.chars += len(self.utf8.decode(data))
+        return offset
+
+
+@dataclass(slots=True)
 class CompletionFormat(_Format):
     """/v1/completions: ``text`` per choice, logprobs as tokens / token_logprobs / top_logprobs /
     text_offset; with ``echo`` (each prompt's text) each choice starts with its prompt, and its
-    logprobs with the prompt tokens' (the first token's are null, as OpenAI's)."""
+    logprobs with the prompt tokens' (the first token's are null, as OpenAI's). Each other
+    position's top_logprobs holds its token too, as vLLM's do (``logprobs: 0``: only it)."""
 
     echo: tuple[str, ...] | None = None
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # with echo and logprobs: each prompt's tokens, named in the logprobs
-    offsets: dict[int, int] = field(default_factory=dict)  # per choice: characters before its next chunk
+    offsets: dict[int, _TextOffsets] = field(default_factory=dict)  # per choice: characters before its next token
     echoed: set[int] = field(default_factory=set)  # the choices whose prompt went out
 
     def _logprobs(self, index: int, event: TokenEvent) -> dict | None:
@@ -108,14 +137,25 @@ class CompletionFormat(_Format):
 
     def _append(self, out: dict, index: int, ids: tuple[int, ...], logprobs, tops) -> None:
         """Add tokens ``ids`` with their log-probabilities and alternatives (where known)."""
+        offsets = self.offsets.setdefault(index, _TextOffsets())
         for i, token in enumerate(ids):
-            text = self.decode([token])
+            data = self.token_bytes(token)
+            logprob = logprobs[i] if i < len(logprobs) else None
             top = tops[i] if tops is not None and i < len(tops) else None
-            out["tokens"].append(text)
-            out["token_logprobs"].append(logprobs[i] if i < len(logprobs) else None)
-            out["top_logprobs"].append(None if top is None else {self.decode([t]): v for t, v in _ranked(top)})
-            out["text_offset"].append(self.offsets.get(index, 0))
-            self.offsets[index] = self.offsets.get(index, 0) + len(text)
+            out["tokens"].append(token_name(data))
+            out["token_logprobs"].append(logprob)
+            out["top_logprobs"].append(self._top(token, logprob, top))
+            out["text_offset"].append(offsets.advance(data))
+
+    def _top(self, token: int, logprob: float | None, alternatives: dict[int, float] | None) -> dict | None:
+        """A position's top_logprobs: its alternatives and the token itself; null where neither is
+        known (the first prompt token)."""
+        if logprob is None and alternatives is None:
+            return None
+        out = {self._name(t): v for t, v in _ranked(alternatives or {})}
+        if logprob is not None:
+            out.setdefault(self._name(token), logprob)
+        return out
 
     def _text(self, index: int, event: TokenEvent) -> str:
         if self.echo is None or index in self.echoed:
@@ -123,7 +163,7 @@ class CompletionFormat(_Format):
         self.echoed.add(index)
         echo = self.echo[index // self.n]
         if not self.logprobs:
-            self.offsets[index] = len(echo)
+            self.offsets[index] = _TextOffsets(len(echo))
         return echo + event.text
 
     def chunk(self, event: TokenEvent, index: int = 0) -> dict:
@@ -186,8 +226,8 @@ class ChatFormat(_Format):
         return {"content": content or "", "tool_calls": [c.to_json(i) for i, c in enumerate(calls)]}, "tool_calls"
 
     def _entry(self, token_id: int, logprob: float) -> dict:
-        text = self.decode([token_id])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        data = self.token_bytes(token_id)
+        return {"token": token_name(data), "logprob": logprob, "bytes": list(data)}
 
     def _content(self, event: TokenEvent) -> list[dict]:
         out = []

@@ -39,7 +39,7 @@ from loraplex.inference_server.http.auth import HttpCaller, authenticate
 from loraplex.inference_server.http.body import read_body
 from loraplex.inference_server.http.errors import error_body, error_response
 from loraplex.inference_server.http.lora_loading import S3Path, lora_files
-from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, best_of
+from loraplex.inference_server.http.responses import ChatFormat, CompletionFormat, TokenBytes, best_of
 from loraplex.inference_server.http.router_metrics import HttpMetrics
 from loraplex.inference_server.http.schemas import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
                                                     UnloadLoraRequest)
@@ -86,7 +86,8 @@ class OpenAIRoutes:
     def routes(self) -> list[Route]:
         table: list[tuple[str, Handler, str]] = [
             ("/v1/completions", self.completions, "POST"), ("/v1/chat/completions", self.chat, "POST"),
-            ("/v1/models", self.models, "GET"), ("/v1/models/{model:path}", self.model, "GET"),
+            ("/v1/models", self.models, "GET"), ("/v1/models/", self.models, "GET"),
+            ("/v1/models/{model:path}", self.model, "GET"),
             ("/health", self.health, "GET"), ("/metrics", self.prometheus, "GET"),
         ]
         if self._config.runtime_lora_updating:  # off: 404, as vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING
@@ -145,7 +146,7 @@ class OpenAIRoutes:
             isinstance(body, CompletionRequest) and len(str(body.prompt)) > INLINE_TOKENIZE_CHARS)
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
         headers = _ignored_header(request, decoded.ignored)
-        fmt = _format(fmt_type, decoded, engine.tokenizer.decode)
+        fmt = _format(fmt_type, decoded, engine.tokenizer.token_bytes)
         streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
         try:
             first = await waiting.unless_disconnected(request, waiting.firsts(streams), streams, "its first token")
@@ -238,9 +239,9 @@ def _adapter_card(info: AdapterInfo, base: str) -> dict[str, Any]:
             "owned_by": policy.adapter_owner(info.adapter_id) or "shared", "root": info.adapter_id, "parent": base}
 
 
-def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: convert.DecodedRequest, decode
-            ) -> CompletionFormat | ChatFormat:
-    common = dict(model=decoded.model, decode=decode, logprobs=decoded.logprobs,
+def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: convert.DecodedRequest,
+            token_bytes: TokenBytes) -> CompletionFormat | ChatFormat:
+    common = dict(model=decoded.model, token_bytes=token_bytes, logprobs=decoded.logprobs,
                   prompt_tokens=sum(map(len, decoded.prompts)), continuous_usage=decoded.continuous_usage,
                   n=decoded.n)
     if fmt_type is CompletionFormat:

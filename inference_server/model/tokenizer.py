@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from loraplex.inference_server.model import text_bound
@@ -27,6 +28,9 @@ class Tokenizer:
             raise ValueError(f"tokenizer {type(hf_tokenizer).__name__} is not a fast (Rust) tokenizer")
         self._tok = hf_tokenizer
         self.eos_token_ids: tuple[int, ...] = self._collect_eos(extra_eos_ids)
+        self._spell = _piece_speller(hf_tokenizer.backend_tokenizer.decoder)
+        self._added_texts = {i: t.content for i, t in hf_tokenizer.added_tokens_decoder.items()}
+        self._bytes_of: dict[int, bytes] = {}  # token_bytes' answers, by id
 
     # construction ------------------------------------------------------------------------
 
@@ -115,6 +119,25 @@ class Tokenizer:
         """Token ids -> token strings (byte-level pieces, e.g. 'Ġhello')."""
         return list(self._tok.convert_ids_to_tokens(list(ids)))
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` adds to a text, a part of a multi-byte character included
+        (where ``decode([token_id])`` gives U+FFFD): a byte-level BPE piece's bytes (GPT-2's
+        byte-to-character table inverted: SmolLM2, Llama 3, Qwen), a SentencePiece piece's with
+        byte fallback (``<0xF0>``, and U+2581 as a space: Gemma, Llama 2), an added token's text;
+        any other token's decoded text. Cached per id."""
+        found = self._bytes_of.get(token_id)
+        if found is None:
+            found = self._bytes_of[token_id] = self._uncached_bytes(token_id)
+        return found
+
+    def _uncached_bytes(self, token_id: int) -> bytes:
+        added = self._added_texts.get(token_id)
+        if added is not None:
+            return added.encode()
+        piece = self._tok.convert_ids_to_tokens(token_id)
+        found = self._spell(piece) if self._spell is not None and isinstance(piece, str) else None
+        return found if found is not None else self.decode([token_id]).encode()
+
     @property
     def chat_template(self) -> str:
         """The chat template's Jinja text ("" without one)."""
@@ -136,6 +159,50 @@ class Tokenizer:
         the template text is tokenized without adding special tokens again.
         """
         return self.encode(self.render_chat(messages, tools), add_special_tokens=False)
+
+
+def _gpt2_byte_chars() -> dict[int, str]:
+    """GPT-2's ``bytes_to_unicode``: each byte as the printable character byte-level pieces spell it with."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+_BYTE_OF_CHAR = {char: byte for byte, char in _gpt2_byte_chars().items()}
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+def _byte_level_bytes(piece: str) -> bytes | None:
+    """'ĠðŁ' -> b' \\xf0\\x9f' (None: a character outside GPT-2's table)."""
+    try:
+        return bytes(_BYTE_OF_CHAR[char] for char in piece)
+    except KeyError:
+        return None
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    """'<0xF0>' -> b'\\xf0'; '▁hi' -> b' hi'."""
+    byte = _BYTE_PIECE.fullmatch(piece)
+    return bytes([int(byte[1], 16)]) if byte else piece.replace("\u2581", " ").encode()
+
+
+# a tokenizer.json decoder's type -> how its pieces spell bytes
+_PIECE_BYTES: dict[str, Callable[[str], bytes | None]] = {
+    "ByteLevel": _byte_level_bytes, "ByteFallback": _sentencepiece_bytes, "Metaspace": _sentencepiece_bytes,
+}
+
+
+def _piece_speller(decoder: Any) -> Callable[[str], bytes | None] | None:
+    """How the pieces of a tokenizer whose decoder is ``decoder`` (a ``tokenizers`` decoder) spell
+    bytes, by the decoder's type (None: not known). Its JSON is read as pickling writes it: the
+    whole tokenizer's ``to_str()`` costs a second on a 262k-token vocabulary."""
+    kinds = _decoder_types(json.loads(decoder.__getstate__())) if decoder is not None else []
+    return next((_PIECE_BYTES[kind] for kind in kinds if kind in _PIECE_BYTES), None)
+
+
+def _decoder_types(decoder: dict[str, Any]) -> list[str]:
+    """The types of a tokenizer.json decoder and of those a ``Sequence`` holds, in order."""
+    return [decoder["type"], *(t for d in decoder.get("decoders") or () for t in _decoder_types(d))]
 
 
 def _check_messages(messages: Any) -> None:

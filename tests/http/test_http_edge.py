@@ -116,7 +116,7 @@ def test_logprobs_in_both_shapes(served) -> None:
 
 
 def test_adapters_by_id_and_base_colon_adapter_and_listed_at_once(served, tmp_path: Path) -> None:
-    srv, _, client, _ = served
+    srv, _, client, url = served
     assert [m.id for m in client.models.list()] == [BASE]
     with LoraplexClient(srv.address, timeout=10) as grpc_client:
         grpc_client.upload_adapter("acme/pirate", write_fake_adapter(tmp_path / "peft"))
@@ -124,6 +124,8 @@ def test_adapters_by_id_and_base_colon_adapter_and_listed_at_once(served, tmp_pa
     assert set(models) == {BASE, "acme/pirate"}
     assert models["acme/pirate"].parent == BASE and models["acme/pirate"].owned_by == "acme"
     assert client.models.retrieve("acme/pirate").id == "acme/pirate"
+    status, listing = _get(url + "/models/")  # a trailing slash: the list, not the model ''
+    assert status == 200 and [m["id"] for m in json.loads(listing)["data"]] == [BASE, "acme/pirate"]
     by_id = client.completions.create(model="acme/pirate", prompt="hello", max_tokens=5).choices[0].text
     colon = client.completions.create(model=f"{BASE}:acme/pirate", prompt="hello", max_tokens=5).choices[0].text
     assert by_id == colon == _text("hello", "acme/pirate", 5) != _text("hello", None, 5)
@@ -147,7 +149,7 @@ BAD_COMPLETIONS = [
                                                                      "stream_options"),
 ]
 BAD_CHAT = [
-    ({"messages": []}, "messages"), ({"messages": [{"role": "function", "content": "x"}]}, "messages.role"),
+    ({"messages": []}, "messages"), ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
@@ -174,6 +176,18 @@ def test_bad_chat_parameters_are_400_naming_the_param(served, changes: dict, par
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(**{k: body.pop(k) for k in ("model", "messages")}, extra_body=body)
     assert caught.value.body["param"] == param, caught.value.body
+
+
+def test_an_unknown_role_names_its_message_and_every_role(served) -> None:
+    _, engine, client, _ = served
+    messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "wizard", "content": "abracadabra"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=BASE, messages=messages)
+    assert caught.value.body["param"] == "messages[2].role"
+    assert caught.value.body["message"] == ("messages[2].role: message 2 has role 'wizard'; roles are system, "
+                                            "developer, user, assistant, tool")
+    assert engine.requests == []
 
 
 @pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "https://x/cat.png"}},

@@ -2,7 +2,8 @@
 sockets: off unless enabled (404, as vLLM); ``lora_path`` a folder on the server or a stored
 adapter id, and an ``s3://bucket/prefix`` refused without an adapter store even where this
 process has S3 credentials and the files are there (moto's S3; test_http_lora_s3_import.py loads
-one through a store); the same validation and errors as an upload; ``/v1/models`` lists the
+one through a store); a relative path is an id, never a folder of the server's working directory;
+the same validation and errors as an upload; ``/v1/models`` lists the
 loaded adapter with ``parent`` = the base; unload drops it from the listing and from the pool, whose used bytes fall by its
 footprint (measured); with tenants, only admins read server folders and a tenant writes only its
 own namespace."""
@@ -113,7 +114,9 @@ def test_load_from_a_folder_and_the_store_then_unload_and_s3_needs_a_store(tiny_
 
 @pytest.mark.parametrize("body, param, fragment", [
     ({"lora_name": "x", "lora_path": "/nonexistent/folder"}, "lora_path", "not a folder"),
-    ({"lora_name": "x", "lora_path": "no-such-adapter"}, "model", "not found"),
+    ({"lora_name": "x", "lora_path": "no-such-adapter"}, "lora_path", "no stored adapter 'no-such-adapter' exists"),
+    ({"lora_name": "x", "lora_path": "./rnd"}, "lora_path", "must be an absolute folder path on the server"),
+    ({"lora_name": "x", "lora_path": "a/b/c"}, "lora_path", "a stored adapter id"),
     ({"lora_name": "bad name!", "lora_path": "/tmp"}, "lora_name", ""),
     ({"lora_name": "x"}, "lora_path", "required"),
     ({"lora_name": "x", "lora_path": "s3://"}, "lora_path", "no bucket"),
@@ -124,6 +127,24 @@ def test_bad_loads_are_4xx_naming_the_field(tiny_llama_dir: Path, tmp_path: Path
         status, text = _post(root, "/v1/load_lora_adapter", body)
         error = json.loads(text)["error"]
         assert status in (400, 404) and error["param"] == param and fragment in error["message"], error
+    finally:
+        srv.close()
+
+
+def test_a_relative_path_is_a_stored_id_never_a_folder_of_the_working_directory(
+        tiny_llama_dir: Path, peft: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copytree(peft / "attn-r8", tmp_path / "rnd")  # a PEFT folder named like an id, where the server runs
+    monkeypatch.chdir(tmp_path)
+    srv, root = _serve(tiny_llama_dir, tmp_path / "adapters", enabled=True)
+    try:
+        status, text = _post(root, "/v1/load_lora_adapter", {"lora_name": "copy3", "lora_path": "rnd"})
+        assert status == 404, text  # not the folder ./rnd
+        error = json.loads(text)["error"]
+        assert (error["param"], error["code"]) == ("lora_path", "model_not_found"), error
+        assert "no stored adapter 'rnd' exists" in error["message"] and "absolute path" in error["message"]
+        assert _post(root, "/v1/load_lora_adapter", {"lora_name": "rnd", "lora_path": str(tmp_path / "rnd")})[0] == 200
+        stored = _post(root, "/v1/load_lora_adapter", {"lora_name": "copy3", "lora_path": "rnd"})  # the stored rnd now
+        assert stored[0] == 200, stored
     finally:
         srv.close()
 

@@ -146,13 +146,28 @@ def test_real_engine_n_choices_and_echo_with_prompt_logprobs(live) -> None:
     prompt_ids = engine.tokenizer.encode("The sky is")
     assert echo.choices[0].text.startswith("The sky is") and len(lp.tokens) == len(prompt_ids) + 2
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    assert all(v < 0 for v in lp.token_logprobs[1:]) and all(len(t) <= 2 for t in lp.top_logprobs[1:])
+    assert all(v < 0 for v in lp.token_logprobs[1:]) and all(len(t) <= 3 for t in lp.top_logprobs[1:])
+    assert all(t[name] == v for t, name, v in zip(lp.top_logprobs[1:], lp.tokens[1:], lp.token_logprobs[1:]))
     assert lp.text_offset[0] == 0 and lp.text_offset[len(prompt_ids)] == len("The sky is")
     best = client.completions.create(model=base, prompt="Hi", max_tokens=4, n=1, best_of=3, temperature=1.0, seed=1)
     assert len(best.choices) == 1 and best.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=base, prompt="Hi", max_tokens=engine.info.max_context_len)
     assert caught.value.body["code"] == "context_length_exceeded"
+
+
+@pytest.mark.slow
+def test_real_engine_names_a_split_emoji_by_its_bytes_and_logprobs_0_gives_each_token(live) -> None:
+    srv, engine, url = live
+    client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+    out = client.completions.create(model=engine.info.model_name, prompt="Hi 🦙", max_tokens=3, echo=True,
+                                    logprobs=0, temperature=0, extra_body={"ignore_eos": True})
+    lp, text = out.choices[0].logprobs, out.choices[0].text
+    assert lp.tokens[:4] == ["Hi", " \\xf0\\x9f", "\\xa6", "\\x99"]  # " 🦙" in three tokens, named by their bytes
+    assert lp.text_offset[:5] == [0, 2, 3, 3, 4]  # the emoji's parts at its offset, the answer after it
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(text)
+    assert lp.top_logprobs[0] is None and len(lp.top_logprobs) == 7  # null: the first prompt token only
+    assert lp.top_logprobs[1:] == [{name: value} for name, value in zip(lp.tokens[1:], lp.token_logprobs[1:])]
 
 
 @pytest.mark.slow

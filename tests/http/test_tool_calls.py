@@ -105,7 +105,7 @@ def _event(text: str, last: bool = False) -> TokenEvent:
 
 
 def test_a_stream_sends_text_and_holds_a_call_until_the_choice_ends() -> None:
-    fmt = ChatFormat(model="m", decode=lambda ids: "x", logprobs=False, tools=tool_use(TOOLS, "auto"))
+    fmt = ChatFormat(model="m", token_bytes=lambda token: b"x", logprobs=False, tools=tool_use(TOOLS, "auto"))
     pieces = ["It is ", "<tool", '_call>[{"name": "get_time", ', '"arguments": {}}]</tool_call>']
     deltas = [fmt.chunk(_event(p))["choices"][0] for p in pieces]
     assert [d["delta"]["content"] for d in deltas] == ["It is ", "", "", ""]
@@ -113,14 +113,14 @@ def test_a_stream_sends_text_and_holds_a_call_until_the_choice_ends() -> None:
     last = fmt.chunk(_event("", last=True))["choices"][0]
     assert last["finish_reason"] == "tool_calls" and last["delta"]["content"] == ""
     assert [c["function"]["name"] for c in last["delta"]["tool_calls"]] == ["get_time"]
-    plain = ChatFormat(model="m", decode=lambda ids: "x", logprobs=False, tools=tool_use(TOOLS, "auto"))
+    plain = ChatFormat(model="m", token_bytes=lambda token: b"x", logprobs=False, tools=tool_use(TOOLS, "auto"))
     assert plain.chunk(_event("a <"))["choices"][0]["delta"]["content"] == "a "
     end = plain.chunk(_event("b", last=True))["choices"][0]
     assert end["delta"]["content"] == "<b" and end["finish_reason"] == "stop"
 
 
 def test_a_whole_answer_carries_its_calls() -> None:
-    fmt = ChatFormat(model="m", decode=lambda ids: "x", logprobs=False, tools=tool_use(TOOLS, "auto"))
+    fmt = ChatFormat(model="m", token_bytes=lambda token: b"x", logprobs=False, tools=tool_use(TOOLS, "auto"))
     answer = fmt.response([[_event(BEGIN + '[{"name": "get_time", "arguments": {}}]'), _event(END, last=True)]])
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None

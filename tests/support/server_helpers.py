@@ -92,6 +92,9 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i - 3 for i in ids if i >= 3).decode(errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id - 3]) if token_id >= 3 else b""
+
     chat_template = ""  # no Jinja template: tools are refused, as for any template of no known tool format
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
