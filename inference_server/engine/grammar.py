@@ -37,6 +37,8 @@ _LIBRARY_NOISE = re.compile(r"^(\[[\d:]+\] \S+:\d+: )?(Check failed: .* is false
 # a pattern compiled to one automaton over a JSON string's characters (quote, backslash and control
 # characters left out); any other rule lets the library write them raw (json_schema_converter.cc)
 _STRING_REGEX_RULE = re.compile(r'^\w+ ::= Regex\(".*", json_string=true\)$', re.MULTILINE)
+# a minLength / maxLength string's character: anything but a quote, a backslash, CR or LF
+_RAW_CHARACTERS_RULE = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +122,12 @@ class GrammarCompiler:
         try:
             _check_patterns_stay_in_strings(schema)
             if spec.kind == "tagged_json":
-                return compiler.compile_structural_tag(_tool_tag(spec, schema))
-            text = json.dumps(schema) if spec.kind == "json_schema" else '{"type": "object"}'
-            return compiler.compile_json_schema(text, any_whitespace=False, separators=SEPARATORS,
-                                                strict_mode=spec.kind == "json_schema")
+                grammar = xgrammar.Grammar.from_structural_tag(_tool_tag(spec, schema))
+            else:
+                text = json.dumps(schema) if spec.kind == "json_schema" else '{"type": "object"}'
+                grammar = xgrammar.Grammar.from_json_schema(text, any_whitespace=False, separators=SEPARATORS,
+                                                            strict_mode=spec.kind == "json_schema")
+            return compiler.compile_grammar(_escaped_control_characters(grammar))
         except InvalidRequestError:
             raise
         except (RuntimeError, ValueError, xgrammar.InvalidJSONError, xgrammar.InvalidStructuralTagError) as exc:
@@ -145,6 +149,18 @@ def _check_patterns_stay_in_strings(schema: Any) -> None:
                 f"pattern {pattern!r} at {where} is one the grammar library cannot keep inside a JSON string (it "
                 f"could write an unescaped quote, backslash or control character): write non-ASCII characters as "
                 f"\\uXXXX, let it match text without such characters, and keep repetitions small", SCHEMA_FIELD)
+
+
+def _escaped_control_characters(grammar: Any) -> Any:
+    """``grammar`` with its length-bounded strings' characters kept to what JSON writes raw:
+    xgrammar writes a string with minLength / maxLength as a repetition of one character rule that
+    leaves out only the quote, backslash, CR and LF, so a tab or another control character could
+    appear unescaped (invalid JSON). Those rules leave out every control character here (the
+    other rules of the grammar are the library's, parsed back from its own text)."""
+    import xgrammar  # noqa: PLC0415
+
+    text, n = _RAW_CHARACTERS_RULE.subn(r'\1 ::= (([^\\0-\\x1f\\"\\\\]))', str(grammar))
+    return xgrammar.Grammar.from_ebnf(text) if n else grammar
 
 
 def _library_message(exc: Exception) -> str:

@@ -290,6 +290,21 @@ def test_tagged_json_alone_or_in_free_text(grammars) -> None:
     assert not _takes(grammars, free, 'hi <call>{"x": "one"}</call>')
 
 
+@pytest.mark.parametrize("kind", ["json_schema", "tagged_json"])
+def test_length_bounded_strings_write_control_characters_escaped_or_not_at_all(grammars, kind) -> None:
+    # xgrammar's own rule for a string with minLength / maxLength let a raw tab (or any control
+    # character but CR and LF) into the string: not JSON
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 8}},
+              "required": ["s"]}
+    spec = GrammarSpec(kind, json.dumps(schema), *(("<call>", "</call>") if kind == "tagged_json" else ()))
+    wrap = (lambda doc: f"<call>{doc}</call>") if kind == "tagged_json" else (lambda doc: doc)
+    assert _takes(grammars, spec, wrap('{"s": "caf\u00e9 ok"}'))
+    for raw in ("\t", "\x00", "\x1f", "\n"):
+        doc = '{"s": "a' + raw + 'b"}'
+        assert not _takes(grammars, spec, wrap(doc)), repr(raw)
+    assert not _takes(grammars, spec, wrap('{"s": "123456789"}')) and not _takes(grammars, spec, wrap('{"s": ""}'))
+
+
 def test_bitmask_layout() -> None:
     logits = torch.zeros(2, 70)
     mask = torch.zeros(2, 2, dtype=torch.int32)
