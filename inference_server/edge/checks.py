@@ -107,10 +107,10 @@ def chat_prompt_ids(messages: list[dict[str, Any]], tokenizer: PromptTokenizer, 
         raise InvalidRequestError("at least one message is required", field)
     for i, m in enumerate(messages):
         if not m["role"]:
-            raise InvalidRequestError(f"message {i} has no role", f"{field}.role")
+            raise InvalidRequestError(f"message {i} has no role", f"{field}[{i}].role")
         if m["role"] not in roles:
             raise InvalidRequestError(f"message {i} has role {m['role']!r}; roles are {', '.join(roles)}",
-                                      f"{field}.role")
+                                      f"{field}[{i}].role")
     try:
         return tokenizer.apply_chat_template(messages, tools) if tools else tokenizer.apply_chat_template(messages)
     except ValueError as exc:  # no chat template, or the template refused the messages

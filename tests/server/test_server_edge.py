@@ -121,7 +121,7 @@ def test_sampling_and_stopping_reach_the_engine(served) -> None:
     (dict(token_ids=[5, 100_000]), "token_ids.ids"),
     (dict(prompt="x" * 300), "text"),  # longer than the context window
     (dict(messages=[]), "chat.messages"),
-    (dict(messages=[{"role": "wizard", "content": "hi"}]), "chat.messages.role"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), "chat.messages[0].role"),
     (dict(prompt="x", request_id="has space"), "request_id"),
     (dict(prompt="x", repetition_penalty=1e-300), "sampling.repetition_penalty"),
     (dict(prompt="x", stop=["s" * 257]), "stopping.stop_strings"),
