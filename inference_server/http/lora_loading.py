@@ -15,6 +15,7 @@ with ``--auth tokens`` only an admin may name one; a tenant may load a stored ad
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,11 +37,13 @@ class S3Path:
     url: str
 
 
-def lora_files(lora_path: str, adapters: EdgeAdapters, may_read_server: bool, max_bytes: int
-               ) -> dict[str, bytes] | str | S3Path:
+def lora_files(lora_path: str, adapters: EdgeAdapters, may_read_server: bool, max_bytes: int,
+               may_read: Callable[[str, bool], bool]) -> dict[str, bytes] | str | S3Path:
     """The PEFT files ``lora_path`` names, the id of the stored adapter it names (str), or the
     S3 prefix it names (for the store to import).
-    ``may_read_server``: whether the caller may have the server read its folders and buckets."""
+    ``may_read_server``: whether the caller may have the server read its folders and buckets;
+    ``may_read(adapter_id, public)``: whether the caller may read a stored adapter (the tenant
+    rules: another tenant's private adapter is not found, as it is for generate and show)."""
     if not lora_path:
         raise InvalidRequestError("must be non-empty", "lora_path")
     if lora_path.startswith("s3://"):
@@ -52,10 +55,10 @@ def lora_files(lora_path: str, adapters: EdgeAdapters, may_read_server: bool, ma
     if folder.is_absolute():
         _check_may_read(may_read_server, lora_path)
         return _folder_files(folder, max_bytes)
-    return _stored_id(lora_path, adapters)
+    return _stored_id(lora_path, adapters, may_read)
 
 
-def _stored_id(lora_path: str, adapters: EdgeAdapters) -> str:
+def _stored_id(lora_path: str, adapters: EdgeAdapters, may_read: Callable[[str, bool], bool]) -> str:
     """``lora_path`` as the id of a stored adapter the caller may read: 400 if it is no valid id,
     404 naming ``lora_path`` if no such adapter is stored (or readable)."""
     try:
@@ -65,7 +68,8 @@ def _stored_id(lora_path: str, adapters: EdgeAdapters) -> str:
         raise InvalidRequestError(f"must be {_FORMS}; {lora_path!r} is neither an absolute path nor an id "
                                   f"({reason})", "lora_path") from None
     try:
-        adapters.get(adapter_id)
+        if not may_read(adapter_id, adapters.get(adapter_id).public):
+            raise AdapterNotFoundError(adapter_id)
     except AdapterNotFoundError:
         raise HttpError(404, f"lora_path: no stored adapter {adapter_id!r} exists; lora_path must be {_FORMS} (a "
                              "folder as an absolute path: a relative one is never looked up in the server's working "

@@ -176,7 +176,8 @@ class OpenAIRoutes:
                 adapters = self._tenancy.adapters_for(caller, engine)
                 principal = principal_of(caller)
                 found = await asyncio.to_thread(lora_files, body.lora_path, adapters,
-                                                principal is None or principal.is_admin, self._config.max_upload_bytes)
+                                                principal is None or principal.is_admin, self._config.max_upload_bytes,
+                                                functools.partial(policy.can_read, principal))
                 if isinstance(found, S3Path):
                     async with self._tenancy.quota_held(name):
                         await self._tenancy.check_upload_quota(caller, engine, name, 0)  # bytes: see HTTP.md

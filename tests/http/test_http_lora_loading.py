@@ -5,8 +5,8 @@ process has S3 credentials and the files are there (moto's S3; test_http_lora_s3
 one through a store); a relative path is an id, never a folder of the server's working directory;
 the same validation and errors as an upload; ``/v1/models`` lists the
 loaded adapter with ``parent`` = the base; unload drops it from the listing and from the pool, whose used bytes fall by its
-footprint (measured); with tenants, only admins read server folders and a tenant writes only its
-own namespace."""
+footprint (measured); with tenants, only admins read server folders, a tenant writes only its
+own namespace and another tenant's private adapter is not found as a lora_path (never copied)."""
 
 from __future__ import annotations
 
@@ -178,6 +178,14 @@ def test_tenants_load_only_their_own_and_only_admins_read_server_folders(tiny_ll
         assert _post(root, "/v1/load_lora_adapter", {"lora_name": "a/x", "lora_path": folder}, TOKENS["admin"])[0] == 200
         assert _post(root, "/v1/load_lora_adapter", {"lora_name": "a/y", "lora_path": "a/x"}, TOKENS["a"])[0] == 200
         assert _post(root, "/v1/load_lora_adapter", {"lora_name": "b/y", "lora_path": "a/x"}, TOKENS["a"])[0] == 403
+        # another tenant's private adapter is not found, as for generate and show: not copied, its existence unsaid
+        stolen = _post(root, "/v1/load_lora_adapter", {"lora_name": "b/copy", "lora_path": "a/x"}, TOKENS["b"])
+        missing = _post(root, "/v1/load_lora_adapter", {"lora_name": "b/copy", "lora_path": "a/none"}, TOKENS["b"])
+        assert stolen[0] == missing[0] == 404
+        assert json.loads(stolen[1])["error"]["param"] == "lora_path"
+        assert json.loads(stolen[1])["error"]["message"] == json.loads(missing[1])["error"]["message"].replace("none", "x")
+        assert _post(root, "/v1/load_lora_adapter", {"lora_name": "b/z", "lora_path": "b/copy"}, TOKENS["admin"])[0] == 404
+        assert _post(root, "/v1/load_lora_adapter", {"lora_name": "a/z", "lora_path": "a/x"}, TOKENS["admin"])[0] == 200
         assert _post(root, "/v1/unload_lora_adapter", {"lora_name": "a/y"}, TOKENS["b"])[0] == 403
         assert _post(root, "/v1/unload_lora_adapter", {"lora_name": "a/y"}, TOKENS["a"])[0] == 200
     finally:
