@@ -162,3 +162,12 @@ def choice_requests(prompt: tuple[int, ...], adapter_id: str | None, sampling: S
                                      sampling=params, stopping=stopping, tenant=tenant_of(adapter_id),
                                      skip_special_tokens=skip_special_tokens, prompt_group=group, grammar=grammar))
     return tuple(out)
+
+
+def check_not_model_name(adapter_id: str, info: EngineInfo, field: str) -> None:
+    """Refuse storing an adapter under the served model's name: /v1/models would list that name
+    twice, and a request naming it would get the base model over HTTP and the adapter over gRPC."""
+    if adapter_id == info.model_name:
+        raise InvalidRequestError(f"{adapter_id!r} is the name this server serves its base model as "
+                                  f"(--served-model-name): an adapter of that name could not be told from the "
+                                  f"base model; choose another id", field)

@@ -27,7 +27,7 @@ from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.security import Security
 from loraplex.inference_server.edge.caller import principal_of
-from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
+from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits, check_not_model_name
 from loraplex.inference_server.edge.generation import generation, interleaved
 from loraplex.inference_server.edge.metrics import ServerMetrics
 from loraplex.inference_server.edge.state import ServingState
@@ -173,6 +173,7 @@ class OpenAIRoutes:
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
             with self._tenancy.audited_write(caller, name, "upload"):
+                check_not_model_name(name, engine.info, "lora_name")
                 adapters = self._tenancy.adapters_for(caller, engine)
                 principal = principal_of(caller)
                 found = await asyncio.to_thread(lora_files, body.lora_path, adapters,

@@ -13,7 +13,7 @@ import grpc
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.adapter_store.format.files import AdapterInfo, OpenPut
 from loraplex.inference_server.auth.security import Security
-from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits
+from loraplex.inference_server.edge.checks import INLINE_TOKENIZE_CHARS, RequestLimits, check_not_model_name
 from loraplex.inference_server.edge.generation import generation, interleaved
 from loraplex.inference_server.edge.metrics import ServerMetrics
 from loraplex.inference_server.edge.state import ServingState
@@ -95,6 +95,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                     assembler.add(message)
                     if metadata_first and assembler.adapter_id is not None:  # the checks before the bytes
                         self._tenancy.check_write(context, assembler.adapter_id, "upload")
+                        check_not_model_name(assembler.adapter_id, engine.info, "metadata.adapter_id")
                         await self._tenancy.check_upload_quota(context, engine, assembler.adapter_id,
                                                                assembler.declared_bytes)
                         put = self._open_put(context, engine, assembler.adapter_id, assembler)

@@ -149,6 +149,19 @@ def test_a_relative_path_is_a_stored_id_never_a_folder_of_the_working_directory(
         srv.close()
 
 
+def test_the_served_model_name_is_refused_as_an_adapter_name(tiny_llama_dir: Path, peft: Path, tmp_path: Path) -> None:
+    srv, root = _serve(tiny_llama_dir, tmp_path / "adapters", enabled=True)
+    try:
+        client = openai.OpenAI(base_url=root + "/v1", api_key="x")
+        base = client.models.list().data[0].id
+        status, text = _post(root, "/v1/load_lora_adapter", {"lora_name": base, "lora_path": str(peft / "attn-r8")})
+        error = json.loads(text)["error"]
+        assert status == 400 and error["param"] == "lora_name" and "--served-model-name" in error["message"], text
+        assert [m.id for m in client.models.list()] == [base]
+    finally:
+        srv.close()
+
+
 def test_an_adapter_the_upload_refuses_is_refused_the_same(tiny_llama_dir: Path, tmp_path: Path) -> None:
     """Shapes of another base model: the same validation error as an UploadAdapter call."""
     srv, root = _serve(tiny_llama_dir, tmp_path / "adapters", enabled=True)

@@ -126,6 +126,8 @@ def _chunk(name: str, data: bytes) -> pb.UploadAdapterRequest:
     ([_meta(a=2), _chunk("a", b"123")], grpc.StatusCode.INVALID_ARGUMENT, "chunk.data"),
     ([_meta(a=2), _chunk("b", b"12")], grpc.StatusCode.INVALID_ARGUMENT, "chunk.name"),
     ([_meta(a=300_000)], grpc.StatusCode.RESOURCE_EXHAUSTED, None),
+    # the served model's name: it would stand twice in /v1/models, HTTP reading it as the base model
+    ([_meta("fake-llama", a=1)], grpc.StatusCode.INVALID_ARGUMENT, "metadata.adapter_id"),
 ])
 def test_malformed_upload_streams(served, messages, code, field) -> None:
     srv, engine, client, tmp = served
