@@ -27,11 +27,14 @@ def read_header(data: bytes, filename: str = "adapter_model.safetensors",
                 size: int | None = None) -> dict[str, TensorInfo]:
     """Parse and check a safetensors header: sizes, offsets, dtypes. Raises AdapterValidationError.
     ``size``: the whole file's size where ``data`` is only its head (at least 8 + the header)."""
+    if size is not None and size < 8:
+        raise AdapterValidationError(f"{filename}: declared {size} bytes, fewer than a safetensors file's 8-byte "
+                                     f"header length: the declared size is wrong")
     if len(data) < 8:
         raise AdapterValidationError(f"{filename}: truncated (no header)")
     (n,) = struct.unpack("<Q", data[:8])
     if n > MAX_HEADER_BYTES or 8 + n > len(data):
-        raise AdapterValidationError(f"{filename}: truncated or corrupt header (length {n})")
+        raise AdapterValidationError(f"{filename}: truncated or corrupt header (length {n}){_declared(size)}")
     try:
         header = json.loads(data[8 : 8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -42,9 +45,17 @@ def read_header(data: bytes, filename: str = "adapter_model.safetensors",
         raise AdapterValidationError(f"{filename}: header is not a JSON object")
     header.pop("__metadata__", None)
     data_len = (len(data) if size is None else size) - 8 - n
-    tensors = {name: _tensor_info(name, entry, data_len, filename) for name, entry in header.items()}
-    _check_coverage(tensors, data_len, filename)
+    try:
+        tensors = {name: _tensor_info(name, entry, data_len, filename) for name, entry in header.items()}
+        _check_coverage(tensors, data_len, filename)
+    except AdapterValidationError as exc:
+        raise AdapterValidationError(f"{exc}{_declared(size)}") from None
     return tensors
+
+
+def _declared(size: int | None) -> str:
+    """Where a file is judged by its declared size (an upload still on its way), what a misfit may mean."""
+    return "" if size is None else f"; judged against the declared size of {size} bytes: the file or its size is wrong"
 
 
 def _tensor_info(name: str, entry: object, data_len: int, filename: str) -> TensorInfo:

@@ -73,3 +73,18 @@ def test_a_corrupt_header_is_refused_from_its_first_bytes(tmp_path: Path) -> Non
     with pytest.raises(AdapterValidationError, match="truncated or corrupt header"):
         _feed(head, files, order, 16, fed)
     assert fed[0] <= len(files["adapter_config.json"]) + 16
+
+
+@pytest.mark.parametrize("change, words", [(+10, "10 trailing bytes"), (-10, "do not match its shape"),
+                                           (None, "declared 0 bytes")])
+def test_a_wrong_declared_size_is_named_as_one(tmp_path: Path, change: int | None, words: str) -> None:
+    # the weights' header judged against a declared size that is not the file's: the refusal says that
+    # the size may be what is wrong, not only the file
+    files = _files(write_fake_adapter(tmp_path / "peft"))
+    order = sorted(files)
+    size = {n: len(files[n]) for n in order}
+    size["adapter_model.safetensors"] = 0 if change is None else size["adapter_model.safetensors"] + change
+    head = UploadHead([DeclaredFile(n, size[n]) for n in order], FAKE_BASE, 64)
+    with pytest.raises(AdapterValidationError) as refused:
+        _feed(head, files, order, 64, [0])
+    assert words in str(refused.value) and "size" in str(refused.value).split(words)[1], str(refused.value)
