@@ -18,6 +18,7 @@ from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
 
+SEED_RANGE = 2**63  # seeds are in [0, 2^63) (engine/request.py)
 MAX_CHOICES = 16  # n (and best_of): each choice is a request of its own in the engine
 CHAT_ROLES = ("system", "user", "assistant")  # ChatMessage.role in inference.proto
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
@@ -153,11 +154,12 @@ def choice_requests(prompt: tuple[int, ...], adapter_id: str | None, sampling: S
                     grammar: GrammarSpec | None = None) -> tuple[GenerationRequest, ...]:
     """``count`` engine requests of one prompt (the ``n`` choices): one prompt group (they share
     its KV blocks), each with a server-unique id; a seeded choice ``i`` draws with ``seed + i``,
-    as vLLM does."""
+    as vLLM does (modulo 2^63: every seed the caller may send gives valid ones)."""
     group = uuid.uuid4().hex if count > 1 else None
     out = []
     for i in range(count):
-        params = sampling if sampling.seed is None or i == 0 else dataclasses.replace(sampling, seed=sampling.seed + i)
+        params = (sampling if sampling.seed is None or i == 0
+                  else dataclasses.replace(sampling, seed=(sampling.seed + i) % SEED_RANGE))
         out.append(GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter_id,
                                      sampling=params, stopping=stopping, tenant=tenant_of(adapter_id),
                                      skip_special_tokens=skip_special_tokens, prompt_group=group, grammar=grammar))

@@ -140,6 +140,12 @@ def test_real_engine_n_choices_and_echo_with_prompt_logprobs(live) -> None:
                                     extra_body={"ignore_eos": True})
     assert many.choices[1].text == one.choices[0].text  # choice i is seeded seed + i
     assert len({c.text for c in many.choices}) == 3 and many.usage.completion_tokens == 18
+    top = 2**63 - 1  # the largest seed: choice 1 draws with seed 0 (seed + i wraps), never a refusal
+    wrapped = client.completions.create(model=base, prompt="Once upon a time", max_tokens=6, n=2, temperature=1.0,
+                                        seed=top, extra_body={"ignore_eos": True})
+    zero = client.completions.create(model=base, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=0,
+                                     extra_body={"ignore_eos": True})
+    assert wrapped.choices[1].text == zero.choices[0].text
     echo = client.completions.create(model=base, prompt="The sky is", max_tokens=2, echo=True, logprobs=2,
                                      temperature=0, extra_body={"ignore_eos": True})
     lp = echo.choices[0].logprobs
