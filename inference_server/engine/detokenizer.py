@@ -66,9 +66,9 @@ class StopStringMatcher:
         """Add text; return the part that is safe to stream now."""
         if self.stopped:
             return ""
-        search_from = max(0, self._emitted - max((len(s) for s in self._stops), default=0))
+        before = len(self._text)
         self._text += delta
-        hit = self._first_stop(search_from)
+        hit = self._first_stop(before)
         if hit is not None:
             self._text = self._text[:hit]
             self.stopped = True
@@ -76,21 +76,24 @@ class StopStringMatcher:
         return self._release(len(self._text) - self._held_back())
 
     def feed_unchecked(self, delta: str) -> str:
-        """Add text that no stop string may end (before ``min_tokens``): all of it is released."""
+        """Add text that no stop string may end (before ``min_tokens``): a stop string completed
+        in it does not stop; its end is still held back while it may begin one, which text fed
+        later can complete (then the cut is there, as vLLM cuts)."""
         if self.stopped:
             return ""
         self._text += delta
-        return self._release(len(self._text))
+        return self._release(len(self._text) - self._held_back())
 
     def finish(self) -> str:
         """Release everything still held back (generation ended for another reason)."""
         return self._release(len(self._text))
 
-    def _first_stop(self, start: int) -> int | None:
-        """Where the text is cut: at the stop string that completes first, as if the text had
-        arrived one character at a time (so the answer never depends on how it was chunked);
-        of stops completing at the same character, the one that starts earliest."""
-        hits = [(i + len(s), i) for s in self._stops if (i := self._text.find(s, start)) >= 0]
+    def _first_stop(self, before: int) -> int | None:
+        """Where the text is cut: at the stop string that completes first past its first
+        ``before`` characters (those were matched already, or fed unchecked), as if the text had
+        arrived one character at a time (so the answer never depends on how it was chunked); of
+        stops completing at the same character, the one that starts earliest."""
+        hits = [(i + len(s), i) for s in self._stops if (i := self._text.find(s, max(0, before - len(s) + 1))) >= 0]
         return min(hits)[1] if hits else None
 
     def _held_back(self) -> int:

@@ -94,6 +94,21 @@ def test_the_stop_that_completes_first_wins_however_the_text_is_chunked() -> Non
     assert _stream(["a", "baa"], ["ba", "a"]) == ("b", True)
 
 
+def test_min_tokens_text_is_never_cut_but_a_stop_it_begins_is() -> None:
+    """Before min_tokens (fed unchecked) a whole stop string does not stop and stays in the text;
+    one begun there and completed after is cut where it begins: its first characters were held
+    back, never streamed (" Paris" with stop "s." completed by the token after: " Pari")."""
+    begun = StopStringMatcher(["s."])
+    out = begun.feed_unchecked(" Paris")
+    assert out == " Pari"
+    out += begun.feed(".")
+    assert (out, begun.stopped, begun.text) == (" Pari", True, " Pari")
+    whole = StopStringMatcher(["s."])
+    out = whole.feed_unchecked(" is.") + whole.feed(" Next")
+    assert (out, whole.stopped) == (" is. Next", False)
+    assert whole.feed(" s.") == " " and whole.stopped and whole.text == " is. Next "
+
+
 def test_stop_strings_are_bounded_in_length() -> None:
     """Matching runs on the engine thread for every token: a stop string is at most
     MAX_STOP_CHARS long (16 stops of 400000 characters cost ~18 ms a token for everyone)."""
