@@ -14,6 +14,8 @@ from loraplex.adapter_store.format.files import (AdapterFiles, AdapterInfo, Adap
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.peft_format import parse_adapter_files
 from loraplex.adapter_store.format.upload_head import UploadHead
+from loraplex.inference_server.lora.folder_watcher import FolderWatcher
+from loraplex.inference_server.lora.local_directory import LocalAdapterDirectory
 from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
 from loraplex.inference_server.model.config import ModelConfig
 
@@ -38,13 +40,17 @@ class ManagedAdapters:
         return ManagedAdapters(self.source.for_caller(caller), self._manager, self._base, self._max_rank)
 
     def start_watching(self) -> None:
-        """Follow the adapter store's change feed (when the source is a store): a replaced or
-        deleted adapter is dropped from every tier here, whichever replica changed it."""
-        if not isinstance(self.source, ChangeFollowedSource) or self._watcher is not None:
+        """Follow the adapter store's change feed (when the source is a store), or a local
+        directory's folders (edited by hand): a replaced or deleted adapter is dropped from every
+        tier here, whichever replica or hand changed it."""
+        if self._watcher is not None:
             return
-        from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415  (only with a store)
+        if isinstance(self.source, ChangeFollowedSource):
+            from loraplex.adapter_store.watcher import StoreWatcher  # noqa: PLC0415  (only with a store)
 
-        self._watcher = StoreWatcher(self.source, self._manager.held_versions, self._manager.invalidate).start()
+            self._watcher = StoreWatcher(self.source, self._manager.held_versions, self._manager.invalidate).start()
+        elif isinstance(self.source, LocalAdapterDirectory):
+            self._watcher = FolderWatcher(self.source, self._manager.held_versions, self._manager.invalidate).start()
 
     def stop_watching(self) -> None:
         if self._watcher is not None:
