@@ -150,6 +150,8 @@ def _sampling(body: _Sampling, limits: RequestLimits, logprobs: bool, top_logpro
               prompt_logprobs: int | None = None) -> SamplingParams:
     defaults = SamplingParams()
     top_k = body.top_k if body.top_k is not None and body.top_k != -1 else 0  # vLLM's -1 = off
+    if top_k < 0:  # the engine's words (>= 0, 0 = off) would hide the -1 this API takes
+        raise InvalidRequestError(f"must be -1 or 0 (off) or a positive count, got {top_k}", "top_k")
     temperature = body.temperature if body.temperature is not None else OPENAI_DEFAULT_TEMPERATURE
     logit_bias = _logit_bias(body, limits.vocab_size)
     return _renamed(lambda: SamplingParams(

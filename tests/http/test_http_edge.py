@@ -169,6 +169,13 @@ def test_bad_completion_parameters_are_400_naming_the_param(served, changes: dic
     assert caught.value.status_code == 400
 
 
+def test_top_k_refusal_names_the_values_this_api_takes(served) -> None:
+    _, _, client, _ = served
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=BASE, prompt="hello", extra_body={"top_k": -2})
+    assert caught.value.body["param"] == "top_k" and "-1" in caught.value.body["message"], caught.value.body
+
+
 @pytest.mark.parametrize(("changes", "param"), BAD_CHAT)
 def test_bad_chat_parameters_are_400_naming_the_param(served, changes: dict, param: str) -> None:
     _, _, client, _ = served
