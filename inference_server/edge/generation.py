@@ -31,6 +31,7 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
         track = metrics.stream(req.adapter_id, len(req.prompt_token_ids))
         stream = engine.generate(req)
         finished = False
+        metrics.active_streams.inc()  # admitted: until its last event, its refusal or its abort
         try:
             async for event in stream:
                 track.tokens(len(event.token_ids))
@@ -47,6 +48,7 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
                 track.finished(FinishReason.ABORT.value)
             raise
         finally:
+            metrics.active_streams.dec()
             if not finished:  # cancelled, deadline passed, or failed mid-stream
                 engine.abort(req.request_id)
             await stream.aclose()

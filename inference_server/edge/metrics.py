@@ -47,7 +47,8 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("loraplex_inter_token_latency_seconds", "Time between streamed tokens",
                              buckets=_TOKEN_BUCKETS, registry=r)
-        self.active_streams = Gauge("loraplex_active_streams", "Generate streams open at the edge", registry=r)
+        self.active_streams = Gauge("loraplex_active_streams",
+                                    "Generations streaming at the edge (gRPC or HTTP; n choices count n)", registry=r)
         self._engine_gauge("loraplex_queue_length", "Requests waiting in the engine queue", "num_waiting")
         self._engine_gauge("loraplex_running_requests", "Requests the engine is decoding", "num_running")
         self._engine_gauge("loraplex_free_kv_blocks", "Free KV cache blocks", "free_kv_blocks")

@@ -286,6 +286,16 @@ def test_metrics_counters_move(served) -> None:
     assert 'loraplex_total_kv_blocks 64.0' in after
     assert 'loraplex_queue_length 0.0' in after
     assert 'loraplex_resident_adapters 0.0' in after
+    assert 'loraplex_active_streams 0.0' in after
+    engine.step_s = 0.01  # streams open now: the gauge an autoscaler may read counts them, and drops as they end
+    streams = [client.generate("x", max_new_tokens=60) for _ in range(2)]
+    for stream in streams:
+        next(stream)
+    assert 'loraplex_active_streams 2.0' in scrape()
+    streams[0].close()  # leaving the loop early cancels the call
+    for _ in streams[1]:
+        pass
+    wait_for(lambda: 'loraplex_active_streams 0.0' in scrape())
 
 
 def test_shutdown_drains_open_streams_and_refuses_new_ones(served) -> None:
