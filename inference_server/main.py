@@ -102,7 +102,8 @@ def model_source(settings: ServerSettings, device: str = "cpu") -> Any:
 
 
 def build_engine(settings: ServerSettings) -> Any:
-    """Load the model and build the engine (blocking; shows a progress bar while weights load)."""
+    """Load the model and build the engine (blocking; a progress bar while the weights load, on a
+    terminal with plain logs only: JSON logs and log files get only log lines)."""
     from loraplex.inference_server import build  # noqa: PLC0415
     from loraplex.inference_server.engine.async_engine import AsyncEngine  # noqa: PLC0415
 
@@ -112,7 +113,8 @@ def build_engine(settings: ServerSettings) -> Any:
     source = model_source(settings, config.device if config.tensor_parallel_size == 1 else "cpu")
     log.info("loading the model (%s) on %s as %s", settings.model or "SmolLM2-135M-Instruct", config.device,
              config.dtype)
-    return build.build_engine(AsyncEngine, config, source, adapters, progress=True)
+    progress = settings.log_format != "json" and sys.stderr.isatty()
+    return build.build_engine(AsyncEngine, config, source, adapters, progress=progress)
 
 
 def adapter_source(settings: ServerSettings) -> Any:

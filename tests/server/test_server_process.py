@@ -108,3 +108,30 @@ def test_sigterm_while_the_model_loads_exits_cleanly_with_json_logs(tiny_llama_d
         assert {"time", "level", "logger", "message"} <= set(records[0])
     finally:
         stop(proc)
+
+
+def test_json_logs_hold_only_json_lines_from_start_to_exit(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """A log shipper reads one JSON object a line: the weights' progress bar (drawn on a terminal
+    only) must not mix its carriage-return updates into a log file."""
+    import json
+
+    proc, address = start_server(tiny_llama_dir, tmp_path, "--log-format", "json")
+    try:
+        with LoraplexClient(address, retry_attempts=1, timeout=2) as client:
+            deadline = time.monotonic() + 240
+            while True:
+                try:
+                    if client.health() == "SERVING":
+                        break
+                except LoraplexClientError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+            assert client.generate_text("Hi", max_new_tokens=2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        lines = [line for line in (tmp_path / "server.log").read_text().split("\n") if line.strip()]
+        records = [json.loads(line) for line in lines]  # each one an object, nothing else
+        assert any("serving" in r["message"].lower() for r in records), [r["message"] for r in records]
+    finally:
+        stop(proc)
