@@ -165,7 +165,11 @@ async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None
     security.log_startup()
     server = GrpcServer(ServerOptions.from_settings(settings), security=security)
     await server.start()
-    http = await _start_http(settings, server)
+    try:
+        http = await _start_http(settings, server)
+    except OSError:
+        await server.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

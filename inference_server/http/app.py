@@ -82,7 +82,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host.strip("[]"), port))
     except OSError as exc:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port} for HTTP: {exc.strerror}") from None
+        raise OSError(f"--http-port: cannot listen on {host}:{port} for HTTP: {exc.strerror}") from None
     sock.listen(1024)
     sock.setblocking(False)
     return sock

@@ -118,11 +118,15 @@ class GrpcServer:
             raise OSError(f"cannot listen on {_address(o.host, o.port)} (address in use?)")
         await server.start()
         self._server = server
-        if o.health_port:
-            await self._start_health_port()
-        if o.metrics_port:
-            self._metrics_http = MetricsHttpServer(self.metrics, o.host, o.metrics_port)
-            self.metrics_port = self._metrics_http.port
+        try:
+            if o.health_port:
+                await self._start_health_port()
+            if o.metrics_port:
+                self._metrics_http = _metrics_server(self.metrics, o.host, o.metrics_port)
+                self.metrics_port = self._metrics_http.port
+        except OSError:
+            await self.close()  # nothing left listening, no server left to the garbage collector
+            raise
         log.info("gRPC listening on %s (metrics: %s)", _address(o.host, self.port),
                  f"http://{_address(o.host, self.metrics_port)}/metrics" if self._metrics_http else "off")
         return self.port
@@ -133,9 +137,12 @@ class GrpcServer:
         o = self.options
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *o.connections.channel_options()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        self.health_port = server.add_insecure_port(_address(o.host, o.health_port))
+        try:
+            self.health_port = server.add_insecure_port(_address(o.host, o.health_port))
+        except RuntimeError as exc:  # grpcio raises where older ones returned 0
+            raise OSError(f"--health-port: cannot listen on {_address(o.host, o.health_port)}: {exc}") from None
         if self.health_port == 0:
-            raise OSError(f"cannot listen on {_address(o.host, o.health_port)} (health port in use?)")
+            raise OSError(f"--health-port: cannot listen on {_address(o.host, o.health_port)} (address in use?)")
         await server.start()
         self._health_server = server
 
@@ -147,6 +154,16 @@ class GrpcServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %s", engine.info.model_name)
+
+    async def close(self) -> None:
+        """Stop every port at once, nothing to drain (a start that failed half-way)."""
+        for server in (self._server, self._health_server):
+            if server is not None:
+                await server.stop(grace=None)
+        self._server = self._health_server = None
+        if self._metrics_http is not None:
+            self._metrics_http.close()
+            self._metrics_http = None
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop admitting, drain open work for up to ``grace_s`` seconds, abort the rest, close."""
@@ -173,3 +190,10 @@ class GrpcServer:
     async def wait_for_termination(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+def _metrics_server(metrics: ServerMetrics, host: str, port: int) -> MetricsHttpServer:
+    try:
+        return MetricsHttpServer(metrics, host, port)
+    except OSError as exc:
+        raise OSError(f"--metrics-port: cannot listen on {_address(host, port)}: {exc.strerror or exc}") from None

@@ -135,3 +135,24 @@ def test_json_logs_hold_only_json_lines_from_start_to_exit(tiny_llama_dir: Path,
         assert any("serving" in r["message"].lower() for r in records), [r["message"] for r in records]
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("flag", ["--metrics-port", "--health-port", "--http-port"])
+def test_a_taken_port_stops_the_server_naming_its_flag(tiny_llama_dir: Path, tmp_path: Path, flag: str) -> None:
+    """Each port the server opens besides the gRPC one (a second instance that forgot to move it):
+    exit 1 with one line naming the flag and the address, no traceback, nothing left running."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    proc, _ = start_server(tiny_llama_dir, tmp_path, flag, str(port))
+    try:
+        assert proc.wait(120) == 1
+        log = (tmp_path / "server.log").read_text()
+        assert f"{flag}: cannot listen on 127.0.0.1:{port}" in log, log
+        assert "Traceback" not in log and "Exception ignored" not in log and "never awaited" not in log, log
+    finally:
+        stop(proc)
+        taken.close()
