@@ -154,16 +154,25 @@ def choice_requests(prompt: tuple[int, ...], adapter_id: str | None, sampling: S
                     grammar: GrammarSpec | None = None) -> tuple[GenerationRequest, ...]:
     """``count`` engine requests of one prompt (the ``n`` choices): one prompt group (they share
     its KV blocks), each with a server-unique id; a seeded choice ``i`` draws with ``seed + i``,
-    as vLLM does (modulo 2^63: every seed the caller may send gives valid ones)."""
-    group = uuid.uuid4().hex if count > 1 else None
+    as vLLM does (modulo 2^63: every seed the caller may send gives valid ones). The group is
+    named after its first choice, which alone accounts for the prompt (``counts_prompt``)."""
+    ids = [uuid.uuid4().hex for _ in range(count)]
+    group = ids[0] if count > 1 else None
     out = []
-    for i in range(count):
+    for i, request_id in enumerate(ids):
         params = (sampling if sampling.seed is None or i == 0
                   else dataclasses.replace(sampling, seed=(sampling.seed + i) % SEED_RANGE))
-        out.append(GenerationRequest(request_id=uuid.uuid4().hex, prompt_token_ids=prompt, adapter_id=adapter_id,
+        out.append(GenerationRequest(request_id=request_id, prompt_token_ids=prompt, adapter_id=adapter_id,
                                      sampling=params, stopping=stopping, tenant=tenant_of(adapter_id),
                                      skip_special_tokens=skip_special_tokens, prompt_group=group, grammar=grammar))
     return tuple(out)
+
+
+def counts_prompt(request: GenerationRequest) -> bool:
+    """Whether ``request`` accounts for its prompt's tokens (metrics, tenant usage and quotas):
+    a request alone, or the first choice of its prompt group (the choices share the prompt's
+    KV blocks, and usage reports the prompt once)."""
+    return request.prompt_group is None or request.prompt_group == request.request_id
 
 
 def check_not_model_name(adapter_id: str, info: EngineInfo, field: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
 from loraplex.adapter_store.errors import LoraplexError
+from loraplex.inference_server.edge.checks import counts_prompt
 from loraplex.inference_server.edge.caller import Caller
 from loraplex.inference_server.edge.metrics import ServerMetrics
 from loraplex.inference_server.edge.state import ServingState
@@ -28,7 +29,7 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
     once, freeing its slot and KV blocks, and counts it in the finished requests as ``abort``.
     Iterate it inside ``contextlib.aclosing`` so an edge that stops early closes it at once."""
     async with tenancy.generation(context, engine, request) as (req, ticket), state.stream(req.request_id):
-        track = metrics.stream(req.adapter_id, len(req.prompt_token_ids))
+        track = metrics.stream(req.adapter_id, len(req.prompt_token_ids) if counts_prompt(req) else 0)
         stream = engine.generate(req)
         finished = False
         metrics.active_streams.inc()  # admitted: until its last event, its refusal or its abort

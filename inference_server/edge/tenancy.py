@@ -26,6 +26,7 @@ from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.tenants import policy
 from loraplex.inference_server.auth.quotas import RequestTicket
 from loraplex.inference_server.auth.security import Security
+from loraplex.inference_server.edge.checks import counts_prompt
 from loraplex.inference_server.edge.caller import Caller, principal_of
 from loraplex.inference_server.edge.tenant_metrics import ANONYMOUS, TenantMetrics
 from loraplex.inference_server.engine.api import EdgeAdapters, ServingEngine
@@ -70,14 +71,14 @@ class Tenancy:
         if principal is not None:
             request = dataclasses.replace(request, tenant=principal.tenant)
         tenant = self._caller(context)
+        prompt = len(request.prompt_token_ids) if counts_prompt(request) else 0
         try:
-            ticket = self.security.quotas.start_request(tenant, len(request.prompt_token_ids),
-                                                        request.stopping.max_new_tokens)
+            ticket = self.security.quotas.start_request(tenant, prompt, request.stopping.max_new_tokens)
         except ResourceExhaustedError as exc:
             self.metrics.quota_rejections.labels(tenant, _limit_name(exc)).inc()
             raise
         self.metrics.requests.labels(tenant).inc()
-        self.metrics.tokens.labels(tenant, "prompt").inc(len(request.prompt_token_ids))
+        self.metrics.tokens.labels(tenant, "prompt").inc(prompt)
         return request, ticket
 
     def generated(self, ticket: RequestTicket, n: int) -> None:

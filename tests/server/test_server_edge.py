@@ -4,6 +4,7 @@ reflection, metrics, draining. (tests/server/test_server_integration.py runs the
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import urllib.request
@@ -287,6 +288,12 @@ def test_metrics_counters_move(served) -> None:
     assert 'loraplex_queue_length 0.0' in after
     assert 'loraplex_resident_adapters 0.0' in after
     assert 'loraplex_active_streams 0.0' in after
+    prompt_total = lambda: float(re.search(r"^loraplex_prompt_tokens_total (\S+)$", scrape(), re.M).group(1))  # noqa: E731
+    start = prompt_total()
+    client.generate_text("abcdef", max_new_tokens=2)
+    one = prompt_total() - start
+    client.generate_choices("abcdef", n=3, max_new_tokens=2)  # n choices share their prompt: counted once
+    assert one > 0 and prompt_total() - start == 2 * one
     engine.step_s = 0.01  # streams open now: the gauge an autoscaler may read counts them, and drops as they end
     streams = [client.generate("x", max_new_tokens=60) for _ in range(2)]
     for stream in streams:
