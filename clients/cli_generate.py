@@ -23,12 +23,24 @@ def _logit_bias(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(f"must be TOKEN_ID=BIAS (e.g. 13=-100), got {text!r}") from None
 
 
+def _choices(text: str) -> int:
+    """-n: a count of at least 1 (0 would go out as unset: one choice)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a count of at least 1, got {text!r}")
+    return n
+
+
 def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     """``loraplex generate``'s arguments."""
     g.add_argument("prompt", help="the prompt ('-' reads stdin)")
     g.add_argument("--adapter", default=None, help="adapter id (default: the base model)")
-    g.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
-    g.add_argument("--system", default=None, help="system message (chat mode)")
+    mode = g.add_mutually_exclusive_group()  # a system message is a chat turn: --raw has none
+    mode.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
+    mode.add_argument("--system", default=None, help="system message (chat mode)")
     g.add_argument("--max-new-tokens", type=int, default=None)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0)
@@ -45,7 +57,7 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
                    help="stop at this token (repeatable)")
     g.add_argument("--min-tokens", type=int, default=0, help="no EOS, stop token or stop string before this many")
     g.add_argument("--ignore-eos", action="store_true", help="go on past EOS (up to --max-new-tokens)")
-    g.add_argument("-n", "--n", type=int, default=1, help="choices of the prompt (printed one after another)")
+    g.add_argument("-n", "--n", type=_choices, default=1, help="choices of the prompt (printed one after another)")
     g.add_argument("--json-schema", default=None, metavar="SCHEMA",
                    help="the answer is a document of this JSON schema (JSON text, or @file.json)")
     g.add_argument("--json-object", action="store_true", help="the answer is a JSON object")

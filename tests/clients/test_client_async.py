@@ -104,3 +104,11 @@ def test_generate_request_needs_exactly_one_prompt_kind() -> None:
     req = generate_request(messages=[{"role": "user", "content": "hi"}], stop="END", seed=3)
     assert req.WhichOneof("prompt") == "chat" and list(req.stopping.stop_strings) == ["END"]
     assert req.sampling.HasField("seed") and not req.sampling.HasField("top_p")
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_generate_request_refuses_fewer_than_one_choice(n: int) -> None:
+    # 0 would go out as unset (one choice); -1 does not fit the field
+    with pytest.raises(ValueError, match=f"n: must be at least 1, got {n}"):
+        generate_request("x", n=n)
+    assert generate_request("x", n=2).n == 2

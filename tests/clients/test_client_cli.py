@@ -105,6 +105,13 @@ def test_bad_arguments_name_the_option_before_any_call(capsys, address: str) -> 
         assert exit_.value.code == 2 and "must be a number of seconds > 0" in capsys.readouterr().err
     assert main(["--address", "127.0.0.1:99999", "health"]) == 1
     assert "port 99999 is outside 1-65535" in capsys.readouterr().err
+    for bad in ("0", "-1"):  # 0 went out as unset (one choice), -1 as protobuf's words
+        with pytest.raises(SystemExit) as exit_:
+            main(["--address", address, "generate", "x", "-n", bad])
+        assert exit_.value.code == 2 and "-n/--n: must be a count of at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # a system message is a chat turn: --raw sent the text without it
+        main(["--address", address, "generate", "x", "--raw", "--system", "be brief"])
+    assert exit_.value.code == 2 and "not allowed with argument --raw" in capsys.readouterr().err
 
 
 def test_an_upload_that_fails_on_the_client_side_says_why(address: str, tmp_path: Path) -> None:
