@@ -64,5 +64,5 @@ ENV PATH=/opt/venv/bin:$PATH \
     LORAPLEX_HOST=0.0.0.0 \
     LORAPLEX_ADAPTER_DIR=/var/lib/loraplex/adapters
 USER 10001:10001
-EXPOSE 50051 9464
+EXPOSE 50051 8000 9464
 ENTRYPOINT ["loraplex-server"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 from dockerfile_helpers import (
-    REPO, build_context, ci_run_installs, make_setup_installs, parse_dockerfile, pip_installs,
+    REPO, build_context, ci_run_installs, dockerignore_patterns, ignored, make_setup_installs, parse_dockerfile,
+    pip_installs,
 )
 from helm_chart_helpers import CHART, ensure_chart_tools, hadolint_path
 
@@ -89,7 +90,7 @@ def test_images_are_multi_stage_non_root_and_start_the_console_scripts() -> None
 def test_exposed_ports_are_the_defaults() -> None:
     server = dict(parse_dockerfile(SERVER).final.instructions)
     defaults = ServerSettings()
-    assert server["EXPOSE"].split() == [str(defaults.port), str(defaults.metrics_port)]
+    assert server["EXPOSE"].split() == [str(defaults.port), str(defaults.http_port), str(defaults.metrics_port)]
     store = dict(parse_dockerfile(STORE).final.instructions)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert store["EXPOSE"] == str(values["adapterStore"]["grpcPort"])
@@ -131,3 +132,8 @@ def test_the_wheel_the_images_install_builds_from_the_docker_context_and_runs(tm
         run = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0 and words in run.stdout, run.stderr
+
+
+def test_the_local_stack_folder_with_its_secret_never_reaches_an_image() -> None:
+    patterns = dockerignore_patterns()
+    assert ignored(".stack/store.secret", patterns) and ignored(".stack", patterns)
