@@ -46,9 +46,12 @@ def _read(path: str | None, what: str) -> bytes | None:
         return None
     try:
         with open(path, "rb") as f:
-            return f.read()
+            data = f.read()
     except OSError as exc:
         raise ValueError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if b"-----BEGIN " not in data:  # gRPC would only fail its handshake, naming no file
+        raise ValueError(f"{what} {path}: not a PEM file (no -----BEGIN line)")
+    return data
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:

@@ -113,3 +113,11 @@ def test_the_cli_ends_quietly_when_its_reader_leaves(servers) -> None:
     assert first.startswith(b"{"), (first, err)
     assert proc.returncode == 0, err
     assert b"Broken pipe" not in err and b"Errno 32" not in err and b"Traceback" not in err, err
+
+
+def test_a_tls_file_that_is_no_pem_is_named_before_any_call(servers, tmp_path) -> None:
+    tls, _ = servers
+    not_pem = tmp_path / "hostname"
+    not_pem.write_text("build-host-7\n")  # e.g. /etc/hostname passed by mistake: gRPC said only "handshaker"
+    with pytest.raises(ValueError, match=f"TLS root certificate {not_pem}: not a PEM file"):
+        LoraplexClient(tls.address, timeout=5, retry_attempts=1, tls=TlsConfig(str(not_pem)))
