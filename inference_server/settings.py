@@ -186,6 +186,10 @@ class ServerSettings:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
                 and self.device[5:].isdigit()):
             raise ValueError(_where("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}"))
+        if self.device == "cpu":  # known now, not only once the model has loaded
+            for name in ("cuda_graphs", "launch_ahead"):
+                if getattr(self, name) == "on":
+                    raise ValueError(_where(name, "on needs a GPU; --device cpu runs every step eager (use auto or off)"))
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError(_where("served_model_name", "must not be blank"))
         if self.model_format == "dummy" and not self.model:

@@ -36,6 +36,8 @@ def test_flag_beats_environment_beats_default() -> None:
     (["--adapter-store-wait-s", "-1"], {}, ["adapter_store_wait_s", ">= 0"]),
     (["--max-num-seqs", "0"], {}, ["max_num_seqs", ">= 1"]),
     (["--log-format", "xml"], {}, ["log_format", "json"]),
+    (["--device", "cpu", "--cuda-graphs", "on"], {}, ["cuda_graphs", "needs a GPU"]),  # before the model loads
+    (["--device", "cpu"], {"LORAPLEX_LAUNCH_AHEAD": "on"}, ["launch_ahead", "needs a GPU"]),
     (["--http-head-timeout-s", "0"], {}, ["http_head_timeout_s", "--http-head-timeout-s", "> 0"]),
     ([], {"LORAPLEX_HTTP_BODY_TIMEOUT_S": "-2"}, ["http_body_timeout_s", "> 0"]),
     (["--http-max-connections", "0"], {}, ["http_max_connections", ">= 1"]),
