@@ -72,8 +72,10 @@ class AsyncLoraplexClient:
     # -- generation ----------------------------------------------------------------------
     def generate(self, prompt: str | None = None, *, timeout: float | None = None, **kwargs: Any
                  ) -> AsyncIterator[GenerationEvent]:
-        """Stream a generation; leaving the loop early cancels it on the server. Same keyword
-        arguments as LoraplexClient.generate."""
+        """Stream a generation; closing the stream cancels it on the server. Leaving an ``async for``
+        early closes it only once the stream is collected (Python's async generators): to stop at
+        once, iterate inside ``contextlib.aclosing(client.generate(...))`` or ``await stream.aclose()``.
+        Same keyword arguments as LoraplexClient.generate."""
         return self._stream(generate_request(prompt, **kwargs), timeout)
 
     async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[GenerationEvent]:
