@@ -104,6 +104,7 @@ LORA_TIERS = (
     ("loraplex.inference_server.lora.batch",),
     ("loraplex.inference_server.lora.layers",),
     ("loraplex.inference_server.lora.pool",),
+    ("loraplex.inference_server.lora.folder_watcher",),  # the local directory's hand edits -> the pool
     ("loraplex.inference_server.lora.managed_adapters",),
 )
 
