@@ -118,15 +118,7 @@ def test_json_logs_hold_only_json_lines_from_start_to_exit(tiny_llama_dir: Path,
     proc, address = start_server(tiny_llama_dir, tmp_path, "--log-format", "json")
     try:
         with LoraplexClient(address, retry_attempts=1, timeout=2) as client:
-            deadline = time.monotonic() + 240
-            while True:
-                try:
-                    if client.health() == "SERVING":
-                        break
-                except LoraplexClientError:
-                    pass
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.1)
+            client.wait_until_serving(240)
             assert client.generate_text("Hi", max_new_tokens=2)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
