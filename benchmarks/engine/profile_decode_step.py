@@ -155,16 +155,22 @@ def priority_ab(engine, size: int) -> dict[str, list[float]]:
 def run_items_ab(engine, size: int) -> dict[str, list[float]]:
     """LoRA graph replays with row_slot's runs as the items of neither, one or both decode kernels
     (loraplex.kernels.cuda._launch.RUN_ITEMS; without them the expand takes one row per item and the shrink
-    seg's 4-row tiles). Calls of up to ONE_ROW_ITEMS_ROWS rows take one-row items either way."""
-    from loraplex.kernels.cuda import _launch
+    seg's 4-row tiles), and with one-row items in both (_plan.ONE_ROW_ITEMS_ROWS raised to the batch).
+    Calls of up to ONE_ROW_ITEMS_ROWS rows take one-row items either way."""
+    from loraplex.kernels.cuda import _launch, _plan
 
-    default = _launch.RUN_ITEMS
+    default, one_row = _launch.RUN_ITEMS, _plan.ONE_ROW_ITEMS_ROWS
     kernels = {"neither": (), "shrink": ("shrink",), "expand": ("expand",), "both": ("shrink", "expand")}
 
-    def use(names):
-        return lambda: setattr(_launch, "RUN_ITEMS", frozenset(names))
+    def use(names, one_row_rows=one_row):
+        def setup():
+            _launch.RUN_ITEMS = frozenset(names)
+            _plan.ONE_ROW_ITEMS_ROWS = one_row_rows
+        return setup
 
-    return recaptured_ab(engine, size, {f"runs in {k}": use(v) for k, v in kernels.items()}, use(default))
+    variants = {f"runs in {k}": use(v) for k, v in kernels.items()}
+    variants["one-row items in both"] = use(default, max(one_row, size))
+    return recaptured_ab(engine, size, variants, use(default))
 
 
 def shrink_first_ab(engine, size: int) -> dict[str, list[float]]:
