@@ -39,8 +39,7 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
     the two. row_slot: optional int32 [T], the same layout as seg (row t of segment i -> i, -1
     past seg[S]); on the decode path both kernels then read their items from it: one row per item
     for calls of up to ONE_ROW_ITEMS_ROWS rows (which without it find each row's segment
-    themselves); past it the shrink takes row_slot's runs in 4-row tiles and the expand one row
-    per item (_launch.RUN_ITEMS); bitwise the same result. Raises ValueError on
+    themselves), row_slot's runs in 4-row tiles past it; bitwise the same result. Raises ValueError on
     a dtype, device, shape or stride mismatch.
     """
     if stage not in STAGES:

@@ -33,11 +33,9 @@ EXPAND_THREADS = 256
 # Decode SGMV calls past ONE_ROW_ITEMS_ROWS rows that come with a row_slot (the engine's): the kernels
 # of RUN_ITEMS ("shrink", "expand") take its runs as items (run_item in lora_common.cuh: each segment
 # in 4-row tiles, found with one round of row_slot loads). Otherwise the expand takes one row per item
-# (restaging its B tile for every row, but over 4x the blocks) and the shrink seg's 4-row tiles (those
-# past a segment's first scan the segments). The shrink alone: the engine's step at max batch 128 and
-# 256 was as fast or faster so on the H100 than with runs in both.
-# See docs/KERNELS.md, "One-row decode items".
-RUN_ITEMS = frozenset({"shrink"})
+# (restaging its B tile for every row: at 128 rows of one adapter, 4x the L2 traffic of 4-row tiles)
+# and the shrink seg's 4-row tiles (those past a segment's first scan the segments).
+RUN_ITEMS = frozenset({"shrink", "expand"})
 DEC_COLS = 1024  # decode expand: columns per block (any rank: it walks the rank in 16-row chunks)
 # The decode shrink that lets its expand start early prefers shared memory over L1 on its
 # multiprocessors (cudaSharedmemCarveoutMaxShared): the expand's blocks (35 KB of shared memory

@@ -31,10 +31,9 @@ MAX_CLUSTER = 8  # LORA_MAX_CLUSTER in lora_cluster.cuh
 DEC_ROWS = 4  # decode: rows per work item, shrink and expand (SHRINK_DEC_NR, DEC_ROWS in csrc)
 # Decode SGMV calls of up to this many rows take one-row items in both kernels (the row's segment
 # looked up by the block, or read from row_slot): a grouped batch then spreads over as many blocks
-# as a Distinct one, where 4-row tiles leave most of the device idle. Past it the shrink's 4-row
-# tiles win (fewer re-reads of each adapter). 128: the engine's step at max batch 128 was fastest
-# so on the H100 for every workload (was 64). See docs/KERNELS.md, "One-row decode items".
-ONE_ROW_ITEMS_ROWS = 128
+# as a Distinct one, where 4-row tiles leave most of the device idle. Past it the 4-row tiles win
+# (fewer re-reads of each adapter). See docs/KERNELS.md, "One-row decode items".
+ONE_ROW_ITEMS_ROWS = 64
 MODE_SGMV, MODE_BGMV, MODE_SGMV_ROWS, MODE_RUNS = 0, 1, 2, 3  # LORA_MODE_* in lora_common.cuh
 # Decode: input features per shrink block at most: 4 k-rows a thread, one batch of loads in
 # flight. The grids do not depend on the rank (nor on the engine's rank cap), so a captured

@@ -178,12 +178,12 @@ def test_prefill_split_k_counts_a_tile_for_each_segment():
     assert not one.decode and one.ksplit == min(132 // 16, MAX_CLUSTER) and one.items == 1 + 16
 
 
-@pytest.mark.parametrize("rows", [1, 64, 128, 129, 256])
+@pytest.mark.parametrize("rows", [1, 64, 65, 128, 256])
 def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
     """Which items each decode kernel walks, by the call's rows: up to ONE_ROW_ITEMS_ROWS one row
-    each; past it, given a row_slot (the engine's calls), row_slot's runs in the shrink (one grid
-    row a batch row, runs cut in 4-row tiles on the device) and one row each in the expand; without
-    a row_slot, seg's 4-row tiles; BGMV calls always one row each."""
+    each; past it, given a row_slot (the engine's calls), row_slot's runs in both kernels (one
+    grid row a batch row, runs cut in 4-row tiles on the device); without a row_slot, seg's 4-row
+    tiles; BGMV calls always one row each."""
     from loraplex.kernels.checks import Problem
     from loraplex.kernels.cuda import _launch, _plan
 
@@ -192,10 +192,9 @@ def test_decode_kernels_take_row_slot_runs_past_the_one_row_items(rows):
     problem = Problem(rows, 4096, (4096, 1024, 1024), 8, 16)
     plan = _plan.make_plan(problem, _plan.MODE_SGMV, 8, 0)
     bgmv = _plan.make_plan(problem, _plan.MODE_BGMV, rows, 0)
-    assert _launch.RUN_ITEMS == {"shrink"}
     for kernel in (_launch._shrink_items, _launch._expand_items):
         table, ntable, mode, items = kernel(plan, _launch.Call(None, None, None, seg, row_slot), rows)
-        if rows <= _plan.ONE_ROW_ITEMS_ROWS or kernel is _launch._expand_items:
+        if rows <= _plan.ONE_ROW_ITEMS_ROWS:
             assert (table is row_slot, mode, items) == (True, _plan.MODE_BGMV, rows)
         else:
             assert (table is row_slot, ntable, mode, items) == (True, rows, _plan.MODE_RUNS, rows)
