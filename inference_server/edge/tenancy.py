@@ -173,9 +173,17 @@ class Tenancy:
         role = principal.role.value if principal is not None else "none"
         result = "ok" if error is None else "cancelled" if cancelled else "refused"
         self.metrics.adapter_writes.labels(tenant, action, result).inc()
-        visibility = "" if public is None else f" visibility={'public' if public else 'private'}"
+        visibility = "" if public is None else f" visibility={_visibility(adapter_id, public)}"
         audit.info("audit: %s tenant=%s role=%s adapter=%s outcome=%s peer=%s%s", action, tenant, role,
                    adapter_id or "-", outcome, context.peer(), visibility)
+
+
+def _visibility(adapter_id: str | None, public: bool) -> str:
+    """Who may use an uploaded adapter, in the CLI's words (clients/types.py, AdapterInfo.visibility):
+    public, shared (an id outside every tenant's namespace: every tenant reads it) or private."""
+    if public:
+        return "public"
+    return "shared" if adapter_id and policy.adapter_owner(adapter_id) is None else "private"
 
 
 def _cancelled(context: Caller) -> bool:

@@ -115,6 +115,9 @@ def test_public_adapter_is_used_by_other_tenants_and_written_by_its_owner_only(p
     assert any("audit: upload tenant=a role=tenant adapter=a/pub outcome=ok" in m and m.endswith("visibility=public")
                for m in audit)
     assert any("audit: upload tenant=b role=tenant adapter=a/pub outcome=PermissionDeniedError" in m for m in audit)
+    # the visibility in the CLI's words (AdapterInfo.visibility): an id outside every namespace is shared
+    assert any("adapter=shared outcome=ok" in m and m.endswith("visibility=shared") for m in audit)
+    assert any("adapter=a/private outcome=ok" in m and m.endswith("visibility=private") for m in audit)
 
 
 def test_cross_tenant_attempts_are_refused_and_change_nothing(tenants, caplog) -> None:
