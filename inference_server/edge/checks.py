@@ -21,6 +21,7 @@ from loraplex.inference_server.engine.request import GenerationRequest, GrammarS
 SEED_RANGE = 2**63  # seeds are in [0, 2^63) (engine/request.py)
 MAX_CHOICES = 16  # n (and best_of): each choice is a request of its own in the engine
 CHAT_ROLES = ("system", "user", "assistant")  # ChatMessage.role in inference.proto
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name of the system role, read as it (both edges)
 INLINE_TOKENIZE_CHARS = 8192  # longer prompts (and every chat) are tokenized off the event loop
 
 

@@ -19,7 +19,6 @@ from loraplex.inference_server.http import tools as tool_calls
 from loraplex.inference_server.http.schemas import ChatCompletionRequest
 from loraplex.inference_server.http.tool_formats import ToolFormat, describe
 
-_ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name of the system role
 _ROLES = ("system", "developer", "user", "assistant", "tool")  # every role a message may have
 
 
@@ -49,7 +48,7 @@ def _role(i: int, role: str) -> str:
     if role not in _ROLES:
         raise InvalidRequestError(f"message {i} has role {role!r}; roles are {', '.join(_ROLES)}",
                                   f"messages[{i}].role")
-    return _ROLE_ALIASES.get(role, role)
+    return edge.ROLE_ALIASES.get(role, role)
 
 
 def _tool_turn(turn: dict[str, Any], calls: list[dict[str, Any]], call_id: str | None, fmt: ToolFormat,

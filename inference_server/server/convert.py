@@ -23,6 +23,7 @@ from loraplex.adapter_store.format.files import AdapterInfo
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.inference_server.edge.checks import (
     MAX_CHOICES,
+    ROLE_ALIASES,
     RequestLimits,
     chat_prompt_ids,
     check_prompt_ids,
@@ -115,7 +116,8 @@ def prompt_from_pb(msg: pb.GenerateRequest, tokenizer: PromptTokenizer, limits: 
 
 
 def chat_messages_from_pb(chat: pb.ChatMessages) -> list[dict[str, str]]:
-    """{role, content} turns; a message's ``parts`` are its content's text (text parts only)."""
+    """{role, content} turns; a message's ``parts`` are its content's text (text parts only);
+    the role ``developer`` is read as ``system``."""
     out = []
     for i, m in enumerate(chat.messages):
         content = m.content
@@ -123,7 +125,7 @@ def chat_messages_from_pb(chat: pb.ChatMessages) -> list[dict[str, str]]:
             if m.content:
                 raise InvalidRequestError("set content or parts, not both", f"chat.messages[{i}].parts")
             content = text_of_parts(((p.type, p.text) for p in m.parts), f"chat.messages[{i}].parts")
-        out.append({"role": m.role, "content": content})
+        out.append({"role": ROLE_ALIASES.get(m.role, m.role), "content": content})
     return out
 
 

@@ -73,6 +73,14 @@ def test_prompt_kinds_token_ids_chat_and_default_max_new_tokens(served) -> None:
         [{"role": "user", "content": "yo"}]))
 
 
+def test_developer_role_is_read_as_system(served) -> None:
+    """OpenAI's newer name of the system role: the same prompt as system, as the HTTP edge reads it."""
+    srv, engine, client = served
+    for role in ("developer", "system"):
+        client.generate_text(messages=[{"role": role, "content": "be brief"}, {"role": "user", "content": "yo"}])
+    assert engine.requests[0].prompt_token_ids == engine.requests[1].prompt_token_ids
+
+
 def test_chat_content_parts_are_text_and_other_types_are_refused_naming_them(served) -> None:
     srv, engine, client = served
     parts = [{"type": "text", "text": "y"}, {"type": "text", "text": "o"}]
