@@ -3,8 +3,10 @@
 Plain Python over the four backend interfaces (backends/base.py); synchronous and
 thread-safe (the gRPC servicer runs it in worker threads). The blob backend is the
 truth: a version's blob is written first, then the adapter's head (the commit point),
-then the index, the cache and the change feed. The index, cache and feed are optional
-speed-ups: when one fails the store falls back, counts it and logs it.
+then the index, the cache and the change feed. A delete removes the head (its commit point),
+then the index entry, the version's blob (and older leftovers of the id) and publishes; one cut
+off after its commit point is finished by the next delete of the id. The index, cache and feed
+are optional speed-ups: when one fails the store falls back, counts it and logs it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from loraplex.adapter_store.write_turn import Turn, WriterLocks, superseded
 
 log = logging.getLogger(__name__)
 FILL_WAIT_S = 0.5  # an index fill is a speed-up: it does not queue behind a writer for long
+# A delete drops the other versions it finds under the id (left behind by failed drops or crashed
+# writers) only once they are this old: a blob written since may be another writer's upload on its
+# way to the head (a lease that ran out, or no Redis to hold one).
+ORPHAN_GRACE_S = 600.0
 
 
 class Store:
@@ -116,8 +122,7 @@ class Store:
         with self._writers.hold(adapter_id, deadline.wait_budget()) as lease:
             record, tag = self._head_for_write(adapter_id, "delete")
             if record is None:
-                self.keeper.write(self.index.remove, adapter_id)
-                raise AdapterNotFoundError(adapter_id)
+                return self._finish_delete(adapter_id)
             what = f"cannot delete {adapter_id!r}"
             try:
                 Turn(tag, lease, deadline).check(what)
@@ -127,16 +132,39 @@ class Store:
             except (HeadChanged, LeaseLost) as e:
                 raise superseded(what, e) from None
             self.keeper.write(self.index.remove, adapter_id)
-            keys = {record.blob_key}
-            try:
-                keys.update(self.blobs.list_blobs(adapter_id))
-            except BackendUnavailable as e:
-                log.warning("delete %s: could not list old versions (%s)", adapter_id, e)
-            for key in sorted(keys):
-                self._drop_blob(key)
+            self._drop_versions(record)
             self._publish(ChangeEvent(KIND_DELETE, adapter_id, record.version, record.info.sha256, self._clock()))
         log.info("deleted %s (was version %s)", adapter_id, record.version)
         return record
+
+    def _finish_delete(self, adapter_id: str) -> StoredRecord:
+        """A delete of an id without a head: a delete that stopped after its commit point (the head
+        gone, its process killed before the index, the blobs and the change event) left the index
+        naming it; this one finishes it (servers holding the old version hear the event) and answers
+        as the delete. Nothing in the index either: not found."""
+        try:
+            stale = self.index.get(adapter_id)
+        except BackendUnavailable:
+            stale = None
+        self.keeper.write(self.index.remove, adapter_id)
+        if stale is None:
+            raise AdapterNotFoundError(adapter_id)
+        self._drop_versions(stale)
+        self._publish(ChangeEvent(KIND_DELETE, adapter_id, stale.version, stale.info.sha256, self._clock()))
+        log.info("deleted %s: finished an interrupted delete (the index still named version %s)", adapter_id,
+                 stale.version)
+        return stale
+
+    def _drop_versions(self, record: StoredRecord) -> None:
+        """After a delete's commit: the deleted version's blob, and other versions of the id older
+        than ORPHAN_GRACE_S (never a blob another writer may be committing now)."""
+        keys = {record.blob_key}
+        try:
+            keys.update(self.blobs.list_blobs(record.adapter_id, modified_before=self._clock() - ORPHAN_GRACE_S))
+        except BackendUnavailable as e:
+            log.warning("delete %s: could not list old versions (%s)", record.adapter_id, e)
+        for key in sorted(keys):
+            self._drop_blob(key)
 
     def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None, turn: Turn) -> None:
         """Write the blob, then (if this writer's turn still holds) the head, on the condition that

@@ -31,8 +31,9 @@ class BlobBackend(Protocol):
     def delete_blob(self, key: str) -> None:
         """Remove a blob (no error if absent)."""
 
-    def list_blobs(self, adapter_id: str) -> list[str]:
-        """Keys of every stored version of ``adapter_id``."""
+    def list_blobs(self, adapter_id: str, modified_before: float | None = None) -> list[str]:
+        """Keys of every stored version of ``adapter_id``; with ``modified_before`` (a Unix time),
+        of those last written before it."""
 
     def write_head(self, adapter_id: str, data: bytes, expect: str | None | object = ANY_HEAD) -> None:
         """Atomically replace the head (current record) of ``adapter_id``. With ``expect`` (a tag

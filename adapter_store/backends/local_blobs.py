@@ -60,12 +60,13 @@ class LocalBlobBackend:
     def delete_blob(self, key: str) -> None:
         self._path(key, BLOB_SUFFIX).unlink(missing_ok=True)
 
-    def list_blobs(self, adapter_id: str) -> list[str]:
+    def list_blobs(self, adapter_id: str, modified_before: float | None = None) -> list[str]:
         path = self._path(adapter_id, "")
         if not path.parent.is_dir():
             return []
         stem = f"{path.name}@"
-        names = (p.name for p in path.parent.iterdir() if p.name.startswith(stem))
+        names = (p.name for p in path.parent.iterdir()
+                 if p.name.startswith(stem) and (modified_before is None or _mtime(p) < modified_before))
         base = adapter_id.rpartition("/")[0]
         return sorted(
             (f"{base}/" if base else "") + n[: -len(BLOB_SUFFIX)] for n in names if n.endswith(BLOB_SUFFIX)
@@ -126,3 +127,11 @@ class LocalBlobBackend:
 
 def _tag(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
+
+
+def _mtime(path: Path) -> float:
+    """Last write time (a file gone meanwhile counts as new: nothing to drop)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")

@@ -114,9 +114,10 @@ class S3BlobBackend:
     def delete_blob(self, key: str) -> None:
         self._call(lambda: self._client.delete_object(Bucket=self._bucket, Key=self._blob(key)))
 
-    def list_blobs(self, adapter_id: str) -> list[str]:
+    def list_blobs(self, adapter_id: str, modified_before: float | None = None) -> list[str]:
         start = len(self._blob(""))
-        return [k[start:] for k in self._list(self._blob(f"{adapter_id}@"), "", 10_000)]
+        keep = None if modified_before is None else (lambda obj: obj["LastModified"].timestamp() < modified_before)
+        return [k[start:] for k in self._list(self._blob(f"{adapter_id}@"), "", 10_000, keep)]
 
     def write_head(self, adapter_id: str, data: bytes, expect: str | None | object = ANY_HEAD) -> None:
         kwargs = {} if expect is ANY_HEAD else {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
@@ -176,7 +177,10 @@ class S3BlobBackend:
     def read_marker(self) -> bytes | None:
         return self._get(self._marker)
 
-    def _list(self, prefix: str, start_after: str, limit: int) -> list[str]:
+    def _list(self, prefix: str, start_after: str, limit: int,
+              keep: Callable[[dict], bool] | None = None) -> list[str]:
+        """Keys under ``prefix`` after ``start_after`` (at most ``limit``), of the objects ``keep``
+        takes (all without it)."""
         keys: list[str] = []
         kwargs = {"Bucket": self._bucket, "Prefix": prefix}
         if start_after:
@@ -184,7 +188,7 @@ class S3BlobBackend:
         while len(keys) < limit:
             kwargs["MaxKeys"] = min(1000, limit - len(keys))
             page = self._call(lambda: self._client.list_objects_v2(**kwargs))
-            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+            keys.extend(obj["Key"] for obj in page.get("Contents", []) if keep is None or keep(obj))
             if not page.get("IsTruncated"):
                 break
             kwargs["ContinuationToken"] = page["NextContinuationToken"]

@@ -106,8 +106,14 @@ class ManagedAdapters:
         return info
 
     def delete(self, adapter_id: str) -> None:
-        self.source.delete(validate_adapter_id(adapter_id))
-        self._manager.invalidate(adapter_id)
+        """Delete it at its source and drop any copy held here, even when the source's answer is an
+        error: not found (another delete, or one finished by the store after a crash), or an outcome
+        unknown (the copy is fetched again if the adapter is still there)."""
+        validate_adapter_id(adapter_id)
+        try:
+            self.source.delete(adapter_id)
+        finally:
+            self._manager.invalidate(adapter_id)
 
     def resident_ids(self) -> list[str]:
         return self._manager.resident_ids()

@@ -200,3 +200,52 @@ def test_client_reads_cached_blobs_straight_from_redis(make_env, shared_redis, s
         assert direct.resolve("acme/direct").info.version == info.version  # the store refilled the cache
         with pytest.raises(AdapterNotFoundError):
             direct.resolve("acme/nothing")
+
+
+def test_a_delete_cut_off_after_its_commit_is_finished_by_the_next_one(env, adapters):
+    """A store killed between a delete's commit point (the head gone) and the rest: the index still
+    names the adapter. Deleting it again finishes the job: the index entry and the blob go, and the
+    change event goes out, so servers holding the old version drop it (it answers as the delete)."""
+    info = env.client.put("acme/cut", adapters["r4-fp32"])
+    watch = env.client.watch(tenant="acme")
+    events, got = [], threading.Event()
+
+    def follow():
+        for ev in watch:
+            events.append(ev)
+            if ev.kind == KIND_DELETE:
+                got.set()
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    _wait_for(lambda: events and events[0].kind == KIND_RESYNC)
+    env.store.blobs.delete_head("acme/cut")  # the delete's commit point, and nothing after it
+    env.client.delete("acme/cut")  # answers as the delete: no error
+    assert got.wait(10)
+    watch.cancel()
+    thread.join(5)
+    assert [(e.kind, e.adapter_id, e.version) for e in events if e.kind != KIND_RESYNC] == [
+        (KIND_DELETE, "acme/cut", info.version)]
+    for call in (env.client.get, env.client.resolve, env.client.delete):
+        with pytest.raises(AdapterNotFoundError):
+            call("acme/cut")
+    assert env.client.list() == []
+    assert not [k for k in env.stored_objects() if "cut" in k]
+
+
+def test_a_delete_leaves_a_version_another_writer_just_wrote(env, adapters, monkeypatch):
+    """A delete drops the deleted version and older leftovers of the id, never a blob written
+    since (another writer's upload on its way to its head, when its lease ran out or no Redis
+    holds one): that upload must not lose its bytes. Once old, a leftover goes with the next delete."""
+    from loraplex.adapter_store import store as store_module
+    from loraplex.adapter_store.records import blob_key
+
+    env.client.put("acme/race", adapters["r4-fp32"])
+    fresh = blob_key("acme/race", "0123456789abcdef")
+    env.store.blobs.write_blob(fresh, b"another writer's version")
+    env.client.delete("acme/race")
+    assert [k for k in env.stored_objects() if "race@" in k] and fresh in env.store.blobs.list_blobs("acme/race")
+    env.client.put("acme/race", adapters["r16-bf16"])
+    monkeypatch.setattr(store_module, "ORPHAN_GRACE_S", -3600.0)  # as if an hour had gone by
+    env.client.delete("acme/race")
+    assert not [k for k in env.stored_objects() if "race" in k]
