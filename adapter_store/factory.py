@@ -70,4 +70,5 @@ def build_store(
         max_adapter_bytes=settings.max_adapter_bytes,
         metrics=metrics,
         importer=importer,
+        reconcile_interval_s=settings.reconcile_interval_s,
     )

@@ -1,5 +1,7 @@
 """The index as a rebuildable copy of the heads: writes it may miss, listing with a fallback
-to the blob store, and rebuilds (at start, after lost writes, after a Redis restart)."""
+to the blob store, and rebuilds (at start, after lost writes, after a Redis restart, and every
+``reconcile_s``: a store killed between a head and its index write, or a Redis restored from an
+older snapshot, leaves an index that says nothing is wrong)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,16 @@ class IndexKeeper:
     """Keeps ``index`` in step with the heads that ``heads`` reads from the blob store."""
 
     def __init__(
-        self, index: Index, heads: HeadScanner, health: Degradation, clock: Callable[[], float], blobs: str
+        self, index: Index, heads: HeadScanner, health: Degradation, clock: Callable[[], float], blobs: str,
+        reconcile_s: float = 0.0,
     ) -> None:
         self.index = index
         self._heads = heads
         self.health = health
         self._clock = clock
         self._blobs = blobs
+        self._reconcile_s = reconcile_s  # 0: rebuild only when the index says it needs it
+        self._reconciled_at: float | None = None  # None: not yet (the first maintain does, at start)
         self._dirty = threading.Event()  # an index write was lost: rebuild once it is back
 
     @property
@@ -81,12 +86,16 @@ class IndexKeeper:
         log.info("index rebuilt from %s: %d adapters", self._blobs, len(scanned))
         return None
 
-    def maintain(self) -> None:
+    def maintain(self) -> bool:
         """Periodic upkeep: once the index is reachable again after lost writes (or after a Redis
-        restart emptied it), rebuild it from the blob store."""
+        restart emptied it), rebuild it from the blob store; at the first call and every
+        ``reconcile_s`` reconcile it with the heads whatever it says. True when a reconcile found
+        the index naming what the heads do not (a version, or an id): copies read from it may be stale."""
         try:
             if self._dirty.is_set():
                 self.index.mark_incomplete()
+            if self._reconcile_due():
+                return self._reconcile()
             if not self.index.is_complete():
                 self.rebuild()
             self.health.ok("index")
@@ -94,3 +103,24 @@ class IndexKeeper:
             log.debug("maintain: index still unreachable (%s)", e)
         except UnavailableError as e:
             log.debug("maintain: %s", e)
+        return False
+
+    def _reconcile_due(self) -> bool:
+        if self._reconciled_at is None:
+            return True
+        return self._reconcile_s > 0 and self._clock() - self._reconciled_at >= self._reconcile_s
+
+    def _reconcile(self) -> bool:
+        """A rebuild from the heads, comparing what the index named before it (raises as rebuild)."""
+        started = self._clock()  # what is written after this, the rebuild leaves alone
+        before = {r.adapter_id: r.version for r in self.index.list("", "", 1 << 30)}
+        scanned = self._heads.scan()
+        self.index.rebuild(scanned, started)
+        self._reconciled_at = started
+        self.health.ok("index")
+        after = {r.adapter_id: r.version for r in scanned}
+        stale = sorted(i for i in before.keys() | after.keys() if before.get(i) != after.get(i))
+        if stale and before:
+            log.warning("index reconciled with %s: %d adapters differed from it (%s)", self._blobs, len(stale),
+                        ", ".join(stale[:5]) + (", ..." if len(stale) > 5 else ""))
+        return bool(stale) and bool(before)

@@ -64,6 +64,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("max-rank", "largest accepted LoRA rank", default="128", type=int)
     flag("base-config", "base model's HF config.json (or folder): uploads must fit its shapes")
     flag("metrics-port", "Prometheus metrics HTTP port (0 = off)", default="0", type=int)
+    flag("reconcile-interval-s", "seconds between rebuilds of the index from the blob store's heads, whatever "
+         "the index says (0 = at start only)", default="300", type=float)
     flag("secret-file", "file holding the shared secret the inference server sends; without it, calls "
          "are not authenticated (keep --listen on localhost then)")
     flag("log-level", "logging level", default="INFO", type=str.upper,
@@ -90,7 +92,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         blob_backend=blob_backend, local_dir=a.local_dir, s3=s3, index_backend=index_backend, redis=redis,
         cache_max_bytes=int(a.cache_mib) * MIB, max_adapter_bytes=int(a.max_adapter_mib) * MIB,
         max_rank=int(a.max_rank), base_config=a.base_config, listen=a.listen, metrics_port=int(a.metrics_port),
-        secret_file=a.secret_file or None,
+        secret_file=a.secret_file or None, reconcile_interval_s=float(a.reconcile_interval_s),
     )
     return settings, a.log_level.upper()
 

@@ -71,6 +71,9 @@ class StoreSettings:
     metrics_port: int = 0  # Prometheus HTTP port; 0 = off
     chunk_bytes: int = 1 * MIB  # Get stream chunk size
     maintain_interval_s: float = 2.0  # how often a degraded index is re-synced
+    # how often the index is rebuilt from the heads whatever it says (a store killed between a head
+    # and its index write, a Redis restored from an older snapshot); 0: at start only
+    reconcile_interval_s: float = 300.0
     secret_file: str | None = None  # shared secret every AdapterStore call must carry (adapter_store/auth.py)
 
     def __post_init__(self) -> None:
@@ -96,5 +99,7 @@ class StoreSettings:
             raise ValueError(f"chunk_bytes must be in 4 KiB..4 MiB, got {self.chunk_bytes}")
         if self.maintain_interval_s <= 0:
             raise ValueError("maintain_interval_s must be > 0")
+        if self.reconcile_interval_s < 0:
+            raise ValueError(f"reconcile_interval_s must be >= 0 (0: at start only), got {self.reconcile_interval_s}")
         if ":" not in self.listen:
             raise ValueError(f"listen must be host:port, got {self.listen!r}")

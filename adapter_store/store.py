@@ -64,6 +64,7 @@ class Store:
         metrics: StoreMetrics | None = None,
         clock: Callable[[], float] = time.time,
         importer: Importer | None = None,
+        reconcile_interval_s: float = 0.0,
     ) -> None:
         self.blobs, self.index, self.cache, self.feed = blobs, index, cache, feed
         self.importer = importer  # reads an S3 prefix for Import (None: this store has no S3 client)
@@ -74,7 +75,7 @@ class Store:
         self.health = Degradation(self.metrics)
         self._clock = clock
         self._heads = HeadScanner(blobs)
-        self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description)
+        self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description, reconcile_interval_s)
         self._writers = WriterLocks(index, self.health)
         self.marker = BlobMarker(blobs, index, self._blob_store_lost)
 
@@ -335,9 +336,12 @@ class Store:
 
     def maintain(self) -> None:
         """Periodic upkeep: check the blob store still holds its objects (blob_marker.py), and rebuild
-        the index from it when it missed writes, was emptied, or the blob store lost objects."""
+        the index from it when it missed writes, was emptied, or the blob store lost objects; at
+        start and every reconcile interval, reconcile it with the heads, telling watchers to
+        re-check their copies when it had been wrong."""
         self.marker.check()
-        self.keeper.maintain()
+        if self.keeper.maintain():
+            self._publish(ChangeEvent(KIND_RESYNC))
 
     def _blob_store_lost(self, what: str) -> None:
         """The blob store lost objects behind the index's back: count it, stop trusting the index

@@ -4,6 +4,7 @@ S3/in-memory, S3/Redis), through the gRPC service and its client."""
 from __future__ import annotations
 
 import hashlib
+import time
 import threading
 
 import pytest
@@ -249,3 +250,39 @@ def test_a_delete_leaves_a_version_another_writer_just_wrote(env, adapters, monk
     monkeypatch.setattr(store_module, "ORPHAN_GRACE_S", -3600.0)  # as if an hour had gone by
     env.client.delete("acme/race")
     assert not [k for k in env.stored_objects() if "race" in k]
+
+
+def _follow(env):
+    """(events, the watch): a thread collecting the store's change events for tenant acme."""
+    watch = env.client.watch(tenant="acme")
+    events: list = []
+    threading.Thread(target=lambda: events.extend(watch), daemon=True).start()
+    _wait_for(lambda: events and events[0].kind == KIND_RESYNC)
+    return events, watch
+
+
+def test_the_index_is_reconciled_with_the_heads_whatever_it_says(env, adapters, monkeypatch):
+    """A store killed between a head and its index write (here: the index write lost and the
+    process's memory of it gone) leaves an index that names the old version and says nothing is
+    wrong. At start and every reconcile interval the store rebuilds it from the heads, and tells
+    watchers to re-check their copies."""
+    from loraplex.adapter_store.errors import BackendUnavailable
+
+    v1 = env.client.put("acme/stale", adapters["r4-fp32"]).version
+    real_put = env.store.index.put
+
+    def lost(record):
+        raise BackendUnavailable("index", "killed before the write")
+
+    monkeypatch.setattr(env.store.index, "put", lost)
+    v2 = env.client.put("acme/stale", adapters["r16-bf16"]).version
+    monkeypatch.setattr(env.store.index, "put", real_put)
+    env.store.keeper._dirty.clear()  # a restarted process does not know the write was lost
+    assert env.client.get("acme/stale").version == v1  # the index, trusted: stale
+    events, watch = _follow(env)
+    env.store.keeper._reconciled_at = time.time() - env.settings.reconcile_interval_s - 1  # the interval is up
+    env.store.maintain()
+    assert env.client.get("acme/stale").version == v2
+    assert env.client.resolve("acme/stale").files == peft_files(adapters["r16-bf16"])
+    _wait_for(lambda: len([e for e in events if e.kind == KIND_RESYNC]) >= 2)  # the first comes with the watch
+    watch.cancel()
