@@ -188,10 +188,14 @@ def model_type_of(cfg: Mapping[str, Any]) -> str:
     """The model type a Hugging Face config.json names (its ``architectures`` first, then
     ``model_type``); ValueError naming the field and listing what is supported."""
     classes = cfg.get("architectures") or []
+    model_type = cfg.get("model_type")
     for name in classes:
         if name in _BY_CLASS:
+            if model_type in _BY_MODEL_TYPE and model_type != _BY_CLASS[name]:
+                raise ValueError(f"config.json architectures {classes} ({_BY_CLASS[name]}) and model_type "
+                                 f"{model_type!r} disagree (transformers builds the model_type's model); "
+                                 "make them name one family")
             return _BY_CLASS[name]
-    model_type = cfg.get("model_type")
     if model_type in _BY_MODEL_TYPE:
         return model_type
     if model_type == "gemma3" or "Gemma3ForConditionalGeneration" in classes:

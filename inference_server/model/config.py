@@ -140,6 +140,32 @@ def rope_type(scaling: Mapping[str, Any] | None) -> str:
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
 
 
+# transformers' default rms_norm_eps where a config.json leaves it out: 1e-6 but for these
+_RMS_NORM_EPS = {"phi3": 1e-5}
+# config.json fields read as integers (where present) and as numbers: a wrong type is refused by name
+_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window")
+_NUMBER_FIELDS = ("rms_norm_eps", "rope_theta")
+
+
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def _check_types(cfg: Mapping[str, Any]) -> None:
+    """ValueError naming the first required field left out (or null) or field of the wrong type."""
+    for key in _REQUIRED:
+        if cfg.get(key) is None:
+            raise ValueError(f"missing required field {key!r}")
+    for key in _INT_FIELDS:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{key}: must be an integer, got {value!r}")
+    for key in _NUMBER_FIELDS:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{key}: must be a number, got {value!r}")
+
+
 def common_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     """The ModelConfig fields every family reads the same way from a config.json, model_type
     included (its architectures first). Raises ValueError naming a missing required field or an
@@ -148,12 +174,14 @@ def common_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         method = (cfg["quantization_config"] or {}).get("quant_method", "?")
         raise ValueError(f"quantization_config: quantized checkpoints ({method}) are not supported; "
                          "serve the unquantized (float16/bfloat16/float32) weights")
+    _check_types(cfg)
     try:
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         params = rope_parameters(cfg)
+        model_type = model_type_of(cfg)
         fields = dict(
-            model_type=model_type_of(cfg),
+            model_type=model_type,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -161,7 +189,7 @@ def common_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rms_norm_eps=cfg.get("rms_norm_eps", _RMS_NORM_EPS.get(model_type, 1e-6)),
             rope_theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
             rope_scaling=_scaling(params),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),

@@ -82,7 +82,8 @@ def read_config(cfg: Mapping[str, Any], name: str) -> ModelConfig:
     if model_type == "mistral":  # MistralConfig's default window, as transformers reads a config without one
         window = cfg.get("sliding_window", 4096)
         return ModelConfig(**fields, layer_windows=sliding_layers(cfg, window, every_layer=True))
-    return ModelConfig(**fields, attention_bias=bool(cfg.get("attention_bias", True)), layer_windows=qwen_windows(cfg))
+    # Qwen2's q/k/v always have biases: transformers' Qwen2 ignores attention_bias
+    return ModelConfig(**fields, attention_bias=True, layer_windows=qwen_windows(cfg))
 
 
 FAMILY = Family(

@@ -447,6 +447,48 @@ def test_config_mistral_and_qwen2():
     assert shapes["model.layers.23.self_attn.v_proj.bias"] == (128,) and "lm_head.weight" not in shapes
 
 
+_SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4}
+
+
+@pytest.mark.parametrize("arch, model_type, eps", [
+    ("LlamaForCausalLM", "llama", 1e-6), ("MistralForCausalLM", "mistral", 1e-6),
+    ("Qwen2ForCausalLM", "qwen2", 1e-6), ("Qwen3ForCausalLM", "qwen3", 1e-6), ("Phi3ForCausalLM", "phi3", 1e-5)])
+def test_a_config_without_rms_norm_eps_gets_transformers_default(arch, model_type, eps):
+    """transformers' own default for each family (LlamaConfig's is 1e-6, not 1e-5): with small
+    activations the epsilon changes the tokens."""
+    import transformers
+
+    assert getattr(transformers.AutoConfig.for_model(model_type), "rms_norm_eps") == eps
+    c = config_from_hf({"architectures": [arch], "model_type": model_type, **_SMALL})
+    assert c.rms_norm_eps == eps
+
+
+def test_qwen2_attention_bias_false_is_read_as_transformers_reads_it():
+    """transformers' Qwen2 always gives q/k/v biases, whatever attention_bias says."""
+    c = config_from_hf({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "attention_bias": False,
+                        **_SMALL})
+    assert c.attention_bias and "model.layers.0.self_attn.k_proj.bias" in expected_shapes(c)
+
+
+def test_architectures_and_model_type_that_disagree_are_refused_naming_both():
+    """transformers builds model_type's model and loraplex went by architectures: a Llama class
+    with model_type mistral lost Mistral's sliding window without a word."""
+    with pytest.raises(ValueError, match=r"architectures \['LlamaForCausalLM'\] \(llama\) and model_type 'mistral' "
+                                         r"disagree"):
+        config_from_hf({"architectures": ["LlamaForCausalLM"], "model_type": "mistral", "sliding_window": 8, **_SMALL})
+
+
+@pytest.mark.parametrize("field, value, kind", [
+    ("num_attention_heads", None, None), ("num_hidden_layers", "3", "an integer"), ("sliding_window", "8", "an integer"),
+    ("head_dim", 16.0, "an integer"), ("rms_norm_eps", "1e-6", "a number"), ("hidden_size", True, "an integer")])
+def test_config_fields_of_the_wrong_type_are_named(field, value, kind):
+    cfg = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", **_SMALL, field: value}
+    match = f"missing required field '{field}'" if kind is None else f"{field}: must be {kind}, got {value!r}"
+    with pytest.raises(ValueError, match=re.escape(match)):
+        config_from_hf(cfg)
+
+
 # ---------------------------------------------------------------------------- bad inputs
 
 
