@@ -71,9 +71,10 @@ class AdapterNotFoundError(LoraplexError, LookupError):
 
     status = ErrorStatus("NOT_FOUND", 404, "invalid_request_error", "model_not_found")
 
-    def __init__(self, adapter_id: str) -> None:
+    def __init__(self, adapter_id: str, field: str | None = None) -> None:
         super().__init__(f"adapter {adapter_id!r} not found")
         self.adapter_id = adapter_id
+        self.field = field  # the request field that named it, where not the model (HTTP's param)
 
 
 class AdapterValidationError(InvalidRequestError):

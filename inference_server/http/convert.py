@@ -139,8 +139,9 @@ def _logit_bias(body: _Sampling, vocab_size: int) -> tuple[tuple[int, float], ..
     """OpenAI's {"token id": bias} as (id, bias) pairs, ids checked against the vocabulary."""
     out = []
     for key, bias in (body.logit_bias or {}).items():
-        if not key.isdigit():
-            raise InvalidRequestError(f"keys must be token ids, got {key!r}", "logit_bias")
+        # ASCII digits only (str.isdigit takes "²" and other scripts' digits), and no longer than an id can be
+        if not (key.isascii() and key.isdigit() and len(key) <= 12):
+            raise InvalidRequestError(f"keys must be token ids, got {key[:40]!r}", "logit_bias")
         out.append((int(key), bias))
     edge.check_token_ids([t for t, _ in out], vocab_size, "logit_bias")
     return tuple(out)

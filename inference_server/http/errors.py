@@ -43,7 +43,7 @@ def error_for(exc: Exception) -> tuple[int, dict]:
         return exc.status, error_body(str(exc), exc.kind, exc.param, exc.code)
     status = status_of(exc)
     if status is not None:
-        param = "model" if isinstance(exc, AdapterNotFoundError) else field_of(exc)
+        param = (exc.field or "model") if isinstance(exc, AdapterNotFoundError) else field_of(exc)
         log.info("HTTP %d: %s", status.http, exc)
         return status.http, error_body(str(exc) or type(exc).__name__, status.kind, param, status.code)
     log.error("internal error serving an HTTP request", exc_info=exc)

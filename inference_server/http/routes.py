@@ -200,7 +200,10 @@ class OpenAIRoutes:
         name = validate_adapter_id(body.lora_name, "lora_name")
         async with self._state.work() as engine:
             with self._tenancy.audited_write(caller, name, "delete"):
-                await asyncio.to_thread(self._tenancy.adapters_for(caller, engine).delete, name)
+                try:
+                    await asyncio.to_thread(self._tenancy.adapters_for(caller, engine).delete, name)
+                except AdapterNotFoundError:
+                    raise AdapterNotFoundError(name, "lora_name") from None
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     # -- models, health, metrics -----------------------------------------------------------
@@ -257,8 +260,16 @@ def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str
     if not ignored:
         return {}
     log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
-                ", ".join(ignored))
-    return {IGNORED_FIELDS_HEADER: ",".join(ignored)}
+                ", ".join(map(_header_safe, ignored)))
+    return {IGNORED_FIELDS_HEADER: ",".join(_header_safe(name) for name in ignored)}
+
+
+def _header_safe(name: str) -> str:
+    """A field name as header text: printable ASCII as it is, anything else (a line break, letters
+    outside Latin-1) escaped the way Python writes it, so the header is always valid."""
+    if name.isascii() and name.isprintable() and "," not in name:
+        return name
+    return name.encode("unicode_escape").decode("ascii").replace(",", "\\x2c")
 
 
 async def _as_lora_path(work: Awaitable[T]) -> T:

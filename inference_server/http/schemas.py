@@ -15,16 +15,27 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+def _null_is_unset(cls: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """null for a parameter OpenAI lets be null (its clients send an explicit None so): its default."""
+    return cls.model_fields[info.field_name].default if value is None else value
+
+
+def _nullable(*fields: str) -> Any:
+    """A before-validator reading null as the default for ``fields``."""
+    return field_validator(*fields, mode="before")(classmethod(_null_is_unset))
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: usage (so far) on every chunk
+    _nulls = _nullable("include_usage", "continuous_usage_stats")
 
 
 class ResponseFormat(_Body):
@@ -56,6 +67,7 @@ class _Sampling(_Body):
     min_tokens: int = 0  # vLLM extra
     skip_special_tokens: bool = True  # vLLM extra
     response_format: ResponseFormat | None = None
+    _nulls = _nullable("n", "stream", "ignore_eos", "min_tokens", "skip_special_tokens")
 
 
 class CompletionRequest(_Sampling):
@@ -66,6 +78,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    _completion_nulls = _nullable("echo")
 
 
 class ContentPart(_Body):
@@ -93,6 +106,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    _chat_nulls = _nullable("logprobs")
 
 
 def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:

@@ -132,7 +132,8 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, An
         return ToolUse(parsed, None, fmt)
     if tool_choice == "required":
         return ToolUse(parsed, tuple(names), fmt)
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
         raise InvalidRequestError('must be "none", "auto", "required" or {"type": "function", "function": '
                                   '{"name": ...}}', "tool_choice")

@@ -72,6 +72,19 @@ def test_completions_whole_and_streamed_match_the_engine(served) -> None:
     assert len({c.id for c in chunks}) == 1
 
 
+def test_parameters_openai_lets_be_null_are_read_as_unset(served) -> None:
+    """The openai client sends an explicit None as null; OpenAI and vLLM read it as the default (it
+    was a 400 "Input should be a valid boolean")."""
+    _, _, client, _ = served
+    chat = client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          logprobs=None, n=None, stream=None,
+                                          extra_body={"ignore_eos": None, "min_tokens": None,
+                                                      "skip_special_tokens": None})
+    assert len(chat.choices) == 1 and chat.choices[0].logprobs is None and chat.usage.completion_tokens == 3
+    whole = client.completions.create(model=BASE, prompt="hello", max_tokens=6, echo=None, n=None)
+    assert whole.choices[0].text == _text("hello", None, 6)
+
+
 def test_chat_streams_with_role_first_and_usage_last(served) -> None:
     _, engine, client, _ = served
     messages = [{"role": "user", "content": "hi"}]
@@ -138,6 +151,8 @@ BAD_COMPLETIONS = [
     ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 3, "stream": True}, "best_of"),
     ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"999": 1}}, "logit_bias"),
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias"), ({"logit_bias": {"1" * 5000: 1}}, "logit_bias"),  # were 500s
+    ({"logit_bias": {"\u0661\u0662": 1}}, "logit_bias"),  # Arabic-Indic digits: not token 12
     ({"logit_bias": {"5": 101}}, "logit_bias"), ({"min_p": 2}, "min_p"), ({"min_tokens": -1}, "min_tokens"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"), ({"stop_token_ids": [999]}, "stop_token_ids"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),

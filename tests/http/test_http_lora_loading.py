@@ -105,6 +105,7 @@ def test_load_from_a_folder_and_the_store_then_unload_and_s3_needs_a_store(tiny_
             client.completions.create(model="mlp", prompt="Hi", max_tokens=2)
         status, text = _post(root, "/v1/unload_lora_adapter", {"lora_name": "mlp"})
         assert status == 404 and json.loads(text)["error"]["code"] == "model_not_found"
+        assert json.loads(text)["error"]["param"] == "lora_name"  # the field that named it (was "model")
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)

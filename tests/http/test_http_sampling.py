@@ -50,6 +50,10 @@ def test_unknown_fields_are_accepted_ignored_named_and_logged(served, caplog) ->
         "messages[0].weight,parallel_tool_calls")
     _, plain_headers, _ = _post(url + "/completions", {"model": BASE, "prompt": "hi", "max_tokens": 1})
     assert plain_headers.get("X-Loraplex-Ignored-Fields") is None
+    # names no header can carry as they are (letters outside Latin-1, a line break, a comma): escaped
+    odd = {"model": BASE, "prompt": "hi", "max_tokens": 1, "\u540d\u524d": 1, "a\nb": 2, "x,y": 3}
+    status, odd_headers, _ = _post(url + "/completions", odd)
+    assert status == 200 and odd_headers["X-Loraplex-Ignored-Fields"] == "a\\nb,x\\x2cy,\\u540d\\u524d"  # in name order
 
 
 def test_vllm_and_openai_sampling_parameters_reach_the_engine(served) -> None:  # noqa: F811
