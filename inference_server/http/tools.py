@@ -14,6 +14,7 @@ answer in text or call, ``"none"`` leaves the tools out.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -142,13 +143,17 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, An
     return ToolUse(parsed, (name,), fmt)
 
 
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+
+
 def _tool(i: int, tool: Any) -> Tool:
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise InvalidRequestError('must be {"type": "function", "function": {...}}', f"tools[{i}]")
     function = tool["function"]
     name = function.get("name")
-    if not isinstance(name, str) or not name or len(name) > 64:
-        raise InvalidRequestError("must be a name of 1-64 characters", f"tools[{i}].function.name")
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise InvalidRequestError("must be 1-64 letters, digits, underscores or dashes (OpenAI's rule), got "
+                                  f"{name!r}"[:200], f"tools[{i}].function.name")
     description = function.get("description") or ""
     if not isinstance(description, str):
         raise InvalidRequestError("must be a string", f"tools[{i}].function.description")

@@ -184,6 +184,7 @@ def test_free_requests_beside_constrained_ones_get_their_tokens_alone(live) -> N
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": "get_time"}}, "tool_choice"),  # was a 500
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": ["get_time"]}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
 ])
