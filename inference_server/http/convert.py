@@ -101,14 +101,18 @@ class DecodedRequest:
 
 
 def _renamed(build: Callable[[], T], names: Mapping[str, str]) -> T:
-    """Run ``build``; re-raise its InvalidRequestError under this API's parameter name."""
+    """Run ``build``; re-raise its InvalidRequestError under this API's parameter names (its field,
+    and the names its message mentions)."""
     try:
         return build()
     except InvalidRequestError as exc:
-        if exc.field not in names:
-            raise
         message = str(exc).removeprefix(f"{exc.field}: ")
-        raise type(exc)(message, names[exc.field]) from None
+        said = message
+        for internal, sent in names.items():  # "must be in [0, max_new_tokens=2]": what the caller sent
+            said = said.replace(f"{internal}=", f"{sent}=")
+        if exc.field not in names and said == message:
+            raise
+        raise type(exc)(said, names.get(exc.field, exc.field)) from None
 
 
 def _check_supported(body: _Sampling) -> None:

@@ -85,6 +85,20 @@ def test_parameters_openai_lets_be_null_are_read_as_unset(served) -> None:
     assert whole.choices[0].text == _text("hello", None, 6)
 
 
+def test_a_refusal_names_the_parameters_as_the_caller_sent_them(served) -> None:
+    """min_tokens past the maximum: the message names max_tokens / max_completion_tokens as sent,
+    not the engine's max_new_tokens."""
+    _, _, client, _ = served
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=BASE, prompt="hi", max_tokens=2, extra_body={"min_tokens": 5})
+    assert refused.value.body["param"] == "min_tokens" and "max_tokens=2" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}],
+                                       max_completion_tokens=2, extra_body={"min_tokens": 5})
+    assert "max_completion_tokens=2" in refused.value.body["message"]
+    assert "max_new_tokens" not in refused.value.body["message"]
+
+
 def test_chat_streams_with_role_first_and_usage_last(served) -> None:
     _, engine, client, _ = served
     messages = [{"role": "user", "content": "hi"}]
