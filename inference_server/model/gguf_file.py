@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,15 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
                       dtype=dtype, description=os.path.basename(path))
 
 
+def _q_head_dim(reader: Any, cfg: Mapping[str, Any]) -> int | None:
+    """The head size the first layer's q projection implies (its elements over the hidden size and
+    the heads), or None without that tensor."""
+    q = next((t for t in reader.tensors if t.name == "blk.0.attn_q.weight"), None)
+    if q is None:
+        return None
+    return int(q.n_elements) // cfg["hidden_size"] // cfg["num_attention_heads"] or None
+
+
 def read_config(reader: Any, path: str) -> ModelConfig:
     """ModelConfig from the ``{arch}.*`` and ``tokenizer.ggml.*`` metadata keys: translated to the
     config.json fields they stand for (as transformers' GGUF reader does), then read by the family."""
@@ -107,8 +116,16 @@ def read_config(reader: Any, path: str) -> ModelConfig:
     cfg.setdefault("vocab_size", _array_len(reader, "tokenizer.ggml.tokens"))
     if not cfg["vocab_size"]:
         raise ValueError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    if "head_dim" not in cfg and arch == "llama" and _field(reader, f"{arch}.rope.dimension_count"):
-        cfg["head_dim"] = _field(reader, f"{arch}.rope.dimension_count")
+    rope_dims = _field(reader, f"{arch}.rope.dimension_count")
+    if "head_dim" not in cfg and arch == "llama":  # no key_length: q_proj's rows over the heads say it
+        cfg["head_dim"] = _q_head_dim(reader, cfg) or rope_dims or cfg["hidden_size"] // cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    if rope_dims is not None and rope_dims != head_dim:
+        raise ValueError(f"{path}: {arch}.rope.dimension_count {rope_dims} is not the head size {head_dim}: RoPE "
+                         "over part of each head (partial rotary) is not supported")
+    experts = _field(reader, f"{arch}.expert_count")
+    if experts:
+        raise ValueError(f"{path}: {arch}.expert_count {experts}: mixture-of-experts models are not supported")
     cfg.setdefault("intermediate_size", 0)
     title = str(_field(reader, "general.name", os.path.basename(path)))
     model_type = family.gguf.architectures[arch]

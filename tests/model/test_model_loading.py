@@ -32,9 +32,10 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg: dict, extra_tensors=()) -> Path:
+def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg: dict, extra_tensors=(),
+               extra_fields=()) -> Path:
     """A small GGUF as llama.cpp's converter writes it (q/k permuted for llama, 1 added to Gemma's
-    norm weights), byte-level vocab."""
+    norm weights), byte-level vocab; ``extra_fields``: (key, uint32) metadata added."""
     import gguf
 
     from loraplex.inference_server.model.registry import gguf_family
@@ -56,6 +57,8 @@ def write_gguf(path: Path, arch: str, state: dict[str, torch.Tensor] | None, cfg
             w.add_value_length(cfg["head_dim"])
         if cfg.get("sliding_window"):
             w.add_sliding_window(cfg["sliding_window"])
+    for key, value in extra_fields:
+        w.add_uint32(key, value)
     w.add_tokenizer_model("gpt2")
     w.add_token_list(BYTE_TOKENS)
     w.add_token_types([1] * 257 + [3] * 3)
@@ -280,6 +283,23 @@ def test_gguf_llama3_rope_freqs_become_rope_scaling(tmp_path):
     assert ckpt.config.rope_scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     assert "rope_freqs.weight" not in tensors_of(ckpt) and ckpt.num_tensors == len(model.state_dict())
+
+
+@pytest.mark.parametrize("fields, message", [
+    ([("llama.rope.dimension_count", 4)], r"llama.rope.dimension_count 4 is not the head size 8: .*partial rotary"),
+    ([("llama.expert_count", 8)], r"llama.expert_count 8: mixture-of-experts models are not supported"),
+])
+def test_gguf_metadata_of_what_is_not_implemented_is_refused_by_name(tmp_path, fields, message):
+    """RoPE over part of each head and experts were read past: the file loaded and ran with RoPE over
+    the whole head, or failed later on a tensor name that did not say why."""
+    model, cfg = tiny_hf_model("llama")
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 8 and not cfg.get("head_dim")
+    path = write_gguf(tmp_path / "x.gguf", "llama", model.state_dict(), cfg, extra_fields=fields)
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(ModelSource(path=str(path)))
+    whole = write_gguf(tmp_path / "y.gguf", "llama", model.state_dict(), cfg,
+                       extra_fields=[("llama.rope.dimension_count", 8)])  # RoPE over the whole head: loads
+    assert load_checkpoint(ModelSource(path=str(whole)), torch.float32).config.head_dim == 8
 
 
 def test_gguf_unsupported_architecture_is_named(tmp_path):
