@@ -22,7 +22,10 @@ class S3Settings:
     multipart_chunksize: int = 16 * MIB
     connect_timeout_s: float = 2.0
     # between two reads of a socket (not a whole transfer); with the retry, an S3 that stops
-    # answering costs a call ~20 s, under the clients' deadlines (30 s in the CLI), not past them
+    # answering costs one S3 call ~20 s. An upload or a delete makes several (the blob, the head,
+    # the check of a failed head write): with S3 hung it answers after up to ~60 s, past the CLI's
+    # 30 s deadline, whose error then cannot tell whether the write landed (the store's S3 calls
+    # do not yet follow the caller's deadline)
     read_timeout_s: float = 10.0
     max_attempts: int = 2
 
