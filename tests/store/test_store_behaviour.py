@@ -203,28 +203,25 @@ def test_client_reads_cached_blobs_straight_from_redis(make_env, shared_redis, s
             direct.resolve("acme/nothing")
 
 
+def _follow(env):
+    """(events, the watch): a thread collecting the store's change events for tenant acme."""
+    watch = env.client.watch(tenant="acme")
+    events: list = []
+    threading.Thread(target=lambda: events.extend(watch), daemon=True).start()
+    _wait_for(lambda: events and events[0].kind == KIND_RESYNC)
+    return events, watch
+
+
 def test_a_delete_cut_off_after_its_commit_is_finished_by_the_next_one(env, adapters):
     """A store killed between a delete's commit point (the head gone) and the rest: the index still
     names the adapter. Deleting it again finishes the job: the index entry and the blob go, and the
     change event goes out, so servers holding the old version drop it (it answers as the delete)."""
     info = env.client.put("acme/cut", adapters["r4-fp32"])
-    watch = env.client.watch(tenant="acme")
-    events, got = [], threading.Event()
-
-    def follow():
-        for ev in watch:
-            events.append(ev)
-            if ev.kind == KIND_DELETE:
-                got.set()
-
-    thread = threading.Thread(target=follow, daemon=True)
-    thread.start()
-    _wait_for(lambda: events and events[0].kind == KIND_RESYNC)
+    events, watch = _follow(env)
     env.store.blobs.delete_head("acme/cut")  # the delete's commit point, and nothing after it
     env.client.delete("acme/cut")  # answers as the delete: no error
-    assert got.wait(10)
+    _wait_for(lambda: any(e.kind == KIND_DELETE for e in events))
     watch.cancel()
-    thread.join(5)
     assert [(e.kind, e.adapter_id, e.version) for e in events if e.kind != KIND_RESYNC] == [
         (KIND_DELETE, "acme/cut", info.version)]
     for call in (env.client.get, env.client.resolve, env.client.delete):
@@ -250,15 +247,6 @@ def test_a_delete_leaves_a_version_another_writer_just_wrote(env, adapters, monk
     monkeypatch.setattr(store_module, "ORPHAN_GRACE_S", -3600.0)  # as if an hour had gone by
     env.client.delete("acme/race")
     assert not [k for k in env.stored_objects() if "race" in k]
-
-
-def _follow(env):
-    """(events, the watch): a thread collecting the store's change events for tenant acme."""
-    watch = env.client.watch(tenant="acme")
-    events: list = []
-    threading.Thread(target=lambda: events.extend(watch), daemon=True).start()
-    _wait_for(lambda: events and events[0].kind == KIND_RESYNC)
-    return events, watch
 
 
 def test_the_index_is_reconciled_with_the_heads_whatever_it_says(env, adapters, monkeypatch):
