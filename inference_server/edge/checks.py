@@ -34,6 +34,7 @@ class RequestLimits:
     max_new_tokens_limit: int
     default_max_new_tokens: int
     max_prompt_chars: int | None = None  # longer text is past the window untokenized (None: no bound)
+    max_streams: int | None = None  # engine requests one request may make (EngineInfo.max_streams)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_context_len", "max_new_tokens_limit", "default_max_new_tokens"):
@@ -48,7 +49,7 @@ class RequestLimits:
         return cls(vocab_size=info.vocab_size, max_context_len=info.max_context_len,
                    max_new_tokens_limit=info.max_new_tokens_limit,
                    default_max_new_tokens=min(default_max_new_tokens, info.max_new_tokens_limit),
-                   max_prompt_chars=info.max_prompt_chars)
+                   max_prompt_chars=info.max_prompt_chars, max_streams=info.max_streams)
 
 
 def check_token_ids(ids: Iterable[int], vocab_size: int, field: str) -> tuple[int, ...]:
@@ -148,6 +149,18 @@ def fitted_max_new_tokens(requested: int | None, prompt_len: int, limits: Reques
 def tenant_of(adapter_id: str | None) -> str | None:
     """The tenant part of ``tenant/name`` (None for the base model or a shared adapter)."""
     return adapter_id.split("/", 1)[0] if adapter_id and "/" in adapter_id else None
+
+
+def check_streams(count: int, prompts: int, limits: RequestLimits, field: str) -> None:
+    """Refuse ``count`` choices of each of ``prompts`` prompts (``field``: n or best_of) when they
+    are more engine requests than the engine holds at once: some could never be admitted, and a
+    "queue full" answer would be retried forever."""
+    total = count * prompts
+    if limits.max_streams is not None and total > limits.max_streams:
+        each = f" for each of {prompts} prompts" if prompts > 1 else ""
+        raise InvalidRequestError(
+            f"{count} choices{each} is {total} generations, more than the {limits.max_streams} this server holds at "
+            f"once (--max-num-seqs + --max-waiting)", field)
 
 
 def choice_requests(prompt: tuple[int, ...], adapter_id: str | None, sampling: SamplingParams,

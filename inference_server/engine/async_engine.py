@@ -46,7 +46,7 @@ class AsyncEngine:
         self.tokenizer = core.tokenizer
         self._config = config
         self._streams: dict[str, TokenStream] = {}
-        self._admission = Admission(config.max_waiting + config.max_num_seqs)  # streams, by tenant
+        self._admission = Admission(config.max_streams)  # streams, by tenant
         self._ops: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._on_cpu = str(config.device).startswith("cpu")

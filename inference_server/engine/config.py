@@ -78,5 +78,10 @@ class EngineConfig:
             raise ValueError(f"max_lora_rank must be in [1, 128], got {self.max_lora_rank}")
 
     @property
+    def max_streams(self) -> int:
+        """Streams an engine holds at once, running and waiting (engine/admission.py's capacity)."""
+        return self.max_num_seqs + self.max_waiting
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]

@@ -106,7 +106,7 @@ def assemble(
         model_name=config.served_model_name or model_config.name, dtype=config.dtype, device=str(config.device), max_context_len=max_len,
         max_batch_size=config.max_num_seqs, max_new_tokens_limit=config.max_new_tokens_limit,
         vocab_size=model_config.vocab_size, eos_token_ids=tuple(sorted(eos)), max_lora_rank=config.max_lora_rank,
-        max_prompt_chars=tokenizer.max_chars_for(max_len),
+        max_prompt_chars=tokenizer.max_chars_for(max_len), max_streams=config.max_streams,
     )
     capacity = LoraCapacity(largest_adapter_bytes(model_config.projection_shapes(), model_config.num_layers,
                                                   config.max_lora_rank, elem))

@@ -18,6 +18,9 @@ class EngineInfo:
     max_lora_rank: int
     # a text prompt longer than this is past the context window whatever it says (None: no bound)
     max_prompt_chars: int | None = None
+    # streams the engine holds at once, running and waiting (--max-num-seqs + --max-waiting): a
+    # request of more choices could never have them all admitted (None: no bound known)
+    max_streams: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,6 +218,7 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
     prompt_logprobs = body.logprobs if body.echo and want_logprobs else None
     sampling = _sampling(body, limits, want_logprobs or ranked, body.logprobs or 0, "logprobs", prompt_logprobs)
     prompts = completion_prompts(body.prompt, tokenizer, limits, max_prompts)
+    edge.check_streams(count, len(prompts), limits, "best_of" if ranked else "n")
     requests: list[GenerationRequest] = []
     for p in prompts:  # each prompt its own choices, all in the engine's batches at once
         stopping = _stopping(body, body.max_tokens, "max_tokens", limits, p.ids, p.field)
@@ -244,6 +245,7 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("needs logprobs=true", "top_logprobs")
     adapter = names.adapter_of(body.model)
+    edge.check_streams(body.n, 1, limits, "n")
     top = body.top_logprobs or 0
     sampling = _sampling(body, limits, body.logprobs, top, "top_logprobs")
     requested, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens

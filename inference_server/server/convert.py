@@ -27,6 +27,7 @@ from loraplex.inference_server.edge.checks import (
     RequestLimits,
     chat_prompt_ids,
     check_prompt_ids,
+    check_streams,
     check_text_length,
     check_token_ids,
     choice_requests,
@@ -188,6 +189,7 @@ def generate_request_from_pb(
     n = msg.n or 1
     if n > MAX_CHOICES:
         raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {n}", "n")
+    check_streams(n, 1, limits, "n")
     prompt = prompt_from_pb(msg, tokenizer, limits)
     stopping = stopping_from_pb(msg.stopping, limits, len(prompt))
     grammar = response_format_from_pb(msg)  # structured output (server/response_format.py)

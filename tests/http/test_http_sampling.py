@@ -207,3 +207,45 @@ def test_grpc_fields_give_the_http_answers(live) -> None:
     assert len(firsts) == 2 and math.isnan(firsts[0].prompt_logprobs[0])
     assert len(firsts[0].prompt_logprobs) == len(engine.tokenizer.encode("Rust or Go?"))
     assert len(firsts[0].prompt_top_logprobs[1].candidates) == 1
+
+
+@pytest.fixture(scope="module")
+def small_queue(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A real engine that holds 4 streams at once (2 running, 2 waiting)."""
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
+    url = srv.start_http(default_max_new_tokens=4)
+    config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=2, max_waiting=2, max_num_batched_tokens=256)
+    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("q"),
+                          progress=False)
+    srv.attach(engine)
+    yield srv, engine, url
+    srv.close()
+
+
+@pytest.mark.slow
+def test_more_choices_than_the_engine_holds_is_a_bad_request_not_a_retry_forever(small_queue) -> None:
+    srv, engine, url = small_queue
+    client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+    base = engine.info.model_name
+    refusals = [
+        (lambda: client.completions.create(model=base, prompt="Hi", max_tokens=2, n=5), "n", "5 choices is 5"),
+        (lambda: client.completions.create(model=base, prompt=["a", "b", "c"], max_tokens=2, n=2), "n",
+         "2 choices for each of 3 prompts is 6"),
+        (lambda: client.completions.create(model=base, prompt="Hi", max_tokens=2, n=1, best_of=5), "best_of",
+         "5 choices is 5"),
+        (lambda: client.chat.completions.create(model=base, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=2, n=5), "n", "5 choices is 5"),
+    ]
+    for call, param, said in refusals:
+        with pytest.raises(openai.BadRequestError) as caught:
+            call()
+        assert caught.value.body["param"] == param
+        assert said in caught.value.body["message"] and "holds at once" in caught.value.body["message"]
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = pb_grpc.InferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Generate(pb.GenerateRequest(text="Hi", n=5), timeout=60))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n:" in refused.value.details()
+    # as many choices as the engine holds are all admitted and answered
+    full = client.completions.create(model=base, prompt=["a", "b"], max_tokens=2, n=2, temperature=1.0, seed=3)
+    assert len(full.choices) == 4 and all(c.finish_reason for c in full.choices)
