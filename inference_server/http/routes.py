@@ -223,8 +223,16 @@ class OpenAIRoutes:
         return JSONResponse({"object": "list", "data": await self._cards(request)})
 
     async def model(self, request: Request) -> Response:
+        """One card, by any name that works as a request's ``model``: the base model, an adapter's
+        id, or ``<base>:<adapter>``."""
         wanted = request.path_params["model"]
-        card = next((c for c in await self._cards(request) if c["id"] == wanted), None)
+        cards = await self._cards(request)
+        try:
+            adapter = self.model_names(self._state.engine_or_raise()).adapter_of(wanted)
+        except InvalidRequestError:  # not a name an adapter can have
+            raise AdapterNotFoundError(wanted) from None
+        named = cards[0]["id"] if adapter is None else adapter
+        card = next((c for c in cards if c["id"] == named), None)
         if card is None:
             raise AdapterNotFoundError(wanted)
         return JSONResponse(card)

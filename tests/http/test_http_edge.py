@@ -151,6 +151,11 @@ def test_adapters_by_id_and_base_colon_adapter_and_listed_at_once(served, tmp_pa
     assert set(models) == {BASE, "acme/pirate"}
     assert models["acme/pirate"].parent == BASE and models["acme/pirate"].owned_by == "acme"
     assert client.models.retrieve("acme/pirate").id == "acme/pirate"
+    assert client.models.retrieve(f"{BASE}:acme/pirate").id == "acme/pirate"  # as a request's model may name it
+    assert client.models.retrieve(BASE).id == BASE
+    for unknown in ("acme/nobody", "other-base:acme/pirate", "bad name!"):
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve(unknown)
     status, listing = _get(url + "/models/")  # a trailing slash: the list, not the model ''
     assert status == 200 and [m["id"] for m in json.loads(listing)["data"]] == [BASE, "acme/pirate"]
     by_id = client.completions.create(model="acme/pirate", prompt="hello", max_tokens=5).choices[0].text
