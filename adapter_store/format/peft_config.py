@@ -10,7 +10,8 @@ import math
 
 from loraplex.adapter_store.errors import AdapterValidationError
 from loraplex.adapter_store.format.patterns import PatternMatcher
-from loraplex.adapter_store.format.peft_fields import BASE_CHANGING_INITS, PEFT_DEFAULTS, UNSUPPORTED, is_set
+from loraplex.adapter_store.format.peft_fields import (BASE_CHANGING_INITS, IGNORED, PEFT_DEFAULTS, UNSUPPORTED,
+                                                       is_set)
 
 CONFIG_FILE = "adapter_config.json"
 
@@ -29,6 +30,8 @@ def read_config(raw: bytes, patterns: PatternMatcher | None) -> dict:
     peft_type = str(config.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
         raise AdapterValidationError(f"{CONFIG_FILE}: peft_type {peft_type} is not supported (only LORA)")
+    if patterns is not None:  # judged as an upload (a stored adapter was judged when it came)
+        reject_unknown(config)
     config = {**{k: copy.deepcopy(v) for k, v in PEFT_DEFAULTS.items()}, **config}
     if not _is_positive_int(config["r"]):
         raise AdapterValidationError(f"{CONFIG_FILE}: r must be a positive integer, got {config['r']!r}")
@@ -94,6 +97,20 @@ def _check_pattern_tables(config: dict, patterns: PatternMatcher | None) -> None
                 patterns.compile(key, f"{CONFIG_FILE}: {field_name} key")
             if not valid(value):
                 raise AdapterValidationError(f"{CONFIG_FILE}: {field_name}[{key!r}] must be {what}, got {value!r}")
+
+
+def reject_unknown(config: dict) -> None:
+    """Refuse a field no table of peft_fields.py names (a newer PEFT's, or a typo) set to anything
+    but off (null, false, 0, empty): what it does to the adapter's output is unknown here, so it is
+    never ignored silently. A newer PEFT writes its new fields at their defaults, mostly off."""
+    known = PEFT_DEFAULTS.keys() | UNSUPPORTED.keys() | IGNORED
+    unknown = sorted(name for name, value in config.items() if name not in known and value not in (None, False, 0, "")
+                     and value != {} and value != [])
+    if unknown:
+        values = ", ".join(f"{name}={json.dumps(config[name])}" for name in unknown)
+        raise AdapterValidationError(
+            f"{CONFIG_FILE}: {values}: not a LoRA field this server knows (PEFT 0.21's are), so what it does to "
+            "the adapter's output cannot be served as PEFT would; remove it if it is only metadata", unknown[0])
 
 
 def reject_unsupported(config: dict) -> None:

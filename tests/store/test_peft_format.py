@@ -48,6 +48,20 @@ def _header_edit(edit) -> dict[str, bytes]:
     return {**files, "adapter_model.safetensors": struct.pack("<Q", len(raw)) + raw + data[8 + n :]}
 
 
+def test_a_field_this_server_does_not_know_is_refused_at_upload_unless_off() -> None:
+    """A newer PEFT's field (or a typo) that is set may change the adapter's output: refused by name
+    at upload; the same field written at an off default (as PEFT writes every field) is accepted.
+    An adapter stored before the rule loads as it did (its patterns already judged: decided)."""
+    for value in (16, True, "gelu", {"k": 1}, [3]):
+        with pytest.raises(AdapterValidationError, match="not a LoRA field this server knows") as caught:
+            parse_adapter_files(_files(config={"lora_new_feature": value, "qalora_group_size": 16}), CFG)
+        assert caught.value.field == "lora_new_feature" and json.dumps(value) in str(caught.value)
+    for off in (None, False, 0, "", {}, []):
+        assert parse_adapter_files(_files(config={"lora_new_feature": off}), CFG).rank == 4
+    stored = parse_adapter_files(_files(), CFG)
+    assert parse_adapter_files(_files(config={"lora_new_feature": 16}), CFG, decided=stored.pattern_values).rank == 4
+
+
 def test_valid_adapter_spec() -> None:
     spec = parse_adapter_files(_files(), CFG)
     assert spec.rank == 4 and spec.target_modules == ("q_proj", "down_proj") and len(spec.modules) == 4
