@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -14,6 +16,8 @@ from loraplex.inference_server.model.config import ModelConfig
 from loraplex.inference_server.model.registry import config_from_hf
 from loraplex.inference_server.model.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
+
 # Buffers some old checkpoints carry that are recomputed, never loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -23,6 +27,7 @@ def open_checkpoint(source: ModelSource, dtype: torch.dtype) -> Checkpoint:
     folder = os.fspath(source.path)
     config = read_config(folder)
     files = weight_files(folder)
+    config = _untied_if_different(config, files, folder)
     index = _tensor_index(files, config)
     check_names_and_shapes({n: s for n, (_, s) in index.items()}, config, folder)
     tokenizer = Tokenizer.from_folder(folder, extra_eos_ids=config.eos_token_ids)
@@ -98,6 +103,30 @@ def _open(file: str):  # noqa: ANN202 - safetensors' handle type is not public
         return safe_open(file, framework="pt", device="cpu")
     except Exception as exc:  # SafetensorError, OSError, ...
         raise ValueError(f"{file}: corrupt or unreadable safetensors file: {exc}") from exc
+
+
+def _untied_if_different(config: ModelConfig, files: list[str], folder: str) -> ModelConfig:
+    """A config that ties lm_head to the embeddings while the checkpoint holds an lm_head.weight of
+    other values: as transformers loads it, the two stay apart (the checkpoint's lm_head is used).
+    Equal values, or no lm_head.weight: tied as the config says."""
+    if not config.tie_word_embeddings:
+        return config
+    found: dict[str, str] = {}
+    for file in files:
+        with _open(file) as handle:
+            found.update({n: file for n in handle.keys() if n in ("lm_head.weight", "model.embed_tokens.weight")})
+    if len(found) < 2:
+        return config
+    tensors = {}
+    for name, file in found.items():
+        with _open(file) as handle:
+            tensors[name] = handle.get_tensor(name)
+    head, embed = tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]
+    if head.shape == embed.shape and torch.equal(head, embed):
+        return config
+    log.warning("%s: config.json ties lm_head to the embeddings, but the checkpoint's lm_head.weight differs from "
+                "them: kept apart, as transformers loads it (set tie_word_embeddings false to say so)", folder)
+    return dataclasses.replace(config, tie_word_embeddings=False)
 
 
 def _tensor_index(files: list[str], config: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -368,6 +368,27 @@ def test_hf_qwen2_biases_and_tied_embeddings(tiny_qwen2_dir):
     assert ours["model.layers.0.self_attn.q_proj.bias"].abs().sum() > 0
 
 
+@pytest.mark.parametrize("head", ["different", "equal"])
+def test_a_tied_config_with_its_own_lm_head_loads_as_transformers_does(tiny_qwen2_dir, tmp_path, head):
+    """tie_word_embeddings true, but the checkpoint holds an lm_head.weight: transformers keeps it
+    apart when its values differ from the embeddings (ties them when equal); so does loraplex."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "qwen2"
+    shutil.copytree(tiny_qwen2_dir, folder)
+    state = load_file(folder / "model.safetensors")
+    embed = state["model.embed_tokens.weight"]
+    state["lm_head.weight"] = torch.randn_like(embed) if head == "different" else embed.clone()
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    ckpt = load_checkpoint(ModelSource(path=str(folder)))
+    ours = tensors_of(ckpt)
+    assert ckpt.config.tie_word_embeddings == (head == "equal")
+    assert set(ours) == set(ref) - ({"lm_head.weight"} if head == "equal" else set())
+    assert all(torch.equal(t, ref[n]) for n, t in ours.items())
+
+
 # ---------------------------------------------------------------------------- dummy
 
 
