@@ -72,7 +72,7 @@ class ManagedAdapters:
         sends this server's base with the files: one parse, there), else here."""
         validate_adapter_id(adapter_id)
         if not isinstance(self.source, StreamingPutSource):
-            parse_adapter_files(files, self._base, self._max_rank)
+            self._manager.fitting_layout(adapter_id, parse_adapter_files(files, self._base, self._max_rank))
         info = self.source.put(adapter_id, files, public)
         self._manager.invalidate(adapter_id)
         return info

@@ -119,3 +119,31 @@ def test_cold_requests_wait_for_running_ones_and_a_caller_that_left_pins_nothing
     everything = load_engine(tiny_llama_dir, four_adapters, adapter_pool_bytes=8 * one)
     expected = run_all(everything, [running, queued, after])
     assert got == {rid: tokens_of(events) for rid, events in expected.items()}
+
+
+def test_an_adapter_larger_than_the_whole_pool_is_refused_for_good_not_retry_later(
+    tiny_llama_dir: Path, four_adapters: Path, tmp_path: Path,
+) -> None:
+    """A pool smaller than one adapter can never serve it: its request gets an error naming the
+    sizes that a retry cannot change (400 / INVALID_ARGUMENT, not 429), and an upload to this
+    server's own adapter directory is refused the same way before anything is stored."""
+    from loraplex.adapter_store.errors import AdapterValidationError
+
+    half = _one_adapter_bytes(tiny_llama_dir, four_adapters) // 2
+    engine = load_engine(tiny_llama_dir, four_adapters, adapter_pool_bytes=half)
+    request = greedy_request("big", engine.tokenizer.encode("Hi"), "a0", 4)
+
+    async def main() -> None:
+        await engine.start()
+        try:
+            with pytest.raises(AdapterValidationError, match=r"'a0' \(rank 8\) needs \d+ bytes of the adapter pool, "
+                                                             r"which holds \d+ on this server"):
+                await asyncio.wait_for(collect(engine, request), 30)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
+    files = {p.name: p.read_bytes() for p in (four_adapters / "a1").iterdir()}
+    with pytest.raises(AdapterValidationError, match="cannot be served here"):
+        engine.adapters.put("new", files)
+    assert "new" not in [i.adapter_id for i in engine.adapters.list()]

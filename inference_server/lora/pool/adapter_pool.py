@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 
 import torch
 
-from loraplex.adapter_store.errors import ResourceExhaustedError
+from loraplex.adapter_store.errors import AdapterValidationError, ResourceExhaustedError
 from loraplex.adapter_store.format.files import AdapterSource
 from loraplex.adapter_store.format.peft_format import WEIGHTS_FILE, AdapterSpec, parse_adapter_files
 from loraplex.inference_server.lora.pool.copier import PoolCopier
@@ -172,16 +172,24 @@ class AdapterPool:
         spec = files.spec  # the base model decides what fits: checked again unless against this one
         if spec.checked_base != self.config:  # (its patterns as the source decided them)
             spec = parse_adapter_files(files.files, self.config, decided=spec.pattern_values)
-        layout = self._pool_layout(spec)
-        if layout.num_elements > self._alloc.capacity:
-            raise ResourceExhaustedError(
-                f"adapter {adapter_id!r} is larger than the whole adapter pool (raise the pool size)"
-            )
+        layout = self.fitting_layout(adapter_id, spec)
         staged = self._stage(adapter_id, files.info.version, spec, files.files[WEIGHTS_FILE], layout)
         staged.epoch = epoch
         packed = self.host.insert(staged)
         leased.append(packed)
         return packed
+
+    def fitting_layout(self, adapter_id: str, spec: AdapterSpec) -> AdapterLayout:
+        """The adapter's place in the pool; AdapterValidationError when it is larger than the whole
+        pool: never loadable on this server, so not a "retry later" (429)."""
+        layout = self._pool_layout(spec)
+        if layout.num_elements > self._alloc.capacity:
+            elem = self.dtype.itemsize
+            raise AdapterValidationError(
+                f"adapter {adapter_id!r} (rank {spec.rank}) needs {layout.num_elements * elem} bytes of the adapter "
+                f"pool, which holds {self._alloc.capacity * elem} on this server: it cannot be served here (raise "
+                "--adapter-pool-bytes, or upload a lower rank)")
+        return layout
 
     def _pool_layout(self, spec: AdapterSpec) -> AdapterLayout:
         """Where the adapter's A/B blocks go in this process's pool."""
