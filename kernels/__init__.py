@@ -24,7 +24,8 @@ from loraplex.kernels import checks, cpu, reference
 from loraplex.kernels.dense import linear
 from loraplex.kernels.operands import LoraOperands
 
-__all__ = ["LoraOperands", "add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "reference", "step_cache"]
+__all__ = ["LoraOperands", "add_lora_slices", "add_lora_slices_bgmv", "can_stage", "linear", "prepare", "reference",
+           "step_cache"]
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -59,6 +60,13 @@ def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: to
         cpu.add_lora_slices(y, x, ops, seg, cache)
     else:
         reference.add_lora_slices(y, x, ops, seg)
+
+
+def prepare(pool: torch.Tensor) -> None:
+    """Make the kernels that serve ``pool``'s device and dtype ready now (compiled, on CUDA), so no
+    step pays for it: a server calls it at start. Nothing to do for the other backends."""
+    if _use_cuda(pool):
+        _cuda_ops().compile_kernels(pool.device)
 
 
 def can_stage(x: torch.Tensor) -> bool:

@@ -34,6 +34,7 @@ from loraplex.inference_server.lora.batch import MAX_LORA_RANK, LoraBatchBuilder
 from loraplex.inference_server.lora.layers import LoraContext, attach_lora
 from loraplex.inference_server.lora.pool.pool_writes import WriteListener
 from loraplex.inference_server.model.config import ModelConfig
+from loraplex import kernels
 from loraplex.kernels import paged_decode
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class ModelRunner:
         self._mask_filler: MaskFiller | None = None  # made on the first constrained row (structured output)
         self.lora_ctx = LoraContext()
         lora_attach(model, self.lora_ctx)  # tensor parallelism passes its own (parallel/lora.py)
+        kernels.prepare(adapter_pool)  # compiled now: a step that met them first would stall every stream
         self.lora_builder = LoraBatchBuilder(config, adapter_pool, max_num_seqs, max_num_batched_tokens,
                                              options.max_lora_rank)
         self.graphs = None

@@ -16,9 +16,15 @@ from loraplex.kernels.cuda._launch import Call, launch, plan_call
 from loraplex.kernels.cuda._runtime import RuntimeCache, default_cache
 from loraplex.kernels.operands import LoraOperands
 
-__all__ = ["STAGES", "add_lora_slices", "add_lora_slices_bgmv", "RuntimeCache", "default_cache"]
+__all__ = ["STAGES", "add_lora_slices", "add_lora_slices_bgmv", "compile_kernels", "RuntimeCache", "default_cache"]
 
 STAGES = ("both", "shrink", "expand")
+
+
+def compile_kernels(device: torch.device) -> None:
+    """Compile every LoRA kernel module for ``device`` now rather than at its first call (the
+    prefill modules take ~8 s on an H100 unless CuPy's kernel cache on disk holds them)."""
+    default_cache().get(device).compile_all()
 
 
 def add_lora_slices(y: torch.Tensor, x: torch.Tensor, ops: LoraOperands, seg: torch.Tensor, stage: str = "both",

@@ -11,7 +11,14 @@ for every other target.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 ARCH_SPECIFIC_SOURCES = frozenset({"lora_shrink.cu", "lora_expand.cu"})  # sources with sm_90a-only code paths
 _ARCH_SPECIFIC_TARGETS = {(9, 0): "sm_90a"}  # compute capability -> the target that has them
@@ -34,22 +41,61 @@ class LoadedKernel:
     kernel: object
 
 
+def cached_cubin(cache_dir: str | None, key: tuple[str, ...], compile_cubin: Callable[[], bytes]) -> bytes:
+    """The cubin ``compile_cubin`` makes for ``key`` (everything the bytes depend on: code,
+    target, options, compiler version), kept in ``cache_dir`` under the key's digest, as CuPy
+    keeps its own modules, so a restarted server loads what an earlier one compiled (the
+    prefill modules take seconds). None: no cache. Written whole or not at all (a temporary
+    file renamed); a cache that cannot be written is logged and the compile's bytes used."""
+    if cache_dir is None:
+        return compile_cubin()
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()
+    path = os.path.join(cache_dir, f"{digest}.cubin")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:  # not there (or unreadable): compiled, and written if it can be
+        pass
+    cubin = compile_cubin()
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as f:
+            f.write(cubin)
+        os.replace(f.name, path)
+    except OSError as e:
+        log.warning("kernel cache %s not written (%s): the next process compiles again", cache_dir, e)
+    return cubin
+
+
+def cubin_cache_dir() -> str:
+    """Where the cubins are kept: in CuPy's own kernel cache, by CuPy's rule (``CUPY_CACHE_DIR``,
+    else ~/.cupy/kernel_cache)."""
+    return os.path.join(os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache")),
+                        "loraplex-cubin")
+
+
 class CubinModule:
-    """``code`` compiled by NVRTC for ``target`` (e.g. "sm_90a") and loaded on the current device."""
+    """``code`` compiled by NVRTC for ``target`` (e.g. "sm_90a") and loaded on the current device;
+    the cubin kept on disk (``cached_cubin``, ``cubin_cache_dir``)."""
 
     def __init__(self, code: str, name: str, target: str, options: tuple[str, ...]) -> None:
         import cupy  # noqa: PLC0415
         from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
 
-        prog = nvrtc.createProgram(code, name, (), ())
-        try:
+        def compile_cubin() -> bytes:
+            prog = nvrtc.createProgram(code, name, (), ())
             try:
-                nvrtc.compileProgram(prog, (*options, f"-arch={target}"))
-            except nvrtc.NVRTCError as e:
-                raise RuntimeError(f"NVRTC could not compile {name} for {target}:\n{nvrtc.getProgramLog(prog)}") from e
-            cubin = nvrtc.getCUBIN(prog)
-        finally:
-            nvrtc.destroyProgram(prog)
+                try:
+                    nvrtc.compileProgram(prog, (*options, f"-arch={target}"))
+                except nvrtc.NVRTCError as e:
+                    raise RuntimeError(
+                        f"NVRTC could not compile {name} for {target}:\n{nvrtc.getProgramLog(prog)}") from e
+                return bytes(nvrtc.getCUBIN(prog))
+            finally:
+                nvrtc.destroyProgram(prog)
+
+        version = ".".join(map(str, nvrtc.getVersion()))
+        cubin = cached_cubin(cubin_cache_dir(), (code, name, target, *options, f"nvrtc {version}"), compile_cubin)
         self._module = cupy.cuda.function.Module()
         self._module.load(cubin)
         self._kernels: dict[str, LoadedKernel] = {}

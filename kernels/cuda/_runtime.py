@@ -26,6 +26,7 @@ from loraplex.kernels.cuda._scratch import GrowOnly
 
 _CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 _DTYPE_TAG = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+LORA_SOURCES = ("lora_shrink_dec.cu", "lora_expand_dec.cu", "lora_shrink.cu", "lora_expand.cu")
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
@@ -74,14 +75,11 @@ class DeviceRuntime:
         self.tma = self.pdl
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
 
-    def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None,
-                 smem: int = 0):
-        """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``;
-        carveout: the share of shared memory (percent) its multiprocessors prefer over L1; smem:
-        the dynamic shared memory its launches give a block (its limit raised to that)."""
+    def module(self, source: str):
+        """The module of ``csrc/{source}``, compiled on first use (sm_90a where the source has
+        Hopper-only paths and the device is a Hopper: ``_nvrtc``)."""
         import cupy  # noqa: PLC0415
 
-        source = f"lora_{kind}.cu"  # shrink, expand, decode
         if source not in self.modules:
             target = arch_specific_target(source, torch.cuda.get_device_capability(self.device))
             with cupy.cuda.Device(self.device.index):
@@ -93,8 +91,23 @@ class DeviceRuntime:
                     module = cupy.RawModule(code=_read_source(source), options=("-std=c++17",))
                     module.compile()
             self.modules[source] = module
+        return self.modules[source]
+
+    def compile_all(self) -> None:
+        """Compile every LoRA kernel module now (the prefill ones take seconds: a step that met
+        them first would hold every stream that long)."""
+        for source in LORA_SOURCES:
+            self.module(source)
+
+    def function(self, kind: str, dtype: torch.dtype, variant: str, carveout: int | None = None,
+                 smem: int = 0):
+        """The extern "C" kernel ``lora_{kind}_{dtype}_{variant}`` of ``csrc/lora_{kind}.cu``;
+        carveout: the share of shared memory (percent) its multiprocessors prefer over L1; smem:
+        the dynamic shared memory its launches give a block (its limit raised to that)."""
+        import cupy  # noqa: PLC0415
+
         name = f"lora_{kind}_{_DTYPE_TAG[dtype]}_{variant}"
-        function = self.modules[source].get_function(name)
+        function = self.module(f"lora_{kind}.cu").get_function(name)
         if carveout is not None and self.carveouts.get(name) != carveout:
             with cupy.cuda.Device(self.device.index):
                 cupy.cuda.driver.funcSetAttribute(function.kernel.ptr, _PREFERRED_CARVEOUT, carveout)
