@@ -13,12 +13,26 @@ and every span on the CPU use the portable SDPA path below, the reference.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from loraplex.kernels import paged_decode
+
+# PyTorch's SDPA backends for the portable path on CUDA. Not cuDNN's, PyTorch's first choice on
+# Hopper: it builds an execution plan for every new (query, key) shape, 50-100 ms each (up to
+# 1 s) the first time a prompt length or prefix is met, while every other stream waits for that
+# step (H100: 4.5 s over 40 new shapes against 8 ms once planned; benchmarks/engine/bench_cold_calls.py).
+# Flash and memory-efficient kernels plan nothing; math is the fallback for what they refuse.
+CUDA_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def sdpa_backends(device: torch.device):
+    """The context the portable path's SDPA calls run in on ``device``."""
+    return sdpa_kernel(list(CUDA_SDPA_BACKENDS)) if device.type == "cuda" else contextlib.nullcontext()
 
 
 @dataclass(slots=True)
@@ -64,6 +78,14 @@ def paged_attention(
     out = torch.empty_like(q)
     if meta.decode is not None:
         _decode_kernel(q, kv_cache, meta.decode, scale, window, softcap, out)
+    if meta.spans:
+        with sdpa_backends(q.device):
+            _portable(q, kv_cache, meta, scale, window, softcap, out)
+    return out
+
+
+def _portable(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None,
+              softcap: float | None, out: torch.Tensor) -> None:
     heads_kv, dim = kv_cache.shape[3], kv_cache.shape[4]
     keys = kv_cache[0].view(-1, heads_kv, dim)
     values = kv_cache[1].view(-1, heads_kv, dim)
@@ -84,21 +106,24 @@ def paged_attention(
         # a whole prompt on CUDA: the built-in causal mask (flash kernels); else explicit
         causal = q.is_cuda and span.q_len == span.ctx_len and (window is None or span.ctx_len <= window)
         mask = _causal_mask(span, q.device, window) if not causal and (span.q_len > 1 or window) else None
-        o = _attend(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale, softcap,
-                    causal=causal and span.q_len > 1)
+        o = attend(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale, softcap,
+                   causal=causal and span.q_len > 1)
         out[rows] = o[0].transpose(0, 1)
-    return out
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-            softcap: float | None, causal: bool = False) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           softcap: float | None, causal: bool = False) -> torch.Tensor:
     """softmax(scale q k^T [soft-capped], masked) v for [B, H, L, D] operands (k, v with the kv
     heads: query head h reads kv head h // (Hq / Hkv)). Soft-capping needs the scores, so it
-    computes them as transformers' eager attention does; otherwise PyTorch's SDPA."""
+    computes them as transformers' eager attention does; otherwise PyTorch's SDPA (on CUDA in
+    ``sdpa_backends``: there the memory-efficient kernel, the one of them that takes a mask,
+    takes no grouped heads, so a masked call gets the kv heads repeated)."""
+    group = q.shape[1] // k.shape[1]
     if softcap is None:
+        if mask is not None and group > 1 and q.is_cuda:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal,
                                               enable_gqa=q.shape[1] != k.shape[1])
-    group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
     scores = torch.tanh(scores / softcap) * softcap
@@ -143,7 +168,7 @@ def _decode_batch(
     k = keys[slots].transpose(1, 2)  # [B, Hkv, ctx, D]
     v = values[slots].transpose(1, 2)
     qs = q[rows].unsqueeze(2)  # [B, Hq, 1, D]
-    out[rows] = _attend(qs, k, v, mask, scale, softcap)[:, :, 0]
+    out[rows] = attend(qs, k, v, mask, scale, softcap)[:, :, 0]
 
 
 def _causal_mask(span: SequenceSpan, device: torch.device, window: int | None = None) -> torch.Tensor:
