@@ -92,6 +92,7 @@ class StepLog:
 
     steps: list[tuple[float, int, int, int]] = field(default_factory=list)
     started: tuple[int, int, int] | None = None  # (sequences, new tokens, context) of the last runner call
+    in_step: float = 0.0  # seconds inside every engine step, those that started nothing included
 
 
 def instrument(engine: AsyncEngine, log: StepLog) -> None:
@@ -115,8 +116,10 @@ def instrument(engine: AsyncEngine, log: StepLog) -> None:
         log.started = None
         t0 = time.perf_counter()
         events = step()
+        seconds = time.perf_counter() - t0
+        log.in_step += seconds
         if log.started is not None:
-            log.steps.append((time.perf_counter() - t0, *log.started))
+            log.steps.append((seconds, *log.started))
         return events
 
     core.step = timed_step
@@ -155,6 +158,7 @@ def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: Ste
                  sampled_share: float = 0.0, penalty: float = 1.0) -> dict:
     rng = np.random.default_rng(seed + 2)
     log.steps.clear()
+    log.in_step = 0.0
     start = time.perf_counter()
     prompts = [tuple(rng.integers(3, vocab, plen).tolist()) for plen, _ in reqs]
     sampled = frozenset(np.flatnonzero(rng.random(len(reqs)) < sampled_share).tolist())
@@ -173,6 +177,7 @@ def run_workload(engine: AsyncEngine, reqs, ids, vocab: int, seed: int, log: Ste
         full_step_ms=statistics.median(s[0] for s in full) * 1e3 if full else float("nan"),
         full_ctx=statistics.median(s[3] for s in full) if full else 0, full_batch=full[0][1] if full else 0,
         steps=len(log.steps), slow_steps=slow_steps(log),
+        outside_steps=wall - log.in_step, slowest=sorted(log.steps, reverse=True)[:3],
     )
 
 
@@ -375,6 +380,8 @@ def main() -> None:
               f"preemptions {r['preemptions']}  slow steps {r['slow_steps']}/{r['steps']}  "
               f"step@{r['full_batch']} {r['full_step_ms']:.2f} ms (roofline {roof:.2f} ms, x{r['full_step_ms'] / roof:.2f})",
               flush=True)
+        print(f"{'':9s} wall {r['wall']:.1f} s, outside engine steps {r['outside_steps']:.2f} s; slowest steps "
+              + ", ".join(f"{s * 1e3:.0f} ms ({n} seqs, {t} tokens)" for s, n, t, _ in r["slowest"]), flush=True)
     fixed = None
     if args.hf_new_tokens:
         fixed = dict(new_tokens=args.hf_new_tokens, adapters=args.hf_adapters, hf=list(hf), loraplex={})
