@@ -34,6 +34,9 @@ PATTERNS_FILE = "loraplex_patterns.json"
 # of adapters would read them all). A version folder is never written after its rename; where the
 # sizes or the checks differ, or the file is unreadable, the adapter is read and hashed as before.
 INFO_FILE = "loraplex_info.json"
+# How long a replaced or deleted version's folder outlives its link (a reader that resolved the
+# link before the swap reads that folder), and how old a leftover must be before a start removes it.
+RETIRE_S = 300.0
 
 
 class LocalAdapterDirectory:
@@ -49,6 +52,12 @@ class LocalAdapterDirectory:
     A one-part id names either an adapter or a tenant folder (``root/<tenant>/<name>``), never
     both: an upload that would make one into the other, which would remove or hide the adapters
     already there, is refused, and a tenant folder is not an adapter to delete.
+
+    Nothing the server did not write is deleted: a symlink made by hand is replaced or removed,
+    never what it points to; a hand-made folder is replaced or deleted only while it holds nothing
+    but the PEFT files (anything else there, a training log or checkpoints, refuses the call by
+    name). A replaced or deleted version's folder stays RETIRE_S, so a reader that pinned it reads
+    it whole; leftovers of a process killed mid-write (staging, unlinked versions) go at start.
     """
 
     def __init__(self, root: str | os.PathLike[str], base: BaseShapes | None = None, max_rank: int = 128) -> None:
@@ -62,6 +71,8 @@ class LocalAdapterDirectory:
         # id -> (what its files were when read, its info): get and list read and hash every
         # weights file only when it changed (else every ListAdapters re-reads them all, linear in the adapters)
         self._infos: dict[str, tuple[tuple, AdapterInfo]] = {}
+        self._retired: list[tuple[float, Path]] = []  # (when, version folder) no link names any more
+        self._remove_leftovers()
 
     def _path(self, adapter_id: str) -> Path:
         """Where ``adapter_id`` lives; inside another adapter (``a/b`` where ``a`` is an adapter) none."""
@@ -88,6 +99,17 @@ class LocalAdapterDirectory:
             if not (target / CONFIG_FILE).exists() and any(target.iterdir()):
                 raise InvalidRequestError(
                     f"{adapter_id!r}: {target} exists and holds no adapter; move it away first", "adapter_id")
+            self._check_only_adapter_files(adapter_id, target, "replace")
+
+    @staticmethod
+    def _check_only_adapter_files(adapter_id: str, folder: Path, what: str) -> None:
+        """Refuse to remove a hand-made folder that holds more than the PEFT files."""
+        others = sorted(p.name for p in folder.iterdir() if p.name not in ADAPTER_FILES)
+        if others:
+            listed = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+            raise InvalidRequestError(
+                f"{adapter_id!r} is a folder made by hand at {folder} that also holds {listed}; this server does not "
+                f"{what} files it did not write: move them (or the folder) away first", "adapter_id")
 
     def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float, bool, tuple[PatternValue, ...] | None]:
         folder = self._path(adapter_id)
@@ -195,31 +217,67 @@ class LocalAdapterDirectory:
 
     def _swap_link(self, target: Path, version_dir: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        old = Path(os.path.realpath(target)) if target.is_symlink() else None
+        old = self._managed_version(target)
         if target.exists() and not target.is_symlink():
-            shutil.rmtree(target)  # a hand-made folder becomes managed
+            shutil.rmtree(target)  # a hand-made folder of PEFT files alone (checked) becomes managed
         link = target.parent / f".link-{uuid.uuid4().hex}"
         link.symlink_to(os.path.relpath(version_dir, target.parent))
         os.replace(link, target)
         if old is not None and old != version_dir:
-            shutil.rmtree(old, ignore_errors=True)
+            self._retire(old)
 
     def delete(self, adapter_id: str) -> None:
         target = self._path(adapter_id)
         with self._lock:
             if not _is_adapter(target):  # nothing there, or a tenant folder
                 raise AdapterNotFoundError(adapter_id)
-            if target.is_symlink():
-                real = Path(os.path.realpath(target))
+            if target.is_symlink():  # the link goes; a version folder only if it is this server's
+                old = self._managed_version(target)
                 target.unlink()
-                shutil.rmtree(real, ignore_errors=True)
+                if old is not None:
+                    self._retire(old)
                 return
             held = _held_adapters(target)
             if held:  # a hand-made adapter folder that also holds adapters: they would go with it
                 raise InvalidRequestError(
                     f"{adapter_id!r}: its folder also holds the adapters {', '.join(held)}; delete them first",
                     "adapter_id")
+            self._check_only_adapter_files(adapter_id, target, "delete")
             shutil.rmtree(target)
+
+    def _managed_version(self, target: Path) -> Path | None:
+        """The version folder under .versions a link at ``target`` names (None: no link, or one made
+        by hand that points elsewhere: what it points to is not this server's to remove)."""
+        if not target.is_symlink():
+            return None
+        real = Path(os.path.realpath(target))
+        return real if real.parent == Path(os.path.realpath(self._versions)) else None
+
+    def _retire(self, version_dir: Path) -> None:
+        """No link names ``version_dir`` now: removed once RETIRE_S have passed (call under the lock),
+        with every other retired folder whose time is up."""
+        now = time.monotonic()
+        self._retired.append((now, version_dir))
+        due = [path for when, path in self._retired if now - when >= RETIRE_S]
+        self._retired = [(when, path) for when, path in self._retired if now - when < RETIRE_S]
+        for path in due:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _remove_leftovers(self) -> None:
+        """At start: staging folders and version folders no link names, older than RETIRE_S (a
+        process killed mid-upload or mid-delete left them; younger ones may be another process's)."""
+        named = {os.path.realpath(p) for p in _links(self.root)}
+        cutoff = time.time() - RETIRE_S
+        for parent, keep in ((self._staging, set()), (self._versions, named)):
+            if not parent.is_dir():
+                continue
+            for path in parent.iterdir():
+                try:
+                    old = path.lstat().st_mtime < cutoff
+                except OSError:
+                    continue
+                if old and os.path.realpath(path) not in keep:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _files_key(folder: Path) -> tuple | None:
@@ -236,6 +294,19 @@ def _files_key(folder: Path) -> tuple | None:
     except OSError:
         flag = None
     return (real, flag, *((st.st_size, st.st_mtime_ns, st.st_ino) for st in stats))
+
+
+def _links(root: Path) -> list[Path]:
+    """The symlinks where adapters live: ``root/<name>`` and ``root/<tenant>/<name>``."""
+    found = []
+    for path in root.iterdir():
+        if path.name.startswith("."):
+            continue
+        if path.is_symlink():
+            found.append(path)
+        elif path.is_dir():
+            found += [p for p in path.iterdir() if p.is_symlink()]
+    return found
 
 
 def _is_adapter(path: Path) -> bool:
