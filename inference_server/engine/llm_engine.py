@@ -71,9 +71,13 @@ class LLMEngine:
                 f"prompt has {n} tokens; the context window is {self.max_model_len} tokens "
                 "(prompt + generated must fit)", "prompt")
         vocab = self.runner.config.vocab_size
-        bad = next((t for t in request.prompt_token_ids if t >= vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab})", "prompt_token_ids")
+        # every token id a request names: one past the vocabulary would index another row's logits
+        for field, ids in (("prompt_token_ids", request.prompt_token_ids),
+                           ("logit_bias", (t for t, _ in request.sampling.logit_bias)),
+                           ("stop_token_ids", request.stopping.stop_token_ids)):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise InvalidRequestError(f"token id {bad} is outside the vocabulary (size {vocab})", field)
         if request.request_id in self._seqs:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use", "request_id")
         if request.sampling.prompt_logprobs is not None and not self.runner.prompt_logprobs:

@@ -13,7 +13,8 @@ import torch
 from lora_helpers import collect, greedy_request, load_engine, make_peft_adapter, tokens_of
 
 from loraplex.adapter_store.errors import AdapterNotFoundError, AdapterValidationError, InvalidRequestError
-from loraplex.inference_server.engine.request import FinishReason, SamplingParams, StoppingCriteria
+from loraplex.inference_server.engine.request import (FinishReason, GenerationRequest, SamplingParams,
+                                                      StoppingCriteria)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,15 @@ CASES = {
     "pickle weights": (lambda p: greedy_request("x", p, "pickled", 4), AdapterValidationError, "pickle"),
     "prompt too long": (lambda p: greedy_request("x", p * 200, None, 4), InvalidRequestError, "context window"),
     "token outside vocab": (lambda p: greedy_request("x", [10**6], None, 4), InvalidRequestError, "vocabulary"),
+    # one past the vocabulary would land on the next row's logits (another request's tokens)
+    "logit_bias outside vocab": (lambda p: GenerationRequest(
+        "x", tuple(p), None, SamplingParams(logit_bias=((49152 + 7, 100.0),)), StoppingCriteria(max_new_tokens=4)),
+        InvalidRequestError, "token id 49159 is outside the vocabulary"),
+    "stop_token_ids outside vocab": (lambda p: greedy_request("x", p, None, 4, stop_token_ids=(49152,), min_tokens=2),
+                                     InvalidRequestError, "token id 49152 is outside the vocabulary"),
 }
+FIELDS = {"prompt too long": "prompt", "token outside vocab": "prompt_token_ids", "logit_bias outside vocab": "logit_bias",
+          "stop_token_ids outside vocab": "stop_token_ids"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -71,8 +80,8 @@ def test_bad_request_fails_cleanly_while_others_are_served(
 
     events, raised = asyncio.run(main())
     assert events[-1].finish_reason is FinishReason.LENGTH and len(tokens_of(events)) == 16
-    if isinstance(raised, InvalidRequestError) and case.startswith(("prompt", "token")):
-        assert raised.field in {"prompt", "prompt_token_ids"}
+    if case in FIELDS:
+        assert raised.field == FIELDS[case]
 
 
 @pytest.mark.parametrize(
