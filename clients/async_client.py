@@ -20,6 +20,7 @@ from loraplex.clients.requests import (
     channel_options,
     check_one_choice,
     generate_request,
+    upload_chunk_bytes,
 )
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
 from loraplex.clients.transport import Transport
@@ -46,6 +47,7 @@ class AsyncLoraplexClient:
         self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
                                                    aio=True)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self._chunk_bytes: int | None = None  # upload chunks sized to the server's message limit, once asked
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     async def __aenter__(self) -> "AsyncLoraplexClient":
@@ -103,7 +105,9 @@ class AsyncLoraplexClient:
         """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out.
         ``public``: as LoraplexClient.upload_adapter (each upload sets it anew)."""
         plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder, public)
-        stream = CapturedStream(plan.messages(progress))
+        if self._chunk_bytes is None:
+            self._chunk_bytes = upload_chunk_bytes((await self.server_info(timeout=timeout)).max_message_bytes)
+        stream = CapturedStream(plan.messages(progress, self._chunk_bytes))
         try:
             return AdapterInfo.from_pb(await self._stub.UploadAdapter(iter(stream), timeout=timeout,
                                                                       metadata=self._metadata))

@@ -15,6 +15,7 @@ from loraplex.v1 import inference_pb2 as pb
 SERVICE = "loraplex.v1.InferenceService"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 CHUNK_BYTES = 1024 * 1024
+CHUNK_OVERHEAD = 1024  # an upload message's fields besides the data (the file name, framing), at most
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 PICKLE_WEIGHTS = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
 Progress = Callable[[int, int], None]  # (bytes sent, bytes in all)
@@ -237,6 +238,13 @@ class UploadPlan:
                         progress(sent, total)
         if progress is not None and total == 0:
             progress(0, 0)
+
+
+def upload_chunk_bytes(max_message_bytes: int) -> int:
+    """Bytes of file in one upload message to a server that takes messages of at most
+    ``max_message_bytes`` (its ServerInfo): CHUNK_BYTES, or less where that would not fit with the
+    message's own fields."""
+    return max(1, min(CHUNK_BYTES, max_message_bytes - CHUNK_OVERHEAD))
 
 
 def check_folder(folder: str | os.PathLike[str]) -> Path:

@@ -19,6 +19,7 @@ from loraplex.clients.requests import (
     channel_options,
     check_one_choice,
     generate_request,
+    upload_chunk_bytes,
 )
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
 from loraplex.clients.transport import Transport
@@ -48,6 +49,7 @@ class LoraplexClient:
         self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
                                                    aio=False)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self._chunk_bytes: int | None = None  # upload chunks sized to the server's message limit, once asked
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def __enter__(self) -> "LoraplexClient":
@@ -110,7 +112,9 @@ class LoraplexClient:
         ``public``: every tenant may generate with it, show it and list it (only you may write it);
         each upload sets this anew, so re-uploading without it makes the adapter private again."""
         plan = UploadPlan.from_folder(adapter_id, folder, public)
-        stream = CapturedStream(plan.messages(progress))
+        if self._chunk_bytes is None:
+            self._chunk_bytes = upload_chunk_bytes((self.server_info(timeout=timeout)).max_message_bytes)
+        stream = CapturedStream(plan.messages(progress, self._chunk_bytes))
         try:
             return AdapterInfo.from_pb(self._stub.UploadAdapter(iter(stream), timeout=timeout,
                                                                 metadata=self._metadata))

@@ -247,6 +247,21 @@ def adapter_to_pb(info: AdapterInfo, residency: tuple[bool, bool] = (False, Fals
     )
 
 
+PAGE_OVERHEAD = 1024  # a ListAdaptersResponse's bytes besides its adapters (the token, framing), at most
+
+
+def fitting_page(adapters: list[pb.Adapter], next_token: str, max_message_bytes: int) -> tuple[list[pb.Adapter], str]:
+    """The first of a page's ``adapters`` that fit one message of ``max_message_bytes`` (at least one),
+    and the token after them: a page of ids whose infos would not fit ends early, and the caller
+    follows the token as for any page."""
+    size = PAGE_OVERHEAD
+    for n, adapter in enumerate(adapters):
+        size += adapter.ByteSize() + 8  # its tag and length
+        if n and size > max_message_bytes:
+            return adapters[:n], adapters[n - 1].adapter_id
+    return adapters, next_token
+
+
 def list_page(ids_sorted: list[str], prefix: str, page_size: int, page_token: str, max_page: int) -> tuple[list[str], str]:
     """One page of adapter ids (sorted) after ``page_token``; returns (ids, next_page_token)."""
     if page_token:

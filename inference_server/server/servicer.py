@@ -147,8 +147,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         ids, next_token = convert.list_page(sorted(self._tenancy.visible(context, infos.values())), request.prefix,
                                             request.page_size, request.page_token, self._config.list_page_size)
         held = _residency(engine)
-        return pb.ListAdaptersResponse(adapters=[convert.adapter_to_pb(infos[i], held(i)) for i in ids],
-                                       next_page_token=next_token)
+        adapters, next_token = convert.fitting_page([convert.adapter_to_pb(infos[i], held(i)) for i in ids],
+                                                    next_token, self._config.max_message_bytes)
+        return pb.ListAdaptersResponse(adapters=adapters, next_page_token=next_token)
 
     async def GetAdapter(self, request: pb.GetAdapterRequest, context: grpc.aio.ServicerContext) -> pb.Adapter:
         engine = self._state.engine_or_raise()

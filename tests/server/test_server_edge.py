@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import time
 import urllib.request
@@ -25,7 +26,7 @@ from loraplex.clients.errors import (
 from loraplex.inference_server.server.app import ServerOptions
 from loraplex.v1 import inference_pb2 as pb
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
-from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, free_port
+from server_helpers import ByteTokenizer, FakeEngine, ServerThread, fake_tokens, free_port, write_fake_adapter
 
 
 @pytest.fixture(params=[False])
@@ -351,6 +352,29 @@ def test_message_over_the_size_limit_is_resource_exhausted(tmp_path: Path) -> No
                 client.generate_text("x" * 100_000)  # 100 KB on the wire
             assert engine.requests == []
             assert client.generate_text("small", max_new_tokens=2).finish_reason == "length"
+    finally:
+        srv.close()
+
+
+def test_uploads_and_listings_fit_the_server_s_message_limit(tmp_path: Path) -> None:
+    """A server started with a small --max-message-bytes: the client cuts an adapter larger than the
+    limit into chunks that fit (it reads the limit from ServerInfo), and a listing whose infos would
+    not fit one message comes in more pages."""
+    limit = 64 * 1024
+    srv = ServerThread(ServerOptions(port=0, max_message_bytes=limit))
+    adapters = tmp_path / "adapters"
+    srv.attach(FakeEngine(adapters))
+    try:
+        big = write_fake_adapter(tmp_path / "big", rank=64, modules=("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                     "gate_proj", "up_proj", "down_proj"))
+        assert (big / "adapter_model.safetensors").stat().st_size > 2 * limit
+        small = write_fake_adapter(tmp_path / "small", rank=1)
+        for i in range(400):  # hand-made folders: ~400 infos are more than one 64 KiB message holds
+            shutil.copytree(small, adapters / f"a{i:03d}")
+        with LoraplexClient(srv.address, timeout=30) as client:
+            assert client.upload_adapter("acme/big", big).rank == 64
+            listed = client.list_adapters()
+        assert [a.adapter_id for a in listed] == sorted([*(f"a{i:03d}" for i in range(400)), "acme/big"])
     finally:
         srv.close()
 
