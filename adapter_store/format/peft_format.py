@@ -27,6 +27,7 @@ from loraplex.adapter_store.format.safetensors_header import TensorInfo, non_fin
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32 (a module's scale must be one)
 # target_modules left out, no base known: PEFT's default of every family that has one
 NO_BASE_DEFAULT_TARGETS = ("q_proj", "v_proj")
 _TENSOR = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(\w+)\.(\w+)\.lora_(A|B)(?:\.default)?\.weight$")
@@ -218,6 +219,9 @@ def _one_module(
     if base is not None:
         _check_base_fit(where, layer, module, a, b, names, base)
     scale = alpha / math.sqrt(rank) if config["use_rslora"] else alpha / rank
+    if not abs(scale) <= FLOAT32_MAX:  # the kernels' scale tables are float32: inf, then NaN in every output
+        raise AdapterValidationError(f"{where}: lora_alpha {alpha:g} gives a scale of {scale:g}, past float32's "
+                                     f"{FLOAT32_MAX:.4g}: every output would be infinite or NaN", "lora_alpha")
     return LoraModuleSpec(layer, module, rank, scale, names["A"], names["B"], a[1], b[0])
 
 

@@ -83,6 +83,8 @@ def test_valid_adapter_spec() -> None:
         (_files(config={"target_modules": ["embed_tokens"]}), "embedding"),
         (_files(config={"peft_type": "IA3"}), "IA3"),
         (_files(config={"r": 0}), "r must be a positive integer"),
+        (_files(config={"lora_alpha": 1e300}), "scale of 2.5e\\+299, past float32"),  # only NaN out
+        (_files(config={"alpha_pattern": {"q_proj": -1e40}}), "past float32"),
         ({**_files(), "adapter_config.json": b"\xff\xfe"}, "not valid JSON"),
         ({**_files(), "adapter_model.safetensors": _files()["adapter_model.safetensors"][:-7]}, "truncated"),
         ({**_files(), "adapter_model.safetensors": struct.pack("<Q", 10**6) + b"{}"}, "truncated or corrupt"),
