@@ -7,6 +7,7 @@ to its files; the adapter store's client implements the same interface (adapter_
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -22,6 +23,8 @@ from loraplex.adapter_store.format.files import ADAPTER_FILES, AdapterFiles, Ada
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.format.peft_format import CONFIG_FILE, parse_adapter_files, parse_adapter_upload
+
+log = logging.getLogger(__name__)
 
 # Written next to the PEFT files of a LocalAdapterDirectory version: {"public": true|false}.
 VISIBILITY_FILE = "loraplex_visibility.json"
@@ -71,6 +74,7 @@ class LocalAdapterDirectory:
         # id -> (what its files were when read, its info): get and list read and hash every
         # weights file only when it changed (else every ListAdapters re-reads them all, linear in the adapters)
         self._infos: dict[str, tuple[tuple, AdapterInfo]] = {}
+        self._skipped: dict[str, str] = {}  # folder -> why list() leaves it out (logged once a reason)
         self._retired: list[tuple[float, Path]] = []  # (when, version folder) no link names any more
         self._remove_leftovers()
 
@@ -187,9 +191,18 @@ class LocalAdapterDirectory:
                 continue
             try:
                 out.append(self.get(rel))
-            except (AdapterNotFoundError, AdapterValidationError, ValueError):
-                continue  # a half-copied or foreign folder is not listed
+            except (AdapterNotFoundError, AdapterValidationError, ValueError) as e:
+                self._note_skipped(rel, str(e))  # a half-copied or foreign folder is not listed
+            else:
+                self._skipped.pop(rel, None)
         return out
+
+    def _note_skipped(self, rel: str, why: str) -> None:
+        """Log, once for each reason, why a folder with an adapter config is not listed (a bad name,
+        a rank past --max-lora-rank, a half-copied file): else it only goes missing."""
+        if self._skipped.get(rel) != why:
+            self._skipped[rel] = why
+            log.warning("adapter folder %s is not listed: %s", self.root / rel, why)
 
     def put(self, adapter_id: str, files: Mapping[str, bytes], public: bool = False) -> AdapterInfo:
         target = self.root / validate_adapter_id(adapter_id)  # (its clashes are checked under the lock)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import time
@@ -216,6 +217,20 @@ def test_local_directory_failed_put_leaves_nothing(tmp_path: Path) -> None:
         store.put("new", _files(r=0))
     assert [i.adapter_id for i in store.list()] == ["keep"]
     assert not any((tmp_path / ".staging").glob("*"))
+
+
+def test_a_folder_the_listing_leaves_out_is_logged_once_with_why(tmp_path: Path, caplog) -> None:
+    store = LocalAdapterDirectory(tmp_path, CFG, max_rank=4)
+    for name, r in (("bad name!", 4), ("too-big", 8)):
+        (tmp_path / name).mkdir()
+        for file, data in _files(r=r).items():
+            (tmp_path / name / file).write_bytes(data)
+    with caplog.at_level(logging.WARNING):
+        assert store.list() == [] and store.list() == []
+    lines = [r.getMessage() for r in caplog.records if "is not listed" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert any("bad name!" in line and "adapter_id" in line for line in lines)
+    assert any("too-big" in line and "outside the supported range 1..4" in line for line in lines)
 
 
 def test_local_directory_reads_hand_made_peft_folders(tmp_path: Path) -> None:
