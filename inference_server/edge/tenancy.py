@@ -59,7 +59,9 @@ class Tenancy:
         """Admit one Generate for its lifetime: (the request tagged with the caller's tenant, its
         quota ticket), released at exit. NOT_FOUND / RESOURCE_EXHAUSTED when refused."""
         if request.adapter_id is not None:
-            await self.check_read(context, engine, request.adapter_id)
+            info = await self.check_read(context, engine, request.adapter_id)
+            if info is not None:  # another tenant's, public when read: that version only
+                request = dataclasses.replace(request, adapter_version=info.version)
         request, ticket = self._admit(context, request)
         try:
             yield request, ticket

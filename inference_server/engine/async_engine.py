@@ -16,7 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError, UnavailableError
+from loraplex.adapter_store.errors import (AdapterNotFoundError, InvalidRequestError, ResourceExhaustedError,
+                                            UnavailableError)
 from loraplex.inference_server.engine import cpu_threads
 from loraplex.inference_server.engine.admission import Admission
 from loraplex.inference_server.engine.config import EngineConfig
@@ -122,6 +123,13 @@ class AsyncEngine:
     async def _acquire(self, request: GenerationRequest):
         if request.adapter_id is None:
             return None
+        adapter = await self._acquire_current(request)
+        if request.adapter_version is not None and adapter.version != request.adapter_version:
+            self._manager.release(adapter)  # replaced since the request was admitted for that version
+            raise AdapterNotFoundError(request.adapter_id)
+        return adapter
+
+    async def _acquire_current(self, request: GenerationRequest):
         resident = self._manager.try_acquire_resident(request.adapter_id)
         if resident is not None:
             return resident

@@ -173,6 +173,10 @@ class GenerationRequest:
     # others once one has computed it, so they take its KV blocks from the prefix cache
     prompt_group: str | None = None
     grammar: GrammarSpec | None = None  # structured output: every token masked to it
+    # another tenant's public adapter: the version whose record admitted the request. The engine runs
+    # that version or none (NOT_FOUND): a request that waited for pool space never runs a version its
+    # owner made private meanwhile. None: whatever version is current (the caller's own or shared).
+    adapter_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.grammar is not None:

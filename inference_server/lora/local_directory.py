@@ -37,6 +37,9 @@ PATTERNS_FILE = "loraplex_patterns.json"
 # of adapters would read them all). A version folder is never written after its rename; where the
 # sizes or the checks differ, or the file is unreadable, the adapter is read and hashed as before.
 INFO_FILE = "loraplex_info.json"
+# What PEFT's save_pretrained writes (its model card beside the adapter's files): a hand-made folder
+# holding only these is replaced or deleted whole; anything else in it refuses the call.
+PEFT_SAVED_FILES = frozenset({*ADAPTER_FILES, "README.md"})
 # How long a replaced or deleted version's folder outlives its link (a reader that resolved the
 # link before the swap reads that folder), and how old a leftover must be before a start removes it.
 RETIRE_S = 300.0
@@ -58,8 +61,8 @@ class LocalAdapterDirectory:
 
     Nothing the server did not write is deleted: a symlink made by hand is replaced or removed,
     never what it points to; a hand-made folder is replaced or deleted only while it holds nothing
-    but the PEFT files (anything else there, a training log or checkpoints, refuses the call by
-    name). A replaced or deleted version's folder stays RETIRE_S, so a reader that pinned it reads
+    but what PEFT's save_pretrained writes (anything else there, a training log or checkpoints,
+    refuses the call by name). A replaced or deleted version's folder stays RETIRE_S, so a reader that pinned it reads
     it whole; leftovers of a process killed mid-write (staging, unlinked versions) go at start.
     """
 
@@ -107,8 +110,8 @@ class LocalAdapterDirectory:
 
     @staticmethod
     def _check_only_adapter_files(adapter_id: str, folder: Path, what: str) -> None:
-        """Refuse to remove a hand-made folder that holds more than the PEFT files."""
-        others = sorted(p.name for p in folder.iterdir() if p.name not in ADAPTER_FILES)
+        """Refuse to remove a hand-made folder that holds more than what PEFT's save_pretrained writes."""
+        others = sorted(p.name for p in folder.iterdir() if p.name not in PEFT_SAVED_FILES)
         if others:
             listed = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
             raise InvalidRequestError(

@@ -5,6 +5,7 @@ place in the queue back and pins nothing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -147,3 +148,46 @@ def test_an_adapter_larger_than_the_whole_pool_is_refused_for_good_not_retry_lat
     with pytest.raises(AdapterValidationError, match="cannot be served here"):
         engine.adapters.put("new", files)
     assert "new" not in [i.adapter_id for i in engine.adapters.list()]
+
+
+def test_a_request_admitted_for_one_version_never_runs_the_version_that_replaced_it_while_it_waited(
+    tiny_llama_dir: Path, four_adapters: Path, tmp_path: Path,
+) -> None:
+    """Another tenant's public adapter is admitted for the version whose record was read (the edge
+    pins it); re-uploaded while the request waits for pool space (as private, new weights), the
+    request ends NOT_FOUND instead of generating with the new version. Unpinned, it runs the new one."""
+    import shutil
+
+    from loraplex.adapter_store.errors import AdapterNotFoundError
+
+    root = tmp_path / "adapters"
+    shutil.copytree(four_adapters, root)
+    one = _one_adapter_bytes(tiny_llama_dir, four_adapters)
+    engine = load_engine(tiny_llama_dir, root, adapter_pool_bytes=one, max_num_seqs=4, max_num_batched_tokens=256)
+    prompt = engine.tokenizer.encode("Tell me about the sea")
+    admitted = engine.adapters.get("a1").version
+    pinned = dataclasses.replace(greedy_request("pinned", prompt, "a1", 8), adapter_version=admitted)
+    unpinned = greedy_request("unpinned", prompt, "a1", 8)
+    replacement = {p.name: p.read_bytes() for p in (four_adapters / "a2").iterdir()}
+
+    async def main():
+        await engine.start()
+        try:
+            running = asyncio.create_task(collect(engine, greedy_request("run", prompt, "a0", 200)))
+            while engine.stats().num_running == 0:
+                await asyncio.sleep(0.01)
+            waiting = [asyncio.create_task(collect(engine, r)) for r in (pinned, unpinned)]
+            while engine.pool_stats().waiting < 2:
+                await asyncio.sleep(0.005)
+            assert not running.done(), "the running request ended before the others queued: lengthen it"
+            await asyncio.to_thread(engine.adapters.put, "a1", replacement)  # a new version, a2's weights
+            await running
+            return await asyncio.gather(*waiting, return_exceptions=True)
+        finally:
+            await engine.shutdown()
+
+    pinned_result, unpinned_result = asyncio.run(main())
+    assert isinstance(pinned_result, AdapterNotFoundError), pinned_result
+    assert engine.adapters.get("a1").version != admitted
+    expected = run_all(load_engine(tiny_llama_dir, four_adapters), [greedy_request("x", prompt, "a2", 8)])
+    assert tokens_of(unpinned_result) == tokens_of(expected["x"])  # the new weights, as a2's

@@ -69,6 +69,7 @@ def public_tenants(request, tmp_path: Path):
     if store is not None:
         engine.use_store(StoreClient(store.target, base=FAKE_BASE, retries=0, timeout_s=10))
     srv.attach(engine)
+    srv.engine = engine  # (the test reads the requests the engine was given)
     yield srv, write_fake_adapter(tmp_path / "peft"), write_fake_adapter(tmp_path / "peft8", rank=8)
     srv.close()
     if store is not None:
@@ -86,6 +87,8 @@ def test_public_adapter_is_used_by_other_tenants_and_written_by_its_owner_only(p
         assert uploaded.public and a.get_adapter("a/pub").public
 
         assert b.generate_text("hi", adapter="a/pub", max_new_tokens=3).usage.completion_tokens == 3
+        # admitted for the public version it read: the engine runs that one or none
+        assert srv.engine.requests[-1].adapter_version == uploaded.version
         assert b.get_adapter("a/pub").public
         assert [(i.adapter_id, i.public) for i in b.list_adapters()] == [("a/pub", True), ("shared", False)]
         assert [i.adapter_id for i in b.list_adapters(prefix="a/")] == ["a/pub"]
@@ -106,6 +109,7 @@ def test_public_adapter_is_used_by_other_tenants_and_written_by_its_owner_only(p
         with pytest.raises(PermissionDeniedError, match="may not delete"):
             b.delete_adapter("a/pub")  # the same answer as for any id outside b's namespace
         assert a.generate_text("hi", adapter="a/pub", max_new_tokens=2).usage.completion_tokens == 2
+        assert srv.engine.requests[-1].adapter_version is None  # the owner's own: whatever is current
         assert [(i.adapter_id, i.public) for i in a.list_adapters()] == [
             ("a/private", False), ("a/pub", False), ("shared", False)]
 
