@@ -94,5 +94,8 @@ class Sequence:
     @property
     def kv_key(self) -> str:
         """What the KV of this sequence's tokens depends on besides the tokens: the adapter's id
-        and content version (its q/k/v deltas), or nothing for the base model."""
-        return "" if self.adapter is None else f"{self.adapter.adapter_id}@{self.adapter.version}"
+        and content version (its q/k/v deltas), or nothing for the base model; and who may reuse
+        it: the request's tenant, where there is one, so a prompt's cached blocks never serve
+        another tenant (how fast a prompt starts would tell that tenant it was sent)."""
+        key = "" if self.adapter is None else f"{self.adapter.adapter_id}@{self.adapter.version}"
+        return key if self.request.tenant is None else f"{key}#{self.request.tenant}"

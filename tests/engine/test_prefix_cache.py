@@ -92,8 +92,8 @@ class _NoText:
         return ""
 
 
-def _seq(rid: str, prompt: list[int]) -> Sequence:
-    request = GenerationRequest(rid, tuple(prompt), stopping=StoppingCriteria(max_new_tokens=10))
+def _seq(rid: str, prompt: list[int], tenant: str | None = None) -> Sequence:
+    request = GenerationRequest(rid, tuple(prompt), stopping=StoppingCriteria(max_new_tokens=10), tenant=tenant)
     return Sequence.create(request, None, IncrementalDetokenizer(_NoText(), []), None)
 
 
@@ -110,6 +110,26 @@ def test_the_scheduler_gives_a_repeated_prefix_only_its_new_tokens() -> None:
     batch = sched.schedule()
     assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens)][-1] == ("b", 3)
     assert sched.blocks.prefix_hit_tokens == 20 and sched.blocks.prefix_queried_tokens == 22 + 23
+
+
+def test_a_prompt_s_cached_blocks_serve_its_own_tenant_only() -> None:
+    """Tenant b's request finds nothing of tenant a's identical prompt in the cache (a hit would
+    make b's first token come sooner: b could time whether a sent it); a's next request finds it."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64), BlockManager(32, BS))
+    system = list(range(1, 21))
+    first = _seq("a1", system + [30], tenant="a")
+    sched.add(first)
+    sched.schedule()
+    first.num_computed += 21
+    sched.computed(first)
+    for rid, tenant, hits in (("b1", "b", 0), ("a2", "a", 20), ("no tenant", None, 0)):
+        before = sched.blocks.prefix_hit_tokens
+        seq = _seq(rid, system + [40], tenant=tenant)
+        sched.add(seq)
+        sched.schedule()
+        assert sched.blocks.prefix_hit_tokens - before == hits, rid
+        seq.num_computed += 21 - hits
+        sched.computed(seq)
 
 
 @pytest.fixture(scope="module")
