@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from loraplex.adapter_store.errors import ResourceExhaustedError
+from loraplex.adapter_store.errors import InvalidRequestError, ResourceExhaustedError
 
 WINDOW_S = 60.0
 
@@ -92,6 +92,23 @@ class QuotaTracker:
         usage.tokens.append(entry)
         usage.token_sum += budget
         return RequestTicket(self, tenant, entry, max_new_tokens)
+
+    def check_call(self, tenant: str, requests: int, budget: int, field: str) -> None:
+        """Refuse a call of ``requests`` generations (its n choices, of each prompt) that may use
+        ``budget`` tokens in all, when no wait could ever admit them together: INVALID_ARGUMENT
+        naming ``field``, not a "retry later" that clients retry for nothing."""
+        lim = self.limits
+        for limit, value in (("max_concurrent_requests", lim.max_concurrent_requests),
+                             ("max_queued_requests", lim.max_queued_requests)):
+            if value and requests > value:
+                raise InvalidRequestError(
+                    f"{requests} generations in one call, more than tenant {tenant!r}'s quota {limit} ({value}) lets "
+                    "run at once: ask for fewer", field)
+        if lim.tokens_per_minute and budget > lim.tokens_per_minute:
+            raise InvalidRequestError(
+                f"the call may use {budget} tokens (prompts and max_new_tokens of its {requests} generations), more than "
+                f"tenant {tenant!r}'s quota tokens_per_minute ({lim.tokens_per_minute}): lower n or max_new_tokens",
+                field if requests > 1 else "max_new_tokens")
 
     def _give_back(self, tenant: str, entry: list, n: int) -> None:
         """Tokens a request reserved and did not use (its entry shrinks, if still in the window)."""

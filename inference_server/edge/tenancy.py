@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 
 from loraplex.adapter_store.errors import (
@@ -53,6 +53,13 @@ class Tenancy:
         return principal.tenant if principal is not None else ANONYMOUS
 
     # -- generate ------------------------------------------------------------------------
+    def check_call(self, context: Caller, requests: Sequence[GenerationRequest], field: str = "n") -> None:
+        """Refuse a call (its generations: n choices of each prompt) that the caller's quotas could
+        never admit together, naming ``field`` (INVALID_ARGUMENT), before any of them is admitted."""
+        budget = sum((len(r.prompt_token_ids) if counts_prompt(r) else 0) + r.stopping.max_new_tokens
+                     for r in requests)
+        self.security.quotas.check_call(self._caller(context), len(requests), budget, field)
+
     @asynccontextmanager
     async def generation(self, context: Caller, engine: ServingEngine, request: GenerationRequest
                          ) -> AsyncIterator[tuple[GenerationRequest, RequestTicket]]:

@@ -147,6 +147,8 @@ class OpenAIRoutes:
         decoded = await asyncio.to_thread(decode, *args) if heavy else decode(*args)
         headers = _ignored_header(request, decoded.ignored)
         fmt = _format(fmt_type, decoded, engine.tokenizer.token_bytes)
+        ranked = len(decoded.requests) > decoded.n * decoded.prompt_count  # best_of beyond n
+        self._tenancy.check_call(caller, decoded.requests, "best_of" if ranked else "n")
         streams = [generation(self._state, self._metrics, self._tenancy, caller, engine, r) for r in decoded.requests]
         try:
             first = await waiting.unless_disconnected(request, waiting.firsts(streams), streams, "its first token")

@@ -72,6 +72,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         engine = self._state.engine_or_raise()
         edge = await self._decode(request, engine)
         client_id = edge.client_request_id
+        self._tenancy.check_call(context, edge.requests)
         streams = [generation(self._state, self._metrics, self._tenancy, context, engine, r) for r in edge.requests]
         try:
             async with aclosing(interleaved(streams)) as events:

@@ -23,8 +23,8 @@ from server_helpers import (FAKE_BASE, FakeEngine, ServerThread, StoreThread, up
                             write_fake_adapter)
 
 from loraplex.adapter_store.client import StoreClient
-from loraplex.clients import (LoraplexClient, NotFoundError, PermissionDeniedError, ResourceExhaustedError,
-                              UnauthenticatedError)
+from loraplex.clients import (InvalidArgumentError, LoraplexClient, NotFoundError, PermissionDeniedError,
+                              ResourceExhaustedError, UnauthenticatedError)
 from loraplex.clients.requests import generate_request
 from loraplex.inference_server.auth.quotas import TenantLimits
 from loraplex.inference_server.auth.security import Security
@@ -252,6 +252,33 @@ def test_request_quotas_answer_resource_exhausted_naming_the_limit(tmp_path) -> 
             with pytest.raises(ResourceExhaustedError, match="quota tokens_per_minute reached"):
                 a.generate_text("x" * 50, max_new_tokens=1)
             assert a.generate_text("x" * 10, max_new_tokens=1).usage.completion_tokens == 1
+    finally:
+        srv.close()
+
+
+def test_a_call_its_quotas_could_never_admit_whole_is_invalid_not_retry_later(tmp_path) -> None:
+    """n (or best_of, or a batch of prompts) past the tenant's concurrent or queued requests, or
+    their token budget past its tokens per minute, could wait forever: INVALID_ARGUMENT / 400
+    naming the parameter, before any choice runs; a call that fits is served."""
+    import openai
+
+    srv, engine = _quota_server(tmp_path, TenantLimits(max_concurrent_requests=3, tokens_per_minute=60))
+    url = srv.start_http()
+    try:
+        with client(srv, "a") as a:
+            with pytest.raises(InvalidArgumentError, match="n: 4 generations in one call, more than tenant 'a'"):
+                a.generate_choices("hi", n=4, max_new_tokens=1)
+            with pytest.raises(InvalidArgumentError, match="n: the call may use 82 tokens"):
+                a.generate_choices("hi", n=2, max_new_tokens=40)
+            with pytest.raises(InvalidArgumentError, match="max_new_tokens: the call may use 72 tokens"):
+                a.generate_text("hi", max_new_tokens=70)
+            assert engine.requests == []
+            assert len(a.generate_choices("hi", n=3, max_new_tokens=2)) == 3
+        http = openai.OpenAI(base_url=url, api_key=TOKENS["a"], max_retries=0, timeout=10)
+        for kwargs, param in (({"n": 4}, "n"), ({"n": 1, "best_of": 4}, "best_of"), ({"n": 2, "max_tokens": 40}, "n")):
+            with pytest.raises(openai.BadRequestError) as caught:
+                http.completions.create(model="fake-llama", prompt="hi", **{"max_tokens": 1, **kwargs})
+            assert caught.value.body["param"] == param
     finally:
         srv.close()
 
