@@ -25,7 +25,7 @@ from loraplex.kernels import paged_decode
 # PyTorch's SDPA backends for the portable path on CUDA. Not cuDNN's, PyTorch's first choice on
 # Hopper: it builds an execution plan for every new (query, key) shape, 50-100 ms each (up to
 # 1 s) the first time a prompt length or prefix is met, while every other stream waits for that
-# step (H100: 4.5 s over 40 new shapes against 8 ms once planned; benchmarks/engine/bench_cold_calls.py).
+# step (H100: 4.0-4.5 s over 40 new shapes against 7-8 ms once planned; benchmarks/engine/bench_cold_calls.py).
 # Flash and memory-efficient kernels plan nothing; math is the fallback for what they refuse.
 CUDA_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 

@@ -11,6 +11,7 @@ for every other target.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -57,13 +58,18 @@ def cached_cubin(cache_dir: str | None, key: tuple[str, ...], compile_cubin: Cal
     except OSError:  # not there (or unreadable): compiled, and written if it can be
         pass
     cubin = compile_cubin()
+    temporary = None
     try:
         os.makedirs(cache_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as f:
+            temporary = f.name
             f.write(cubin)
-        os.replace(f.name, path)
+        os.replace(temporary, path)
     except OSError as e:
         log.warning("kernel cache %s not written (%s): the next process compiles again", cache_dir, e)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
     return cubin
 
 
