@@ -121,16 +121,20 @@ def test_past_the_context_window_is_context_length_exceeded(served) -> None:  # 
 # -- the real engine ----------------------------------------------------------------------
 
 
+def _live_server(model_dir: Path, adapter_dir: Path, max_new_tokens: int, **engine):
+    """A gRPC + HTTP server over a real engine on ``model_dir``: yields (server, engine, HTTP url)."""
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=max_new_tokens))
+    url = srv.start_http(default_max_new_tokens=max_new_tokens)
+    config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_batched_tokens=256, **engine)
+    built = build_engine(AsyncEngine, config, ModelSource(path=str(model_dir)), adapter_dir, progress=False)
+    srv.attach(built)
+    yield srv, built, url
+    srv.close()
+
+
 @pytest.fixture(scope="module")
 def live(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=8))
-    url = srv.start_http(default_max_new_tokens=8)
-    config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=256)
-    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("a"),
-                               progress=False)
-    srv.attach(engine)
-    yield srv, engine, url
-    srv.close()
+    yield from _live_server(tiny_llama_dir, tmp_path_factory.mktemp("a"), 8, max_num_seqs=8)
 
 
 @pytest.mark.slow
@@ -212,14 +216,7 @@ def test_grpc_fields_give_the_http_answers(live) -> None:
 @pytest.fixture(scope="module")
 def small_queue(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A real engine that holds 4 streams at once (2 running, 2 waiting)."""
-    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
-    url = srv.start_http(default_max_new_tokens=4)
-    config = EngineConfig(num_kv_blocks=64, block_size=16, max_num_seqs=2, max_waiting=2, max_num_batched_tokens=256)
-    engine = build_engine(AsyncEngine, config, ModelSource(path=str(tiny_llama_dir)), tmp_path_factory.mktemp("q"),
-                          progress=False)
-    srv.attach(engine)
-    yield srv, engine, url
-    srv.close()
+    yield from _live_server(tiny_llama_dir, tmp_path_factory.mktemp("q"), 4, max_num_seqs=2, max_waiting=2)
 
 
 @pytest.mark.slow
