@@ -44,6 +44,7 @@ UNSUPPORTED = MappingProxyType({
     "use_bdlora": (None, "block-diagonal LoRA (BD-LoRA)"),
     "arrow_config": (None, "Arrow routing"),
     "kasa_config": (None, "KaSA (it truncates the base weights)"),
+    "astra_config": (None, "Astra-built adapter layers (peft 0.22)"),
 })
 
 # init_lora_weights values under which PEFT, loading the adapter, changes the base model's
