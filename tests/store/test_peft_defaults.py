@@ -156,10 +156,12 @@ def test_every_field_of_the_installed_lora_config_is_placed_and_its_default_is_p
     fields = {f.name: f for f in dataclasses.fields(peft.LoraConfig)}
     placed = [*PEFT_DEFAULTS, *UNSUPPORTED, *IGNORED]
     assert len(placed) == len(set(placed)), "a field is in two tables"
-    assert set(fields) == set(placed), f"new in peft: {set(fields) - set(placed)}; gone: {set(placed) - set(fields)}"
+    newer = {"astra_config"} if tuple(map(int, peft.__version__.split(".")[:2])) < (0, 22) else set()  # peft 0.22's
+    assert set(fields) == set(placed) - newer, \
+        f"new in peft: {set(fields) - set(placed)}; gone: {set(placed) - newer - set(fields)}"
     for name, default in PEFT_DEFAULTS.items():
         assert _fields_default(fields[name]) == default, name
-    for name, (default, _) in UNSUPPORTED.items():
+    for name, (default, _) in ((n, v) for n, v in UNSUPPORTED.items() if n not in newer):
         assert _fields_default(fields[name]) == default, name
     variants = {n for n, f in fields.items() if f.metadata.get("is_lora_variant")}
     assert variants <= set(UNSUPPORTED), f"LoRA variants loraplex would serve as plain LoRA: {variants - set(UNSUPPORTED)}"
