@@ -3,7 +3,8 @@
 Plain Python over the four backend interfaces (backends/base.py); synchronous and
 thread-safe (the gRPC servicer runs it in worker threads). The blob backend is the
 truth: a version's blob is written first, then the adapter's head (the commit point),
-then the index, the cache and the change feed. A delete removes the head (its commit point),
+then the index, the cache and the change feed; the replaced version's blob goes only where no
+other writer can have made it current again (old_versions.py). A delete removes the head (its commit point),
 then the index entry, the version's blob (and older leftovers of the id) and publishes; one cut
 off after its commit point is finished by the next delete of the id. The index, cache and feed
 are optional speed-ups: when one fails the store falls back, counts it and logs it.
@@ -36,16 +37,13 @@ from loraplex.adapter_store.format.peft_format import parse_adapter_upload
 from loraplex.adapter_store.index_keeper import IndexKeeper
 from loraplex.adapter_store.listing import HeadScanner, UnreadableHead
 from loraplex.adapter_store.metrics import StoreMetrics
+from loraplex.adapter_store.old_versions import OldVersions, quietly
 from loraplex.adapter_store.records import (KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord,
                                             check_upload_files)
 from loraplex.adapter_store.write_turn import Turn, WriterLocks, superseded
 
 log = logging.getLogger(__name__)
 FILL_WAIT_S = 0.5  # an index fill is a speed-up: it does not queue behind a writer for long
-# A delete drops the other versions it finds under the id (left behind by failed drops or crashed
-# writers) only once they are this old: a blob written since may be another writer's upload on its
-# way to the head (a lease that ran out, or no Redis to hold one).
-ORPHAN_GRACE_S = 600.0
 
 
 class Store:
@@ -78,6 +76,7 @@ class Store:
         self.keeper = IndexKeeper(index, self._heads, self.health, clock, blobs.description, reconcile_interval_s)
         self._writers = WriterLocks(index, self.health)
         self.marker = BlobMarker(blobs, index, self._blob_store_lost)
+        self._old = OldVersions(blobs, lambda key: self._cache_call(self.cache.discard, key), clock)
 
     # ------------------------------------------------------------------ writes
 
@@ -107,8 +106,7 @@ class Store:
             self._commit(record, blob, old, Turn(tag, lease, deadline))
             self.keeper.write(self.index.put, record)
             self._cache_call(self.cache.put, record.blob_key, blob)
-            if old is not None and old.version != record.version:
-                self._drop_blob(old.blob_key)
+            self._old.after_put(old, record, lease)
             self._publish(ChangeEvent(KIND_PUT, adapter_id, record.version, record.info.sha256, self._clock()))
         self.metrics.uploads.labels("stored").inc()
         log.info("stored %s version %s (%d bytes, %s)", adapter_id, record.version, len(blob),
@@ -133,7 +131,7 @@ class Store:
             except (HeadChanged, LeaseLost) as e:
                 raise superseded(what, e) from None
             self.keeper.write(self.index.remove, adapter_id)
-            self._drop_versions(record)
+            self._old.after_delete(record)
             self._publish(ChangeEvent(KIND_DELETE, adapter_id, record.version, record.info.sha256, self._clock()))
         log.info("deleted %s (was version %s)", adapter_id, record.version)
         return record
@@ -150,22 +148,11 @@ class Store:
         self.keeper.write(self.index.remove, adapter_id)
         if stale is None:
             raise AdapterNotFoundError(adapter_id)
-        self._drop_versions(stale)
+        self._old.after_delete(stale)
         self._publish(ChangeEvent(KIND_DELETE, adapter_id, stale.version, stale.info.sha256, self._clock()))
         log.info("deleted %s: finished an interrupted delete (the index still named version %s)", adapter_id,
                  stale.version)
         return stale
-
-    def _drop_versions(self, record: StoredRecord) -> None:
-        """After a delete's commit: the deleted version's blob, and other versions of the id older
-        than ORPHAN_GRACE_S (never a blob another writer may be committing now)."""
-        keys = {record.blob_key}
-        try:
-            keys.update(self.blobs.list_blobs(record.adapter_id, modified_before=self._clock() - ORPHAN_GRACE_S))
-        except BackendUnavailable as e:
-            log.warning("delete %s: could not list old versions (%s)", record.adapter_id, e)
-        for key in sorted(keys):
-            self._drop_blob(key)
 
     def _commit(self, record: StoredRecord, blob: bytes, old: StoredRecord | None, turn: Turn) -> None:
         """Write the blob, then (if this writer's turn still holds) the head, on the condition that
@@ -177,7 +164,7 @@ class Store:
             self.blobs.write_head(record.adapter_id, record.to_json(), expect=turn.tag)
         except BaseException as e:
             if (old is None or old.version != record.version) and not self._head_may_be(record):
-                self._quietly(self.blobs.delete_blob, record.blob_key)
+                quietly(self.blobs.delete_blob, record.blob_key)
             if isinstance(e, (BackendUnavailable, HeadChanged, LeaseLost, UnavailableError)):
                 self.metrics.uploads.labels("unavailable").inc()
             if isinstance(e, BackendUnavailable):
@@ -403,17 +390,6 @@ class Store:
             return None
         self.health.ok("cache")
         return result
-
-    def _drop_blob(self, key: str) -> None:
-        self._cache_call(self.cache.discard, key)
-        self._quietly(self.blobs.delete_blob, key)
-
-    @staticmethod
-    def _quietly(fn: Callable[..., object], *args: object) -> None:
-        try:
-            fn(*args)
-        except BackendUnavailable as e:
-            log.warning("%s(%s) failed: %s (left for a later delete)", getattr(fn, "__name__", fn), args, e)
 
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from loraplex.adapter_store.backends.base import NO_LEASE, Index, WriterLease
+from loraplex.adapter_store.backends.base import UNGUARDED, Index, WriterLease
 from loraplex.adapter_store.call_deadline import CallDeadline
 from loraplex.adapter_store.degradation import Degradation
 from loraplex.adapter_store.errors import BackendUnavailable, UnavailableError
@@ -44,7 +44,7 @@ class WriterLocks:
             except BackendUnavailable as e:
                 # other processes cannot be excluded now; the conditional head write still guards the commit
                 self._health.fell_back("index", e)
-                lease = NO_LEASE
+                lease = UNGUARDED
             yield lease
 
 

@@ -93,6 +93,9 @@ class Index(Protocol):
 
 
 class WriterLease(Protocol):
+    # whether holding it excludes every other writer of the id (False: a fallback that cannot)
+    exclusive: bool
+
     def check(self) -> None:
         """Before a commit: raise LeaseLost unless this writer still holds the id."""
 
@@ -100,11 +103,24 @@ class WriterLease(Protocol):
 class _NoLease:
     """The lease of an index that one process owns: the in-process lock is the whole story."""
 
+    exclusive = True
+
+    def check(self) -> None:
+        return None
+
+
+class _Unguarded:
+    """The stand-in while a shared index is down: other processes' writers are not excluded
+    (the conditional head write still guards each commit, nothing guards what follows it)."""
+
+    exclusive = False
+
     def check(self) -> None:
         return None
 
 
 NO_LEASE = _NoLease()
+UNGUARDED = _Unguarded()
 
 
 class BlobCache(Protocol):

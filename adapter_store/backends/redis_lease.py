@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 class RedisLease:
     """One held lease; ``release()`` when done. Renewal runs in a daemon thread."""
 
+    exclusive = True
+
     def __init__(self, lock: redis.lock.Lock, adapter_id: str, lease_s: float) -> None:
         self._lock = lock
         self._id = adapter_id

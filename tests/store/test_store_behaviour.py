@@ -235,7 +235,7 @@ def test_a_delete_leaves_a_version_another_writer_just_wrote(env, adapters, monk
     """A delete drops the deleted version and older leftovers of the id, never a blob written
     since (another writer's upload on its way to its head, when its lease ran out or no Redis
     holds one): that upload must not lose its bytes. Once old, a leftover goes with the next delete."""
-    from loraplex.adapter_store import store as store_module
+    from loraplex.adapter_store import old_versions
     from loraplex.adapter_store.records import blob_key
 
     env.client.put("acme/race", adapters["r4-fp32"])
@@ -244,7 +244,7 @@ def test_a_delete_leaves_a_version_another_writer_just_wrote(env, adapters, monk
     env.client.delete("acme/race")
     assert [k for k in env.stored_objects() if "race@" in k] and fresh in env.store.blobs.list_blobs("acme/race")
     env.client.put("acme/race", adapters["r16-bf16"])
-    monkeypatch.setattr(store_module, "ORPHAN_GRACE_S", -3600.0)  # as if an hour had gone by
+    monkeypatch.setattr(old_versions, "ORPHAN_GRACE_S", -3600.0)  # as if an hour had gone by
     env.client.delete("acme/race")
     assert not [k for k in env.stored_objects() if "race" in k]
 

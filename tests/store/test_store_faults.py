@@ -205,12 +205,63 @@ def test_redis_out_of_memory_leaves_uploads_stored_and_reads_whole(make_env, red
         assert second.version != first.version
         assert env.client.get("acme/a").version == second.version
         assert env.client.resolve("acme/a").files == peft_files(adapters["r16-bf16"])
-        blobs = [k for k in env.stored_objects() if "blobs/acme/a@" in k]
-        assert len(blobs) == 1 and second.version in blobs[0], blobs  # the old version's blob is dropped
+        blobs = sorted(k.rpartition("@")[2] for k in env.stored_objects() if "blobs/acme/a@" in k)
+        # no lease could be taken, so other writers were not excluded: the old version stays for a
+        # later guarded write's sweep (one of them may have made it current again)
+        assert blobs == sorted([first.version, second.version])
         assert ("put", "acme/a") in [(e.kind, e.adapter_id) for e in events[-2:]]
         assert env.store.metrics.value("loraplex_store_degraded_total", dependency="cache") > 0
         admin.config_set("maxmemory", "0")
         admin.close()
+    finally:
+        redis.kill()
+
+
+def test_a_put_without_redis_never_drops_the_version_another_writer_made_current_again(
+        make_env, redis_bin, shared_moto, adapters, base_config, monkeypatch):
+    """Redis (the writers' leases) down, two store processes over one bucket: this one replaces
+    v1 by v2 while the other uploads v1's content again and commits it right after (its head
+    write expects v2's). A version's blob key is its content's, so "the version v2 replaced" is
+    the blob the head names now: it must stay (it was dropped, leaving the adapter unreadable
+    until someone re-uploaded it). What unguarded puts leave goes with a later guarded write."""
+    from loraplex.adapter_store import old_versions
+    from loraplex.adapter_store.factory import build_store
+    from loraplex.adapter_store.metrics import StoreMetrics
+
+    redis = RedisProcess(redis_bin).start()
+    try:
+        env = make_env("s3-redis", redis_proc=redis, moto_proc=shared_moto)
+        other = build_store(env.settings, base=base_config, metrics=StoreMetrics())  # the other process's
+        v1 = env.client.put("acme/flip", adapters["r4-fp32"]).version
+        redis.kill()
+        raced = []
+        write_head = env.store.blobs.write_head
+
+        def then_the_other_writer(adapter_id, data, **kwargs):
+            write_head(adapter_id, data, **kwargs)
+            if not raced:
+                raced.append(other.put("acme/flip", adapters["r4-fp32"]).version)
+
+        monkeypatch.setattr(env.store.blobs, "write_head", then_the_other_writer)
+        v2 = env.client.put("acme/flip", adapters["r16-bf16"]).version
+        monkeypatch.undo()
+        assert raced == [v1] != [v2]
+        record, files = other.fetch("acme/flip")
+        assert record.version == v1 and files == peft_files(adapters["r4-fp32"])
+        assert env.client.resolve("acme/flip").files == peft_files(adapters["r4-fp32"])
+        blobs = sorted(k.rpartition("@")[2] for k in env.stored_objects() if "blobs/acme/flip@" in k)
+        assert blobs == sorted([v1, v2])  # v2 left behind: no writer could know it was safe to drop
+
+        redis.start()  # back: once the store uses it again, writes hold leases and sweep what is old enough
+        client = redis.client()
+        _wait_for(lambda: client.exists(f"{env.settings.redis.namespace}:complete"))
+        client.close()
+        monkeypatch.setattr(old_versions, "ORPHAN_GRACE_S", -3600.0)  # as if an hour had gone by
+        v3 = env.client.put("acme/flip", adapters["r32-bf16"]).version
+        blobs = [k.rpartition("@")[2] for k in env.stored_objects() if "blobs/acme/flip@" in k]
+        assert blobs == [v3]
+        assert env.client.resolve("acme/flip").files == peft_files(adapters["r32-bf16"])
+        other.close()
     finally:
         redis.kill()
 
