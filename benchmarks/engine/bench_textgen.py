@@ -45,6 +45,7 @@ import torch
 
 
 from benchmarks.engine import textgen_parts
+from benchmarks.engine.eager_profile import wrap_eager_steps
 from benchmarks.common.gpu_ceilings import measure_copy_bandwidth
 from benchmarks.common.random_adapters import PROJ, RandomAdapterSource
 from benchmarks.common.results import record_results
@@ -53,6 +54,7 @@ from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.factory import assemble
 from loraplex.inference_server.engine.request import GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.inference_server.model import attention
 from loraplex.inference_server.model.checkpoint import ModelSource
 from loraplex.inference_server.model.loading import load_checkpoint
 from loraplex.inference_server.model.weights import build_model
@@ -320,6 +322,12 @@ def main() -> None:
                     help="the share of requests that sample (temperature 0.8, top-p 0.95, seeded); the rest greedy")
     ap.add_argument("--sampled-penalty", type=float, default=1.0,
                     help="the sampled requests' repetition penalty (1 = none)")
+    ap.add_argument("--prefill-attention", default="varlen",
+                    help="eager steps' prompt chunks: varlen (one flash call a layer), per-span (one SDPA call a "
+                         "span), or both comma-separated: each workload once per value, on the same engine")
+    ap.add_argument("--profile-eager", type=int, default=0,
+                    help="profile this many eager steps (more rows than the largest graph, over at least half the "
+                         "max batch) and print where their host and device time goes (benchmarks/engine/eager_profile.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--parts-dir", type=Path, default=None,
@@ -347,6 +355,8 @@ def main() -> None:
         print(f"LoRA decode kernels up to {args.lora_decode_rows} rows", flush=True)
     engine = build_engine(args)
     log = StepLog()
+    rearm_profile = (wrap_eager_steps(engine._core.runner, args.profile_eager, args.max_batch // 2)
+                     if args.profile_eager else None)
     instrument(engine, log)
     reqs = request_set(args.num_requests, args.max_len, args.seed)
     vocab = engine._core.runner.config.vocab_size
@@ -356,10 +366,17 @@ def main() -> None:
     print(f"KV cache: {engine._core.blocks.num_blocks} blocks of {engine._core.blocks.block_size} tokens", flush=True)
     headrooms = ([int(h) for h in args.admission_headroom.split(",")] if args.admission_headroom
                  else [scheduler.config.admission_headroom_tokens])
-    for workload, ahead, headroom in ((w, a, h) for w in workloads for a in modes for h in headrooms):
+    prefill_paths = args.prefill_attention.split(",")
+    if set(prefill_paths) - {"varlen", "per-span"}:
+        ap.error(f"--prefill-attention: varlen and/or per-span, got {args.prefill_attention!r}")
+    runs = ((w, a, h, p) for w in workloads for a in modes for h in headrooms for p in prefill_paths)
+    for workload, ahead, headroom, prefill_path in runs:
+        attention.VARLEN_PREFILL = prefill_path == "varlen"
         engine._core._launch_ahead = ahead and engine._core.runner.can_launch
         scheduler.config = dataclasses.replace(scheduler.config, admission_headroom_tokens=headroom)
         preempted = engine._core.num_preemptions
+        if rearm_profile:
+            rearm_profile()
         ids = adapter_ids(workload, len(reqs), args.max_batch, args.num_adapters, args.seed)
         r = run_workload(engine, reqs, ids, vocab, args.seed, log, args.sampled_share, args.sampled_penalty)
         r["preemptions"] = engine._core.num_preemptions - preempted
@@ -368,6 +385,8 @@ def main() -> None:
         label = workload if ahead or args.launch_ahead == "off" else f"{workload} (no launch-ahead)"
         if len(headrooms) > 1:
             label += f" (headroom {headroom})"
+        if len(prefill_paths) > 1:
+            label += f" ({prefill_path})"
         if args.sampled_share:
             label += f" ({args.sampled_share:.0%} sampled" + (
                 f", repetition penalty {args.sampled_penalty})" if args.sampled_penalty != 1.0 else ")")
@@ -375,7 +394,7 @@ def main() -> None:
         rows.append(r)
         if args.parts_dir:
             textgen_parts.save_row(args.parts_dir, r, command)
-        print(f"{workload:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
+        print(f"{label:9s} {r['throughput']:8.0f} tok/s  generated {r['decode_tps']:7.0f} tok/s  "
               f"tpot p50/p99 {r['tpot_p50']:.2f}/{r['tpot_p99']:.2f} ms  ttft p50 {r['ttft_p50']:.1f} s  "
               f"preemptions {r['preemptions']}  slow steps {r['slow_steps']}/{r['steps']}  "
               f"step@{r['full_batch']} {r['full_step_ms']:.2f} ms (roofline {roof:.2f} ms, x{r['full_step_ms'] / roof:.2f})",

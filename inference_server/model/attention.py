@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from loraplex.inference_server.model import varlen_attention
 from loraplex.kernels import paged_decode
 
 # PyTorch's SDPA backends for the portable path on CUDA. Not cuDNN's, PyTorch's first choice on
@@ -28,6 +29,9 @@ from loraplex.kernels import paged_decode
 # step (H100: 4.0-4.5 s over 40 new shapes against 7-8 ms once planned; benchmarks/engine/bench_cold_calls.py).
 # Flash and memory-efficient kernels plan nothing; math is the fallback for what they refuse.
 CUDA_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+# On CUDA, a step's portable spans go through one variable-length flash call per layer
+# (varlen_attention.py) where it serves them; False: one SDPA call per span (the reference).
+VARLEN_PREFILL = True
 
 
 def sdpa_backends(device: torch.device):
@@ -61,6 +65,7 @@ class AttentionMetadata:
     decode: DecodeRows | None = None  # the sequences the decode kernel serves (CUDA)
     # portable decode tables by sliding window (None: all keys), built by the first layer that needs them
     padded: dict[int | None, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    varlen: varlen_attention.VarlenTables | None = None  # likewise, for the variable-length flash path
 
 
 def paged_attention(
@@ -73,12 +78,19 @@ def paged_attention(
     positions (p - window, p] only (a sliding-window layer); ``softcap``: scores become
     softcap * tanh(scores / softcap) before the softmax. Portable (CPU and CUDA); the reference
     for faster backends. Decode rows (one query per sequence) go through one padded, masked
-    call; prefill chunks one call per sequence.
+    call; prefill chunks one call per sequence (on CUDA: one variable-length flash call for
+    them all where it serves them, varlen_attention.py).
     """
     out = torch.empty_like(q)
     if meta.decode is not None:
         _decode_kernel(q, kv_cache, meta.decode, scale, window, softcap, out)
-    if meta.spans:
+    if meta.spans and VARLEN_PREFILL and varlen_attention.usable(q, softcap):
+        if meta.varlen is None:  # the same for every layer of the step
+            meta.varlen = varlen_attention.build_tables(meta.spans, q.device)
+        heads_kv, dim = kv_cache.shape[3], kv_cache.shape[4]
+        varlen_attention.attend_packed(q, kv_cache[0].view(-1, heads_kv, dim), kv_cache[1].view(-1, heads_kv, dim),
+                                       meta.varlen, scale, window, out)
+    elif meta.spans:
         with sdpa_backends(q.device):
             _portable(q, kv_cache, meta, scale, window, softcap, out)
     return out
