@@ -64,7 +64,7 @@ class OldVersions:
     def _drop_blob(self, key: str) -> None:
         """One version's blob and its cache entry (a failure is logged: a later sweep retries)."""
         self._discard(key)
-        quietly(self._blobs.delete_blob, key)
+        delete_quietly(self._blobs, key)
 
     def _drop_unless_current(self, adapter_id: str, keys: set[str]) -> None:
         """Drop ``keys`` but the one the head names now (read last, just before); none when the head
@@ -95,9 +95,9 @@ class OldVersions:
             return None
 
 
-def quietly(fn: Callable[..., object], *args: object) -> None:
-    """Call a backend's delete; a failure is logged (what it left is for a later sweep)."""
+def delete_quietly(blobs: BlobBackend, key: str) -> None:
+    """Delete one version's blob; a failure is logged (what it left is for a later sweep)."""
     try:
-        fn(*args)
+        blobs.delete_blob(key)
     except BackendUnavailable as e:
-        log.warning("%s(%s) failed: %s (left for a later delete)", getattr(fn, "__name__", fn), args, e)
+        log.warning("deleting blob %s failed: %s (left for a later sweep)", key, e)

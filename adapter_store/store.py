@@ -37,7 +37,7 @@ from loraplex.adapter_store.format.peft_format import parse_adapter_upload
 from loraplex.adapter_store.index_keeper import IndexKeeper
 from loraplex.adapter_store.listing import HeadScanner, UnreadableHead
 from loraplex.adapter_store.metrics import StoreMetrics
-from loraplex.adapter_store.old_versions import OldVersions, quietly
+from loraplex.adapter_store.old_versions import OldVersions, delete_quietly
 from loraplex.adapter_store.records import (KIND_DELETE, KIND_PUT, KIND_RESYNC, ChangeEvent, StoredRecord,
                                             check_upload_files)
 from loraplex.adapter_store.write_turn import Turn, WriterLocks, superseded
@@ -164,7 +164,7 @@ class Store:
             self.blobs.write_head(record.adapter_id, record.to_json(), expect=turn.tag)
         except BaseException as e:
             if (old is None or old.version != record.version) and not self._head_may_be(record):
-                quietly(self.blobs.delete_blob, record.blob_key)
+                delete_quietly(self.blobs, record.blob_key)
             if isinstance(e, (BackendUnavailable, HeadChanged, LeaseLost, UnavailableError)):
                 self.metrics.uploads.labels("unavailable").inc()
             if isinstance(e, BackendUnavailable):
