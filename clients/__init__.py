@@ -15,25 +15,27 @@ except ImportError as exc:  # pragma: no cover - depends on the checkout
         "(or `pip install -e .`, which generates it)"
     ) from exc
 
-from loraplex.clients.async_client import AsyncLoraplexClient
-from loraplex.clients.errors import (
-    DeadlineExceededError,
-    InvalidArgumentError,
-    LoraplexClientError,
-    NotFoundError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    TransportMismatchError,
-    UnauthenticatedError,
-    UnavailableError,
-)
-from loraplex.clients.security import TlsConfig
-from loraplex.clients.sync_client import LoraplexClient
-from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo, Timings, Usage
+# Loaded on first use (PEP 562), so `loraplex --help`, `hash-token` and the CLI's set-up run before
+# gRPC loads: the CLI quiets gRPC's own logging (GRPC_VERBOSITY), which gRPC reads when it loads.
+_EXPORTS = {
+    "AsyncLoraplexClient": "async_client", "LoraplexClient": "sync_client", "TlsConfig": "security",
+    **dict.fromkeys(("ClientClosedError", "DeadlineExceededError", "InvalidArgumentError", "LoraplexClientError",
+                     "NotFoundError", "PermissionDeniedError", "ResourceExhaustedError", "TransportMismatchError",
+                     "UnauthenticatedError", "UnavailableError"), "errors"),
+    **dict.fromkeys(("AdapterInfo", "GenerationEvent", "GenerationResult", "ServerInfo", "Timings", "Usage"), "types"),
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "AdapterInfo", "AsyncLoraplexClient", "DeadlineExceededError", "GenerationEvent", "GenerationResult",
-    "InvalidArgumentError", "LoraplexClient", "LoraplexClientError", "NotFoundError", "PermissionDeniedError",
-    "ResourceExhaustedError", "ServerInfo", "Timings", "TlsConfig", "TransportMismatchError", "UnauthenticatedError",
-    "UnavailableError", "Usage",
-]
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'loraplex.clients' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    value = getattr(importlib.import_module(f"loraplex.clients.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

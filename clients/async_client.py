@@ -11,7 +11,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraplex.clients.errors import LoraplexClientError, TransportMismatchError, from_rpc_error
+from loraplex.clients.errors import (
+    ClientClosedError,
+    DeadlineExceededError,
+    LoraplexClientError,
+    TransportMismatchError,
+    UnavailableError,
+    from_rpc_error,
+)
 from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
@@ -43,12 +50,14 @@ class AsyncLoraplexClient:
         self.timeout = timeout
         self._metadata = auth_metadata(token)  # sent with every call
         # a failed connection is explained only on channels made here (their transport is known)
-        self._transport = Transport(address, tls is not None) if channel is None else None
+        self._transport = Transport(address, tls is not None, tls.client_pair if tls else None) \
+            if channel is None else None
         self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
                                                    aio=True)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._chunk_bytes: int | None = None  # upload chunks sized to the server's message limit, once asked
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._closed = False
 
     async def __aenter__(self) -> "AsyncLoraplexClient":
         return self
@@ -57,7 +66,13 @@ class AsyncLoraplexClient:
         await self.close()
 
     async def close(self) -> None:
+        self._closed = True
         await self._channel.close()
+
+    def _open(self) -> None:
+        """ClientClosedError once closed (gRPC's own error there is no client error)."""
+        if self._closed:
+            raise ClientClosedError()
 
     async def _error(self, exc: grpc.aio.AioRpcError) -> LoraplexClientError:
         """The client error for a failed call; a connection refused for its transport names the fix
@@ -66,6 +81,7 @@ class AsyncLoraplexClient:
         return await asyncio.to_thread(self._transport.explain, error) if self._transport is not None else error
 
     async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        self._open()
         try:
             return await method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
@@ -78,6 +94,7 @@ class AsyncLoraplexClient:
         early closes it only once the stream is collected (Python's async generators): to stop at
         once, iterate inside ``contextlib.aclosing(client.generate(...))`` or ``await stream.aclose()``.
         Same keyword arguments as LoraplexClient.generate."""
+        self._open()
         return self._stream(generate_request(prompt, **kwargs), timeout)
 
     async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[GenerationEvent]:
@@ -104,6 +121,7 @@ class AsyncLoraplexClient:
                              progress: Progress | None = None, timeout: float | None = 600.0) -> AdapterInfo:
         """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` as chunks go out.
         ``public``: as LoraplexClient.upload_adapter (each upload sets it anew)."""
+        self._open()
         plan = await asyncio.to_thread(UploadPlan.from_folder, adapter_id, folder, public)
         if self._chunk_bytes is None:
             self._chunk_bytes = upload_chunk_bytes((await self.server_info(timeout=timeout)).max_message_bytes)
@@ -143,8 +161,9 @@ class AsyncLoraplexClient:
         return HEALTH_STATUS[response.status]
 
     async def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
-        """Poll health until SERVING; TimeoutError with the last status if ``timeout`` passes
-        (TransportMismatchError at once: the wrong transport does not fix itself)."""
+        """Poll health until SERVING; TimeoutError with the last status if ``timeout`` passes. Only
+        a server not up yet is waited for; any other error (the wrong transport, a refused token, a
+        closed client) is raised at once."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while time.monotonic() < deadline:
@@ -154,7 +173,7 @@ class AsyncLoraplexClient:
                     return
             except TransportMismatchError:
                 raise
-            except Exception as exc:  # noqa: BLE001  (not up yet: keep polling)
+            except (UnavailableError, DeadlineExceededError) as exc:  # not up yet: keep polling
                 last = str(exc)
             await asyncio.sleep(interval)
         raise TimeoutError(f"{self.address} not SERVING after {timeout:.0f}s (last: {last})")

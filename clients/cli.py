@@ -29,7 +29,8 @@ from typing import Any
 from loraplex.clients.cli_generate import EXIT_OK, add_generate_arguments, generate
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
-DEFAULT_CALL_TIMEOUT = 30.0  # seconds, a call other than generate's stream (uploads: at least 600)
+DEFAULT_CALL_TIMEOUT = 30.0  # seconds, a call other than generate's stream and uploads
+DEFAULT_UPLOAD_TIMEOUT = 600.0  # seconds, an upload when --timeout is not given
 
 
 def _seconds(text: str) -> float:
@@ -49,11 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="loraplex", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--address", default=os.environ.get("LORAPLEX_ADDRESS", DEFAULT_ADDRESS),
+    p.add_argument("--address", default=os.environ.get("LORAPLEX_ADDRESS") or DEFAULT_ADDRESS,
                    help="server host:port (env LORAPLEX_ADDRESS)")
     p.add_argument("--timeout", type=_seconds, default=None,
                    help=f"seconds per call (default {DEFAULT_CALL_TIMEOUT:g}); generate: the whole stream, no limit "
-                        "unless given (a long answer on a CPU takes minutes)")
+                        "unless given (a long answer on a CPU takes minutes); adapters upload: the whole upload "
+                        f"(default {DEFAULT_UPLOAD_TIMEOUT:g})")
     p.add_argument("--token", default=os.environ.get("LORAPLEX_TOKEN") or None,
                    help="bearer token for a server started with --auth tokens (env LORAPLEX_TOKEN)")
     p.add_argument("--tls", action="store_true", help="connect with TLS using the system's CAs")
@@ -100,7 +102,7 @@ def _upload(client: Any, args: argparse.Namespace) -> int:
             bar.update(sent - bar.n)
 
         info = client.upload_adapter(args.adapter_id, args.folder, public=args.public, progress=progress,
-                                     timeout=max(args.timeout or 0.0, 600.0))
+                                     timeout=args.timeout or DEFAULT_UPLOAD_TIMEOUT)
     print(f"uploaded {info.adapter_id} (version {info.version}, rank {info.rank}, {info.size_bytes} bytes, "
           f"{info.visibility})")
     return EXIT_OK
@@ -158,12 +160,19 @@ def _tls(args: argparse.Namespace) -> Any:
 
 
 def _hash_token() -> int:
-    """The sha256 of the token on stdin (one line), to put in a tokens file; the token is not echoed."""
+    """The sha256 of the token on stdin (one line), to put in a tokens file; the token is not echoed.
+    A token the server would refuse (``token_format.TOKEN_RULE``) is refused here, not hashed."""
     import hashlib  # noqa: PLC0415
+
+    from loraplex.clients.token_format import TOKEN_RULE, is_token  # noqa: PLC0415
 
     token = sys.stdin.readline().rstrip("\r\n")
     if not token:
         print("loraplex: hash-token reads the token from stdin", file=sys.stderr)
+        return EXIT_USAGE
+    if not is_token(token):
+        print(f"loraplex: hash-token: servers refuse this token ({len(token)} characters): {TOKEN_RULE}",
+              file=sys.stderr)
         return EXIT_USAGE
     print(hashlib.sha256(token.encode("utf-8")).hexdigest())
     return EXIT_OK
@@ -178,18 +187,27 @@ def serve(server_args: list[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loraplex`` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # ctrl-C at any point, the imports and argument parsing included
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:
         serve(argv[1:])
+    # gRPC's own log lines (a failed TLS handshake, a key it cannot load) would come before the one
+    # line this command prints about the failure; set before gRPC loads; GRPC_VERBOSITY=INFO shows them
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         parser.error("`serve` must come first: loraplex serve [server flags]")
+    if args.command == "hash-token":
+        return _hash_token()
     from loraplex.clients.errors import LoraplexClientError  # noqa: PLC0415
     from loraplex.clients.sync_client import LoraplexClient  # noqa: PLC0415
 
-    if args.command == "hash-token":
-        return _hash_token()
     try:
         tls = _tls(args)
         with LoraplexClient(args.address, timeout=args.timeout or DEFAULT_CALL_TIMEOUT, token=args.token,
@@ -205,8 +223,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TimeoutError, OSError) as exc:  # after BrokenPipeError, an OSError too
         print(f"loraplex: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
 
 
 def _expired(exc: Exception) -> str:

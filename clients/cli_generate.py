@@ -9,7 +9,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-EXIT_OK = 0
+EXIT_OK, EXIT_CUT_OFF = 0, 1
+CUT_OFF = ("abort", "error")  # finish reasons of an answer the server ended before it was done
 
 
 def _logit_bias(text: str) -> tuple[int, float]:
@@ -21,6 +22,13 @@ def _logit_bias(text: str) -> tuple[int, float]:
         return int(token), float(bias)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be TOKEN_ID=BIAS (e.g. 13=-100), got {text!r}") from None
+
+
+def _adapter(text: str) -> str:
+    """--adapter: an adapter id; empty is refused (an unset variable would silently mean the base model)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty adapter id (leave out --adapter for the base model)")
+    return text
 
 
 def _choices(text: str) -> int:
@@ -37,7 +45,7 @@ def _choices(text: str) -> int:
 def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     """``loraplex generate``'s arguments."""
     g.add_argument("prompt", help="the prompt ('-' reads stdin)")
-    g.add_argument("--adapter", default=None, help="adapter id (default: the base model)")
+    g.add_argument("--adapter", type=_adapter, default=None, help="adapter id (default: the base model)")
     mode = g.add_mutually_exclusive_group()  # a system message is a chat turn: --raw has none
     mode.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
     mode.add_argument("--system", default=None, help="system message (chat mode)")
@@ -73,10 +81,23 @@ def _schema(text: str | None) -> str | None:
         return handle.read()
 
 
+def _prompt(args: argparse.Namespace) -> str:
+    """The prompt text (``-``: stdin), refused unless valid UTF-8 (Python hands undecodable bytes
+    on as lone surrogates, which only fail later as an encoding error naming no input)."""
+    where = "stdin" if args.prompt == "-" else "the prompt argument"
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where} is not valid UTF-8 (an undecodable byte at character {e.start})") from None
+    return prompt
+
+
 def generate(client: Any, args: argparse.Namespace) -> int:
     """Stream the answer to stdout (``-n`` > 1: each choice whole, one after another; ``--json``: an
-    event a line) and a statistics line to stderr."""
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    event a line) and a statistics line to stderr. Exit 1, naming it on stderr, when the server
+    ended a choice before it was done (finish reason abort or error: the answer is cut off)."""
+    prompt = _prompt(args)
     kwargs: dict[str, Any] = dict(
         adapter=args.adapter, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, min_p=args.min_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
@@ -91,9 +112,12 @@ def generate(client: Any, args: argparse.Namespace) -> int:
         kwargs["messages"] = [*system, {"role": "user", "content": prompt}]
     start, tokens, last = time.perf_counter(), 0, None
     texts: dict[int, list[str]] = {}  # n > 1: each choice's text, printed whole at the end
+    finished: dict[int, str] = {}
     for event in client.generate(**kwargs):
         tokens += len(event.token_ids)
         last = event
+        if event.finish_reason:
+            finished[event.index] = event.finish_reason
         if args.json:
             print(json.dumps(asdict(event)), flush=True)
         elif args.n > 1:
@@ -110,4 +134,11 @@ def generate(client: Any, args: argparse.Namespace) -> int:
         ttft = f", first token {last.timings.ttft_s:.3f}s" if last.timings else ""
         print(f"[{last.finish_reason}: {tokens} tokens in {elapsed:.2f}s{ttft}, {tokens / max(elapsed, 1e-9):.1f} tok/s]",
               file=sys.stderr)
+    cut = {i: reason for i, reason in sorted(finished.items()) if reason in CUT_OFF}
+    if cut:
+        which = ", ".join(f"choice {i} ({reason})" for i, reason in cut.items()) if args.n > 1 else next(
+            iter(cut.values()))
+        print(f"loraplex: the server ended the answer before it was done: {which}; the output is cut off",
+              file=sys.stderr)
+        return EXIT_CUT_OFF
     return EXIT_OK

@@ -55,6 +55,14 @@ class PermissionDeniedError(LoraplexClientError):
     """The token is valid but may not do this (e.g. write outside its tenant's namespace)."""
 
 
+class ClientClosedError(LoraplexClientError, RuntimeError):
+    """A call on a client after ``close()`` (or after its ``with`` block): make a new client."""
+
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION,
+                         "this client is closed (close() was called or its with-block ended): make a new one")
+
+
 _BY_CODE: dict[grpc.StatusCode, type[LoraplexClientError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,

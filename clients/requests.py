@@ -101,6 +101,8 @@ def generate_request(
         raise ValueError(f"pass exactly one of prompt, token_ids or messages (got {given or 'none'})")
     if isinstance(stop, str):
         stop = (stop,)
+    if adapter is not None and not adapter.strip():
+        raise ValueError(f"adapter: empty id {adapter!r} (None is the base model)")
     req = pb.GenerateRequest(adapter_id=adapter or "", request_id=request_id)
     if prompt is not None:
         req.text = prompt

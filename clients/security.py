@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from loraplex.clients.token_format import TOKEN_RULE, is_token
 
 TOKEN_ENV = "LORAPLEX_TOKEN"
 TLS_ENV = {"root_cert_file": "LORAPLEX_TLS_ROOT_CERT", "client_cert_file": "LORAPLEX_TLS_CLIENT_CERT",
@@ -27,6 +30,12 @@ class TlsConfig:
         if bool(self.client_cert_file) != bool(self.client_key_file):
             raise ValueError("a client certificate needs its key, and a key its certificate")
 
+    @property
+    def client_pair(self) -> tuple[str, str] | None:
+        """(client certificate, key) files, or None without mutual TLS."""
+        return (self.client_cert_file, self.client_key_file) if self.client_cert_file and self.client_key_file \
+            else None
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "TlsConfig | None":
         """TLS from LORAPLEX_TLS_ROOT_CERT / _CLIENT_CERT / _CLIENT_KEY, or None when none is set."""
@@ -34,11 +43,27 @@ class TlsConfig:
         return cls(**values) if any(values.values()) else None
 
     def credentials(self) -> grpc.ChannelCredentials:
+        if self.client_cert_file:
+            _check_pair(self.client_cert_file, self.client_key_file)
         return grpc.ssl_channel_credentials(
             root_certificates=_read(self.root_cert_file, "TLS root certificate"),
             private_key=_read(self.client_key_file, "TLS client key"),
             certificate_chain=_read(self.client_cert_file, "TLS client certificate"),
         )
+
+
+def _check_pair(cert_file: str, key_file: str) -> None:
+    """ValueError unless ``key_file`` is the key of ``cert_file`` (gRPC fails only its handshake
+    then, naming neither file)."""
+    _read(cert_file, "TLS client certificate")
+    _read(key_file, "TLS client key")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_file, key_file)
+    except ssl.SSLError as e:
+        reason = e.reason or str(e)
+        if "KEY_VALUES_MISMATCH" in str(e):
+            raise ValueError(f"TLS client key {key_file} is not the key of the client certificate {cert_file}") from None
+        raise ValueError(f"TLS client certificate {cert_file} / key {key_file}: cannot be loaded ({reason})") from None
 
 
 def _read(path: str | None, what: str) -> bytes | None:
@@ -58,8 +83,8 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     """The call metadata carrying ``token`` (None: no token)."""
     if token is None:
         return None
-    if not token or token != token.strip() or not token.isascii():
-        raise ValueError("token must be non-empty ASCII without surrounding whitespace")
+    if not is_token(token):
+        raise ValueError(f"the token is not one a server accepts: {TOKEN_RULE}")
     return (("authorization", f"Bearer {token}"),)
 
 

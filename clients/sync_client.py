@@ -10,7 +10,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraplex.clients.errors import LoraplexClientError, TransportMismatchError, from_rpc_error
+from loraplex.clients.errors import (
+    ClientClosedError,
+    DeadlineExceededError,
+    LoraplexClientError,
+    TransportMismatchError,
+    UnavailableError,
+    from_rpc_error,
+)
 from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
@@ -45,12 +52,14 @@ class LoraplexClient:
         self.timeout = timeout
         self._metadata = auth_metadata(token)  # sent with every call
         # a failed connection is explained only on channels made here (their transport is known)
-        self._transport = Transport(address, tls is not None) if channel is None else None
+        self._transport = Transport(address, tls is not None, tls.client_pair if tls else None) \
+            if channel is None else None
         self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
                                                    aio=False)
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self._chunk_bytes: int | None = None  # upload chunks sized to the server's message limit, once asked
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._closed = False
 
     def __enter__(self) -> "LoraplexClient":
         return self
@@ -59,7 +68,13 @@ class LoraplexClient:
         self.close()
 
     def close(self) -> None:
+        self._closed = True
         self._channel.close()
+
+    def _open(self) -> None:
+        """ClientClosedError once closed (gRPC's own error there is no client error)."""
+        if self._closed:
+            raise ClientClosedError()
 
     def _error(self, exc: grpc.RpcError) -> LoraplexClientError:
         """The client error for a failed call; a connection refused for its transport names the fix."""
@@ -67,6 +82,7 @@ class LoraplexClient:
         return self._transport.explain(error) if self._transport is not None else error
 
     def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        self._open()
         try:
             return method(request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
@@ -84,6 +100,7 @@ class LoraplexClient:
         request_id, json_schema, json_object. ``timeout`` bounds the whole stream. With ``n`` > 1
         the choices' events interleave; each names its ``index``.
         """
+        self._open()
         return self._stream(generate_request(prompt, **kwargs), timeout)
 
     def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> Iterator[GenerationEvent]:
@@ -111,6 +128,7 @@ class LoraplexClient:
         """Upload a PEFT LoRA folder; ``progress(sent_bytes, total_bytes)`` is called as chunks go out.
         ``public``: every tenant may generate with it, show it and list it (only you may write it);
         each upload sets this anew, so re-uploading without it makes the adapter private again."""
+        self._open()
         plan = UploadPlan.from_folder(adapter_id, folder, public)
         if self._chunk_bytes is None:
             self._chunk_bytes = upload_chunk_bytes((self.server_info(timeout=timeout)).max_message_bytes)
@@ -150,8 +168,10 @@ class LoraplexClient:
         return HEALTH_STATUS[response.status]
 
     def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
-        """Poll health until SERVING; raise TimeoutError with the last status if ``timeout`` passes
-        (TransportMismatchError at once: the wrong transport does not fix itself)."""
+        """Poll health until SERVING; raise TimeoutError with the last status if ``timeout`` passes.
+        Only a server not up yet is waited for (unreachable, or not answering in time): any other
+        error (the wrong transport, a refused token, a closed client) does not fix itself and is
+        raised at once."""
         deadline = time.monotonic() + timeout
         last = "no answer"
         while time.monotonic() < deadline:
@@ -161,7 +181,7 @@ class LoraplexClient:
                     return
             except TransportMismatchError:
                 raise
-            except Exception as exc:  # noqa: BLE001  (not up yet: keep polling)
+            except (UnavailableError, DeadlineExceededError) as exc:  # not up yet: keep polling
                 last = str(exc)
             time.sleep(interval)
         raise TimeoutError(f"{self.address} not SERVING after {timeout:.0f}s (last: {last})")

@@ -28,16 +28,22 @@ TLS_ON_PLAINTEXT = ("this port speaks plaintext gRPC, not TLS: leave out --tls a
 UNTRUSTED = ("the server's TLS certificate is not one this client trusts (not signed by the CA given, or not "
              "naming this address): pass the CA that signed it with --tls-root-cert (env LORAPLEX_TLS_ROOT_CERT) "
              "and dial a name the certificate lists")
+NO_CLIENT_CERT = ("this server requires a client certificate (mutual TLS): pass --tls-client-cert CERT.pem "
+                  "--tls-client-key KEY.pem (env LORAPLEX_TLS_CLIENT_CERT / LORAPLEX_TLS_CLIENT_KEY; in Python "
+                  "TlsConfig(client_cert_file=..., client_key_file=...))")
+CLIENT_CERT_REFUSED = ("the server refused this client's certificate: it is not signed by a CA the server trusts "
+                       "for clients (its --tls-client-ca-file), or it has expired")
 _UNTRUSTED_MARKS = ("CERTIFICATE_VERIFY_FAILED", "certificate signature failure", "Peer name")
 _HOST_PORT = re.compile(r"\A(?:ipv4:|ipv6:|dns:(?:///)?)?\[?([^\[\]/]+?)\]?:(\d+)\Z")
 
 
 @dataclass(frozen=True, slots=True)
 class Transport:
-    """How a client dials ``address``: over TLS or plaintext."""
+    """How a client dials ``address``: over TLS or plaintext, with a client certificate or not."""
 
     address: str
     tls: bool
+    client_pair: tuple[str, str] | None = None  # the client certificate and key files (mutual TLS)
 
     def explain(self, error: LoraplexClientError) -> LoraplexClientError:
         """``error``, or a TransportMismatchError naming the fix when the connection failed
@@ -52,15 +58,52 @@ class Transport:
         details = error.details
         if error.code != grpc.StatusCode.UNAVAILABLE or CONNECT_FAILURE not in details:
             return None
+        closed = "Socket closed" in details or "Connection reset" in details
         if self.tls:
+            if closed and refuses_client(self.address, self.client_pair):  # a session ended over the client's cert
+                return CLIENT_CERT_REFUSED if self.client_pair else NO_CLIENT_CERT
             if "handshake failed" not in details.lower():
                 return None
             if speaks_tls(self.address) is False:
                 return TLS_ON_PLAINTEXT
             return UNTRUSTED if any(mark in details for mark in _UNTRUSTED_MARKS) else None
-        if "Socket closed" in details or "Connection reset" in details:
+        if closed:
             return PLAINTEXT_ON_TLS if speaks_tls(self.address) else None
         return None
+
+
+def refuses_client(address: str, client_pair: tuple[str, str] | None, timeout_s: float = 2.0) -> bool | None:
+    """Does the TLS server at ``address`` end the session over the client's certificate (with
+    ``client_pair`` None: over having none)? A server that accepts it sends its HTTP/2 settings
+    after the handshake; one that does not closes the session (TLS 1.3: after the handshake, with
+    or without an alert; TLS 1.2: in it). None when the port cannot be reached or the address is
+    not host:port."""
+    m = _HOST_PORT.match(address)
+    if m is None:
+        return None
+    host, port = m[1], int(m[2])
+    context = _probe_context()
+    try:
+        if client_pair is not None:
+            context.load_cert_chain(*client_pair)
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host if not host[0].isdigit() else None) as tls:
+            return tls.recv(1) == b""  # b"": closed at once; data: the server's first frame
+    except ssl.SSLError as e:
+        return "ALERT" in str(e.reason or e).upper()
+    except TimeoutError:  # nothing sent: not an alert
+        return False
+    except OSError:
+        return None
+
+
+def _probe_context() -> ssl.SSLContext:
+    """A TLS client context that checks no certificate: the probes ask only what the port speaks."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    return context
 
 
 def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
@@ -71,10 +114,7 @@ def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
     if m is None:
         return None
     host, port = m[1], int(m[2])
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols(["h2"])
+    context = _probe_context()
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as raw, \
                 context.wrap_socket(raw, server_hostname=host if not host[0].isdigit() else None):

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 
 from loraplex.adapter_store.tenants.principal import Principal, Role
+from loraplex.clients.token_format import TOKEN_RULE, is_token
 
 log = logging.getLogger(__name__)
 MAX_TOKEN_LEN = 512
-_TOKEN = re.compile(r"^[\x21-\x7e]{16,512}\Z")  # printable ASCII, no spaces, 16..512 characters
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
@@ -47,8 +47,8 @@ def parse_bearer(value: str | None) -> str:
     scheme, sep, token = value.partition(" ")
     if scheme.lower() != "bearer" or not sep:
         raise AuthError("malformed credentials: expected 'Bearer <token>'")
-    if not _TOKEN.match(token):
-        raise AuthError("malformed credentials: a token is 16-512 printable ASCII characters without spaces")
+    if not is_token(token):
+        raise AuthError(f"malformed credentials: {TOKEN_RULE}")
     return token
 
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from loraplex.clients.cli import main
-from server_helpers import ByteTokenizer, fake_server_address, fake_tokens, write_fake_adapter
+from loraplex.inference_server.server.app import ServerOptions
+from server_helpers import (
+    ByteTokenizer, FakeEngine, ServerThread, fake_server_address, fake_tokens, write_fake_adapter,
+)
 
 
 @pytest.fixture
@@ -152,3 +159,78 @@ def test_a_generate_past_its_timeout_says_the_limit_was_the_clients(capsys, tmp_
         srv.close()
     assert code == 1 and "DEADLINE_EXCEEDED" in err and "--timeout" in err
     assert 0 < len(out) < 200  # the tokens that came before the deadline were printed
+
+
+def test_an_answer_the_server_cut_off_exits_1_naming_it(capsys, tmp_path: Path) -> None:
+    """A stream the server ended with finish reason abort (a drain, an operator's abort) exited 0,
+    so a script could not tell a cut-off answer from a whole one; with --quiet nothing said so."""
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=200))
+    engine = FakeEngine(tmp_path / "store", step_s=0.02)
+    srv.attach(engine)
+
+    def abort_soon() -> None:
+        while not engine.requests:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        engine.abort(engine.requests[-1].request_id)
+
+    try:
+        for quiet in ((), ("--quiet",)):
+            engine.requests.clear()
+            thread = threading.Thread(target=abort_soon)
+            thread.start()
+            code = main(["--address", srv.address, "generate", *quiet, "--raw", "hey", "--max-new-tokens", "200"])
+            thread.join()
+            err = capsys.readouterr().err
+            assert code == 1 and "loraplex: the server ended the answer before it was done: abort" in err, err
+        code, _, err = run(capsys, srv.address, "generate", "--raw", "hey", "--max-new-tokens", "3")
+        assert code == 0 and "ended the answer" not in err
+    finally:
+        srv.close()
+
+
+def test_hash_token_refuses_a_token_servers_refuse(capsys, monkeypatch) -> None:
+    """It hashed an 8-character token the server then refused as malformed on every call."""
+    for bad in ("shorttok", "sixteen chars with spaces", "é" * 20):
+        monkeypatch.setattr("sys.stdin", io.StringIO(bad + "\n"))
+        assert main(["hash-token"]) == 2
+        assert "servers refuse this token" in capsys.readouterr().err
+    good = "a-token-of-24-characters"
+    monkeypatch.setattr("sys.stdin", io.StringIO(good + "\n"))
+    assert main(["hash-token"]) == 0
+    assert capsys.readouterr().out.strip() == hashlib.sha256(good.encode()).hexdigest()
+
+
+def test_an_upload_honours_the_timeout_given(capsys, address: str, tmp_path: Path) -> None:
+    """--timeout was raised to at least 600 s for uploads, silently."""
+    folder = write_fake_adapter(tmp_path / "ad")
+    code, _, err = run(capsys, address, "--timeout", "0.001", "adapters", "upload", "acme/slow", str(folder))
+    assert code == 1 and "DEADLINE_EXCEEDED" in err and "--timeout" in err
+
+
+def test_prompt_and_adapter_input_mistakes_are_named(capsys, address: str, monkeypatch) -> None:
+    """Undecodable bytes in a prompt ended with "'utf-8' codec can't encode ... surrogates"; an
+    empty --adapter (an unset variable) answered from the base model; an empty LORAPLEX_ADDRESS
+    was taken as the address."""
+    code, _, err = run(capsys, address, "generate", "--raw", "Hi \udcff there")
+    assert code == 1 and "the prompt argument is not valid UTF-8" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Hi \xff there"), errors="surrogateescape"))
+    code, _, err = run(capsys, address, "generate", "--raw", "-")
+    assert code == 1 and "stdin is not valid UTF-8" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--address", address, "generate", "--adapter", "", "hi"])
+    assert exit_.value.code == 2 and "empty adapter id" in capsys.readouterr().err
+    monkeypatch.setenv("LORAPLEX_ADDRESS", "")
+    from loraplex.clients.cli import build_parser
+    from loraplex.clients.requests import DEFAULT_ADDRESS
+    assert build_parser().parse_args(["health"]).address == DEFAULT_ADDRESS
+
+
+def test_ctrl_c_before_the_call_exits_130_without_a_traceback(monkeypatch) -> None:
+    from loraplex.clients import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["health"]) == 130

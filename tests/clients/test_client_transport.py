@@ -5,6 +5,7 @@ TLS: pass --tls-root-cert", and the reverse, and when the certificate is not tru
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -14,7 +15,14 @@ import pytest
 from server_helpers import FakeEngine, ServerThread
 from tls_helpers import make_tls_files
 
-from loraplex.clients import AsyncLoraplexClient, LoraplexClient, TlsConfig, TransportMismatchError, UnavailableError
+from loraplex.clients import (
+    AsyncLoraplexClient,
+    ClientClosedError,
+    LoraplexClient,
+    TlsConfig,
+    TransportMismatchError,
+    UnavailableError,
+)
 from loraplex.clients.cli import main as cli_main
 from loraplex.clients.transport import speaks_tls
 from loraplex.inference_server.auth.security import Security, TlsFiles
@@ -27,6 +35,16 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return make_tls_files(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory, pki):
+    """A server that requires client certificates signed by ``pki``'s CA."""
+    server = ServerThread(ServerOptions(port=0), security=Security(tls=TlsFiles(
+        str(pki.server_cert), str(pki.server_key), client_ca=str(pki.ca))))
+    server.attach(FakeEngine(tmp_path_factory.mktemp("mtls-adapters")))
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +139,72 @@ def test_a_tls_file_that_is_no_pem_is_named_before_any_call(servers, tmp_path) -
     not_pem.write_text("build-host-7\n")  # e.g. /etc/hostname passed by mistake: gRPC said only "handshaker"
     with pytest.raises(ValueError, match=f"TLS root certificate {not_pem}: not a PEM file"):
         LoraplexClient(tls.address, timeout=5, retry_attempts=1, tls=TlsConfig(str(not_pem)))
+
+
+def test_a_client_without_a_certificate_on_a_mutual_tls_port_is_told_to_pass_one(mtls, pki) -> None:
+    """It used to get only ``Socket closed``, and ``health --wait`` waited out its whole time."""
+    with LoraplexClient(mtls.address, timeout=5, retry_attempts=1, tls=TlsConfig(str(pki.ca))) as client:
+        with pytest.raises(TransportMismatchError, match="requires a client certificate.*--tls-client-cert"):
+            client.server_info()
+        started = time.monotonic()
+        with pytest.raises(TransportMismatchError, match="requires a client certificate"):
+            client.wait_until_serving(60)
+        assert time.monotonic() - started < 30
+    with LoraplexClient(mtls.address, timeout=5, retry_attempts=1,
+                        tls=TlsConfig(str(pki.ca), str(pki.client_cert), str(pki.client_key))) as client:
+        assert client.health() == "SERVING"
+
+
+def test_a_client_certificate_the_server_does_not_trust_is_named(mtls, pki, tmp_path) -> None:
+    stranger = make_tls_files(tmp_path)
+    tls = TlsConfig(str(pki.ca), str(stranger.client_cert), str(stranger.client_key))
+    with LoraplexClient(mtls.address, timeout=5, retry_attempts=1, tls=tls) as client:
+        with pytest.raises(TransportMismatchError, match="refused this client's certificate"):
+            client.list_adapters()
+
+
+def test_a_client_key_of_another_certificate_is_named_before_any_call(mtls, pki, tmp_path) -> None:
+    """gRPC logged six lines about a handshaker it could not create, then said only that."""
+    other = make_tls_files(tmp_path)
+    tls = TlsConfig(str(pki.ca), str(pki.client_cert), str(other.client_key))
+    with pytest.raises(ValueError, match=f"TLS client key {other.client_key} is not the key of the client certificate"):
+        LoraplexClient(mtls.address, timeout=5, retry_attempts=1, tls=tls)
+
+
+def test_the_cli_says_one_line_on_a_failed_handshake(servers, tmp_path) -> None:
+    """gRPC's own log lines (``Handshake failed``) came before the CLI's one line."""
+    tls, _ = servers
+    other_ca = make_tls_files(tmp_path).ca
+    proc = subprocess.run([sys.executable, "-P", "-m", "loraplex.clients.cli", "--address", tls.address,
+                           "--tls-root-cert", str(other_ca), "--timeout", "5", "info"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [line for line in proc.stderr.strip().splitlines()
+                                                if line.startswith("loraplex: ")], proc.stderr
+    assert "not one this client trusts" in proc.stderr
+
+
+def test_a_closed_client_says_so_at_once(servers) -> None:
+    """A call after close() raised gRPC's ValueError; wait_until_serving spun for its whole timeout."""
+    _, plain = servers
+    client = LoraplexClient(plain.address, timeout=5)
+    client.close()
+    with pytest.raises(ClientClosedError, match="closed"):
+        client.list_adapters()
+    with pytest.raises(ClientClosedError):
+        client.generate("hi")
+    started = time.monotonic()
+    with pytest.raises(ClientClosedError):
+        client.wait_until_serving(60)
+    assert time.monotonic() - started < 5
+
+    async def closed_async() -> None:
+        async_client = AsyncLoraplexClient(plain.address, timeout=5)
+        await async_client.close()
+        with pytest.raises(ClientClosedError):
+            await async_client.server_info()
+        with pytest.raises(ClientClosedError):
+            await async_client.wait_until_serving(60)
+
+    asyncio.run(closed_async())
