@@ -62,7 +62,8 @@ def _check_pair(cert_file: str, key_file: str) -> None:
     except ssl.SSLError as e:
         reason = e.reason or str(e)
         if "KEY_VALUES_MISMATCH" in str(e):
-            raise ValueError(f"TLS client key {key_file} is not the key of the client certificate {cert_file}") from None
+            raise ValueError(
+                f"TLS client key {key_file} is not the key of the client certificate {cert_file}") from None
         raise ValueError(f"TLS client certificate {cert_file} / key {key_file}: cannot be loaded ({reason})") from None
 
 

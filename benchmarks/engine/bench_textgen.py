@@ -327,7 +327,8 @@ def main() -> None:
                          "span), or both comma-separated: each workload once per value, on the same engine")
     ap.add_argument("--profile-eager", type=int, default=0,
                     help="profile this many eager steps (more rows than the largest graph, over at least half the "
-                         "max batch) and print where their host and device time goes (benchmarks/engine/eager_profile.py)")
+                         "max batch) and print where their host and device time goes "
+                         "(benchmarks/engine/eager_profile.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--parts-dir", type=Path, default=None,

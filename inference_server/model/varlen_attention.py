@@ -37,8 +37,8 @@ class VarlenTables:
 
 def usable(q: torch.Tensor, softcap: float | None) -> bool:
     """Whether the flash kernel serves these queries (CUDA, 16-bit, head size <= 256, no soft-cap)."""
-    return q.is_cuda and q.dtype in _FLASH_DTYPES and q.shape[-1] <= _MAX_HEAD_DIM and q.shape[-1] % 8 == 0 \
-        and softcap is None
+    dim = q.shape[-1]
+    return q.is_cuda and q.dtype in _FLASH_DTYPES and dim <= _MAX_HEAD_DIM and dim % 8 == 0 and softcap is None
 
 
 def build_tables(spans, device: torch.device) -> VarlenTables:
