@@ -264,14 +264,30 @@ def _format(fmt_type: type[CompletionFormat] | type[ChatFormat], decoded: conver
     return fmt_type(**common, tools=decoded.tools)
 
 
+IGNORED_HEADER_BYTES = 1024  # what the header and the log line name at most (a proxy's header buffer: 4-8 KB)
+
+
 def _ignored_header(request: Request, ignored: tuple[str, ...]) -> dict[str, str]:
     """Fields the body held that this edge does not know: logged (as vLLM logs them) and named
-    in the response's X-Loraplex-Ignored-Fields header."""
+    in the response's X-Loraplex-Ignored-Fields header, up to IGNORED_HEADER_BYTES of names and
+    then ``+N more`` (800 messages with a few extra keys each made a header of 33-270 KB that
+    clients and proxies refuse, and the openai client retried the whole generation)."""
     if not ignored:
         return {}
-    log.warning("%s: these fields were present in the request but ignored: %s", request.url.path,
-                ", ".join(map(_header_safe, ignored)))
-    return {IGNORED_FIELDS_HEADER: ",".join(_header_safe(name) for name in ignored)}
+    names = _capped([_header_safe(name) for name in ignored], IGNORED_HEADER_BYTES)
+    log.warning("%s: these fields were present in the request but ignored: %s", request.url.path, ", ".join(names))
+    return {IGNORED_FIELDS_HEADER: ",".join(names)}
+
+
+def _capped(names: list[str], budget: int) -> list[str]:
+    """``names`` while they fit ``budget`` characters (with commas), then ``+N more``."""
+    kept, used = [], 0
+    for i, name in enumerate(names):
+        if used + len(name) > budget:
+            return [*kept, f"+{len(names) - i} more"]
+        kept.append(name)
+        used += len(name) + 1
+    return kept
 
 
 def _header_safe(name: str) -> str:

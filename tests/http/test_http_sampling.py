@@ -54,6 +54,15 @@ def test_unknown_fields_are_accepted_ignored_named_and_logged(served, caplog) ->
     odd = {"model": BASE, "prompt": "hi", "max_tokens": 1, "\u540d\u524d": 1, "a\nb": 2, "x,y": 3}
     status, odd_headers, _ = _post(url + "/completions", odd)
     assert status == 200 and odd_headers["X-Loraplex-Ignored-Fields"] == "a\\nb,x\\x2cy,\\u540d\\u524d"  # in name order
+    # hundreds of unknown fields (800 chat messages with a few extra keys each made 33-270 KB): the header
+    # and the log line name the first ~1 KB, then how many more
+    many = {"model": BASE, "prompt": "hi", "max_tokens": 1, **{f"extra_field_{i:04d}": i for i in range(600)}}
+    with caplog.at_level(logging.WARNING):
+        status, many_headers, _ = _post(url + "/completions", many)
+    names = many_headers["X-Loraplex-Ignored-Fields"].split(",")
+    assert status == 200 and names[:2] == ["extra_field_0000", "extra_field_0001"]
+    assert len(",".join(names)) < 1100 and names[-1] == f"+{600 - len(names) + 1} more"
+    assert f"{names[-2]}, {names[-1]}" in caplog.text and "extra_field_0599" not in caplog.text
 
 
 def test_vllm_and_openai_sampling_parameters_reach_the_engine(served) -> None:  # noqa: F811
