@@ -51,7 +51,10 @@ class ModelNames:
             if base != self.served and base not in self.aliases:
                 raise AdapterNotFoundError(model)
             model = adapter
-        return validate_adapter_id(model, "model")
+        try:
+            return validate_adapter_id(model, "model")
+        except InvalidRequestError:  # no adapter can have this name: unknown, as GET /v1/models/{model} says
+            raise AdapterNotFoundError(model) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,7 +245,8 @@ def test_a_content_part_other_than_text_is_refused_naming_the_part_and_its_type(
     assert engine.requests == []
 
 
-@pytest.mark.parametrize("model", ["nope", "acme/nope", "other-base:acme/pirate"])
+@pytest.mark.parametrize("model", ["nope", "acme/nope", "other-base:acme/pirate",
+                                   "accounts/fireworks/models/llama-v3", "My Model"])  # no adapter can be named so
 def test_unknown_adapter_is_404_never_the_base_model(served, model: str) -> None:
     _, engine, client, _ = served
     with pytest.raises(openai.NotFoundError) as caught:
@@ -356,7 +357,9 @@ def test_unknown_route_and_method_are_openai_shaped(served) -> None:
     url = served[3]
     status, body = _get(url + "/nothing")
     assert status == 404 and json.loads(body)["error"]["type"] == "invalid_request_error"
-    assert _get(url + "/completions")[0] == 405
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(url + "/completions", timeout=5)
+    assert caught.value.code == 405 and caught.value.headers["Allow"] == "POST"  # RFC 9110: a 405 names the methods
 
 
 def _open_stream(url: str, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
