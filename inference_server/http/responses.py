@@ -26,6 +26,13 @@ FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", Fini
                   FinishReason.ERROR: "error"}
 
 
+def _calls_finish(finish: str | None) -> str:
+    """The finish reason of an answer that holds calls: ``tool_calls``, but ``length`` stays
+    (max_tokens ended the answer once the calls' JSON was complete, before its end: the closing
+    tag, or in it), as vLLM keeps it for a named or required tool choice."""
+    return "length" if finish == "length" else "tool_calls"
+
+
 def usage_json(usage: Usage) -> dict:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
@@ -196,8 +203,8 @@ class ChatFormat(_Format):
     """/v1/chat/completions: ``delta`` chunks (a choice's first names the role) or one
     ``message`` per choice; logprobs as ``content`` entries of token, logprob, bytes and
     top_logprobs. With ``tools``, the calls the text holds come back as ``tool_calls`` (finish
-    reason ``tool_calls``): a stream holds back the text from where a call may start and sends
-    the calls, whole, with the choice's last chunk."""
+    reason ``tool_calls``, or ``length`` where max_tokens cut the answer): a stream holds back the
+    text from where a call may start and sends the calls, whole, with the choice's last chunk."""
 
     prefix: str = "chatcmpl"
     started: set[int] = field(default_factory=set)
@@ -223,7 +230,8 @@ class ChatFormat(_Format):
         content, calls = self.tools.parse(text) if at_start or self.tools.format.begin else (text, [])
         if not calls:
             return {"content": text}, finish
-        return {"content": content or "", "tool_calls": [c.to_json(i) for i, c in enumerate(calls)]}, "tool_calls"
+        tool_calls = [c.to_json(i) for i, c in enumerate(calls)]
+        return {"content": content or "", "tool_calls": tool_calls}, _calls_finish(finish)
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         data = self.token_bytes(token_id)
@@ -259,7 +267,7 @@ class ChatFormat(_Format):
             content, calls = self.tools.parse(message["content"]) if self.tools else (message["content"], [])
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": [c.to_json() for c in calls]}
-                finish = "tool_calls"
+                finish = _calls_finish(finish)
             out.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             if events[-1].usage is not None:
                 usages[index] = events[-1].usage

@@ -58,20 +58,26 @@ class ToolFormat:
 
     def parse(self, text: str) -> tuple[str | None, list[tuple[str, Any]]]:
         """(the text outside the calls, None if empty; the (name, arguments) calls) of an answer.
-        A call whose JSON does not parse (cut by max_tokens) leaves the whole text as text."""
+        An answer that ends inside a tag (cut by max_tokens before or inside its closing tag, as
+        ``<tool_call>[...]</tool_``) still holds the tag's calls where their JSON is complete, as
+        vLLM's Hermes parser reads an unclosed tag. A call whose JSON does not parse (cut inside
+        it) leaves the whole text as text."""
         if not self.begin:
             body = text.strip().removeprefix(self.marker).strip() if self.marker else text.strip()
             calls = self._entries(body) if body[:1] in "[{" and body else None
             return (text, []) if calls is None else (None, calls)
         rest, calls, pos = [], [], 0
         while (start := text.find(self.begin, pos)) >= 0:
-            end = text.find(self.end, start + len(self.begin))
-            entries = self._entries(text[start + len(self.begin):end]) if end >= 0 else None
+            opened = start + len(self.begin)
+            end = text.find(self.end, opened)
+            # unclosed: the answer ended in this tag, its body runs to a closing tag's start or the end
+            close = end if end >= 0 else len(text) - _partial_tag(text[opened:], self.end)
+            entries = self._entries(text[opened:close])
             if entries is None:
                 return text, []
             rest.append(text[pos:start])
             calls += entries
-            pos = end + len(self.end)
+            pos = end + len(self.end) if end >= 0 else len(text)
         rest.append(text[pos:])
         joined = "".join(rest).strip()
         return (joined or None) if calls else text, calls
@@ -95,12 +101,15 @@ class ToolFormat:
                                                                    or self.marker.startswith(body)))
             return len(text) if at_start and (not body or could_be) else 0
         start = text.find(self.begin)
-        if start >= 0:
-            return len(text) - start
-        for k in range(min(len(self.begin) - 1, len(text)), 0, -1):
-            if self.begin.startswith(text[-k:]):
-                return k
-        return 0
+        return len(text) - start if start >= 0 else _partial_tag(text, self.begin)
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` are the start of ``tag`` (not all of it)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-k:]):
+            return k
+    return 0
 
 
 FORMATS: dict[str, ToolFormat] = {

@@ -1,13 +1,19 @@
 """The tool-call format of the chat endpoint (inference_server/http/tools.py) without a model: tools and
 tool_choice checked naming the field, the grammar each choice asks for, the system turn, earlier
 calls and results rendered back, calls read out of a text (and a cut one left as text), and the
-chat formatter streaming text while holding back a call until the choice ends."""
+chat formatter streaming text while holding back a call until the choice ends. An answer max_tokens
+cuts after a call's JSON, in or before its closing tag, still carries the call (finish "length"),
+through the formatter and through the HTTP edge with the openai client on a scripted fake engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
+import openai
 import pytest
+from server_helpers import FakeEngine, ServerThread
 
 from loraplex.adapter_store.errors import InvalidRequestError
 from loraplex.inference_server.engine.request import FinishReason, TokenEvent, Usage
@@ -15,6 +21,7 @@ from loraplex.inference_server.http.responses import ChatFormat
 from loraplex.inference_server.http.tool_formats import FORMATS
 from loraplex.inference_server.http.tools import (BEGIN, END, call_text, held_back, parse_calls, response_text,
                                                   tool_use as _tool_use)
+from loraplex.inference_server.server.app import ServerOptions
 
 
 def tool_use(tools, choice):  # SmolLM2's format: the one these tests check
@@ -99,9 +106,8 @@ def test_held_back_is_what_may_still_become_a_call() -> None:
     assert held_back("a " + BEGIN + "[{") == len(BEGIN) + 2 and held_back("a <b") == 0
 
 
-def _event(text: str, last: bool = False) -> TokenEvent:
-    return TokenEvent("r", (5,), text, finish_reason=FinishReason.STOP if last else None,
-                      usage=Usage(3, 4) if last else None)
+def _event(text: str, last: bool = False, reason: FinishReason = FinishReason.STOP) -> TokenEvent:
+    return TokenEvent("r", (5,), text, finish_reason=reason if last else None, usage=Usage(3, 4) if last else None)
 
 
 def test_a_stream_sends_text_and_holds_a_call_until_the_choice_ends() -> None:
@@ -126,3 +132,90 @@ def test_a_whole_answer_carries_its_calls() -> None:
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
     assert "index" not in choice["message"]["tool_calls"][0]
+
+
+TIME_CALL = '[{"name": "get_time", "arguments": {}}]'
+
+
+@pytest.mark.parametrize("name, cut", [
+    ("smollm2", BEGIN + TIME_CALL + "</tool_"),  # max_tokens ended the answer inside the closing tag
+    ("smollm2", BEGIN + TIME_CALL),  # or before it
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool'),
+])
+def test_a_call_cut_in_its_closing_tag_is_a_call_with_finish_length(name: str, cut: str) -> None:
+    def formatter() -> ChatFormat:
+        return ChatFormat(model="m", token_bytes=lambda token: b"x", logprobs=False,
+                          tools=_tool_use(TOOLS, "required", FORMATS[name]))
+    pieces = [cut[i:i + 7] for i in range(0, len(cut), 7)]
+    whole = formatter().response([[*map(_event, pieces[:-1]), _event(pieces[-1], True, FinishReason.LENGTH)]])
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == [{"name": "get_time", "arguments": "{}"}]
+    streamed = formatter()
+    deltas = [streamed.chunk(_event(p))["choices"][0]["delta"] for p in pieces[:-1]]
+    last = streamed.chunk(_event(pieces[-1], True, FinishReason.LENGTH))["choices"][0]
+    assert "".join(d["content"] for d in [*deltas, last["delta"]]) == ""  # no markup as text
+    assert last["finish_reason"] == "length" and last["delta"]["tool_calls"][0]["function"]["name"] == "get_time"
+
+
+def test_a_call_cut_in_its_json_stays_text() -> None:
+    cut = BEGIN + '[{"name": "get_time", "argu'
+    fmt = ChatFormat(model="m", token_bytes=lambda token: b"x", logprobs=False, tools=tool_use(TOOLS, "required"))
+    choice = fmt.response([[_event(cut, True, FinishReason.LENGTH)]])["choices"][0]
+    assert choice == {**choice, "finish_reason": "length", "message": {"role": "assistant", "content": cut}}
+    streamed = ChatFormat(model="m", token_bytes=lambda token: b"x", logprobs=False, tools=tool_use(TOOLS, "required"))
+    assert streamed.chunk(_event(cut[:12]))["choices"][0]["delta"]["content"] == ""
+    last = streamed.chunk(_event(cut[12:], True, FinishReason.LENGTH))["choices"][0]
+    assert last["delta"] == {"content": cut} and last["finish_reason"] == "length"
+
+
+class _ScriptedEngine(FakeEngine):
+    """Answers every request with ``script``, a character a token (ByteTokenizer), until
+    max_tokens (finish "length") or the script's end (finish "stop"); its chat template is
+    SmolLM2's, so tools come in SmolLM2's format."""
+
+    def __init__(self, adapter_dir: Path, script: str) -> None:
+        super().__init__(adapter_dir, step_s=0.0)
+        self.info = dataclasses.replace(self.info, max_context_len=4096)  # the tools' system turn is ~600 bytes
+        self.tokenizer.chat_template = "SmolLM2"
+        self.script = script
+
+    async def generate(self, request):
+        ids = self.tokenizer.encode(self.script)
+        cut = ids[: request.stopping.max_new_tokens]
+        reason = FinishReason.LENGTH if len(cut) < len(ids) else FinishReason.STOP
+        for i, token in enumerate(cut):
+            if i == len(cut) - 1:
+                yield self._last(request, (token,), reason, i + 1)
+            else:
+                yield TokenEvent(request.request_id, (token,), self.tokenizer.decode([token]))
+
+
+def test_a_call_cut_in_its_closing_tag_through_the_http_edge(tmp_path: Path) -> None:
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    tools = [{"type": "function", "function": {"name": "Person", "parameters": person}}]
+    script = BEGIN + '[{"name": "Person", "arguments": {"name": "Alice", "age": 30}}]' + END
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=8))
+    url = srv.start_http(default_max_new_tokens=8)
+    srv.attach(_ScriptedEngine(tmp_path / "adapters", script))
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=10)
+    try:
+        ask = dict(model="fake-llama", messages=[{"role": "user", "content": "Alice is 30."}], tools=tools,
+                   max_tokens=len(script) - 5)  # the answer ends in "</tool_"
+        for choice in ("required", {"type": "function", "function": {"name": "Person"}}):
+            answer = client.chat.completions.create(**ask, tool_choice=choice).choices[0]
+            assert answer.finish_reason == "length" and answer.message.content is None
+            assert answer.message.tool_calls[0].function.name == "Person"
+            assert json.loads(answer.message.tool_calls[0].function.arguments) == {"name": "Alice", "age": 30}
+            chunks = list(client.chat.completions.create(**ask, tool_choice=choice, stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""  # no markup as text
+            assert chunks[-1].choices[0].finish_reason == "length"
+            assert [c.function.name for c in chunks[-1].choices[0].delta.tool_calls] == ["Person"]
+        whole = client.chat.completions.create(**{**ask, "max_tokens": len(script)}, tool_choice="required")
+        assert whole.choices[0].finish_reason == "tool_calls"
+        cut = client.chat.completions.create(**{**ask, "max_tokens": 30}, tool_choice="required").choices[0]
+        assert cut.finish_reason == "length" and cut.message.content == script[:30] and not cut.message.tool_calls
+    finally:
+        client.close()
+        srv.close()

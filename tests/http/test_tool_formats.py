@@ -77,6 +77,15 @@ def test_the_template_names_the_format(template: str, name: str | None) -> None:
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]', None, [("f", {"a": 1})]),
     ("mistral", '[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]', None, [("f", {}), ("g", {})]),
     ("hermes", '<tool_call>\n{"name": "f", "argu', '<tool_call>\n{"name": "f", "argu', []),  # cut: text
+    # cut by max_tokens after the JSON, before or inside the closing tag: the calls still count
+    ("smollm2", '<tool_call>[{"name": "f", "arguments": {"a": 1}}]</tool_', None, [("f", {"a": 1})]),
+    ("smollm2", 'Sure. <tool_call>[{"name": "f", "arguments": {}}]', "Sure.", [("f", {})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_c', None, [("f", {"a": 1})]),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><tool_call>\n{"name": "g", '
+               '"arguments": {}}\n', None, [("f", {}), ("g", {})]),
+    ("smollm2", '<tool_call>[{"name": "f", "arguments": {}}', '<tool_call>[{"name": "f", "arguments": {}}', []),
+    ("smollm2", '<tool_call>[{"name": "f", "arguments": {}}]</tool_x', '<tool_call>[{"name": "f", "arguments": {}}]'
+                '</tool_x', []),  # not a closing tag's start: text
     ("llama3_json", "The weather is fine.", "The weather is fine.", []),
 ])
 def test_each_format_reads_its_calls(name: str, text: str, rest: str | None, calls: list) -> None:
