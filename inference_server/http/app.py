@@ -70,7 +70,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     """Starlette's own refusals (no such route, wrong method) in the OpenAI error shape."""
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-    headers = getattr(exc, "headers", None) if isinstance(exc, HTTPException) else None  # a 405's Allow
+    headers = exc.headers if isinstance(exc, HTTPException) else None  # a 405's Allow
     return JSONResponse(error_body(f"{request.method} {request.url.path}: {detail}", "invalid_request_error"),
                         status_code=status, headers=headers)
 

@@ -133,8 +133,14 @@ class LocalAdapterDirectory:
             raise AdapterNotFoundError(adapter_id) from None
 
     def resolve(self, adapter_id: str) -> AdapterFiles:
+        """The adapter's files as stored here, parsed against the base; files that do not parse (put
+        here by hand, damaged) are refused naming the adapter: the caller only named it."""
         files, mtime, public, decided = self._read(adapter_id)
-        spec = parse_adapter_files(files, self._base, self._max_rank, decided)
+        try:
+            spec = parse_adapter_files(files, self._base, self._max_rank, decided)
+        except AdapterValidationError as e:
+            raise AdapterValidationError(f"adapter {adapter_id!r} as stored on this server cannot be served: {e}"
+                                         ) from None
         return AdapterFiles(make_info(adapter_id, files, spec, mtime, public), spec, files)
 
     def get(self, adapter_id: str) -> AdapterInfo:

@@ -468,3 +468,16 @@ def test_a_fresh_directory_lists_uploaded_adapters_without_reading_their_weights
     monkeypatch.setattr(capped, "resolve", lambda i: capped_reads.append(i) or resolve_capped(i))
     assert [i.adapter_id for i in capped.list()] == ["acme/a"]  # acme/b is read, and its rank 8 refused
     assert sorted(capped_reads) == ["acme/a", "acme/b"]
+
+
+def test_an_adapter_that_does_not_parse_on_disk_is_refused_naming_it(tmp_path: Path) -> None:
+    """A damaged weights file in the directory was refused as 'adapter_model.safetensors: truncated
+    or corrupt header', naming no adapter: the caller, who only named the model, could not tell."""
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    store.put("acme/broken", _files())
+    weights = (tmp_path / "acme" / "broken").resolve() / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(AdapterValidationError, match="adapter 'acme/broken' as stored on this server cannot be "
+                                                     "served: adapter_model.safetensors: truncated") as caught:
+        store.resolve("acme/broken")
+    assert caught.value.field is None  # nothing in the request was wrong but its name
