@@ -87,9 +87,10 @@ def check_prompt_ids(ids: tuple[int, ...], limits: RequestLimits, field: str) ->
 
 
 def text_of_parts(parts: Iterable[tuple[str, str | None]], field: str) -> str:
-    """The text of a message's content parts, each (type, text), joined in order. The model takes
-    text: a part of another type (image_url, input_audio, file, ...) is refused naming the part
-    and its type (``<field>[j].type``), as is a text part without its text."""
+    """The text of a message's content parts, each (type, text), joined in order by line breaks (as
+    vLLM joins them: "Translate to French:" and "Good morning" are two lines, not one glued word).
+    The model takes text: a part of another type (image_url, input_audio, file, ...) is refused
+    naming the part and its type (``<field>[j].type``), as is a text part without its text."""
     texts = []
     for j, (kind, text) in enumerate(parts):
         if kind != "text":
@@ -97,7 +98,7 @@ def text_of_parts(parts: Iterable[tuple[str, str | None]], field: str) -> str:
         if text is None:
             raise InvalidRequestError("is required", f"{field}[{j}].text")
         texts.append(text)
-    return "".join(texts)
+    return "\n".join(texts)
 
 
 def chat_prompt_ids(messages: list[dict[str, Any]], tokenizer: PromptTokenizer, field: str,
