@@ -99,23 +99,25 @@ class Rendered:
         return self.get("ConfigMap", f"{FULLNAME}-{suffix}")["data"]
 
 
-def _render_raw(values: dict[str, Any] | None, api_versions: tuple[str, ...], kube_version: str) -> dict[str, str]:
+def _render_raw(values: dict[str, Any] | None, api_versions: tuple[str, ...], kube_version: str,
+                release: str = RELEASE) -> dict[str, str]:
     helm = import_tool("helm_python")
     # Chart.render() exposes name/namespace only; the native call also takes what
     # `helm template --kube-version --api-versions` take (.Capabilities), which the
     # ServiceMonitor's CRD check needs.
     from helm_python import _native  # noqa: PLC0415
 
-    opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True, "kube_version": f"v{kube_version}",
+    opts = {"name": release, "namespace": NAMESPACE, "is_install": True, "kube_version": f"v{kube_version}",
             "api_versions": list(api_versions)}
     with helm.Chart.load(str(CHART)) as chart:
         return json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values or {}), json.dumps(opts)))
 
 
 def render(values: dict[str, Any] | None = None, *, api_versions: tuple[str, ...] = (),
-           kube_version: str = KUBE_VERSIONS[0]) -> Rendered:
-    """Render the chart as `helm template lp helm/loraplex -n ml` would, with ``values``."""
-    out = _render_raw(values, api_versions, kube_version)
+           kube_version: str = KUBE_VERSIONS[0], release: str = RELEASE) -> Rendered:
+    """Render the chart as `helm template lp helm/loraplex -n ml` would (``release`` instead of
+    lp when given), with ``values``."""
+    out = _render_raw(values, api_versions, kube_version, release)
     docs: list[dict[str, Any]] = []
     notes = ""
     for path, text in sorted(out.items()):
@@ -130,7 +132,8 @@ def render_error(values: dict[str, Any], **kw: Any) -> str:
     """The message Helm stops with for ``values`` (the test fails if the chart renders)."""
     helm = import_tool("helm_python")
     try:
-        _render_raw(values, kw.get("api_versions", ()), kw.get("kube_version", KUBE_VERSIONS[0]))
+        _render_raw(values, kw.get("api_versions", ()), kw.get("kube_version", KUBE_VERSIONS[0]),
+                    kw.get("release", RELEASE))
     except helm.HelmError as exc:
         return str(exc)
     raise AssertionError(f"the chart rendered with bad values {values}")

@@ -43,8 +43,21 @@ app.kubernetes.io/component: server
 app.kubernetes.io/component: server
 {{- end }}
 
+{{/*
+<base>-<suffix> within 63 characters (a DNS-1035 label): the base is cut, never the suffix,
+so names stay distinct at any release name length. Called with (list BASE SUFFIX).
+*/}}
+{{- define "loraplex.suffixed" -}}
+{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (index . 0 | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
+
+{{/*
+The bundled Redis's StatefulSet and Service: at most 52 characters, since the StatefulSet's
+pods carry a controller-revision-hash label "<name>-<hash>" that must fit in 63.
+*/}}
 {{- define "loraplex.redisName" -}}
-{{- printf "%s-redis" (include "loraplex.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-redis" (include "loraplex.fullname" . | trunc 46 | trimSuffix "-") }}
 {{- end }}
 
 {{- define "loraplex.redisSelectorLabels" -}}
@@ -170,6 +183,15 @@ values to change.
 {{- fail "adapterStore.blobs=s3 needs adapterStore.s3.bucket" }}
 {{- end }}
 {{- include "loraplex.validateSecrets" . }}
+{{- $fullname := include "loraplex.fullname" . }}
+{{- $services := list $fullname (include "loraplex.suffixed" (list $fullname "headless")) }}
+{{- if eq $v.redis.mode "bundled" }}
+{{- $redis := include "loraplex.redisName" . }}
+{{- $services = concat $services (list $redis (include "loraplex.suffixed" (list $redis "headless"))) }}
+{{- end }}
+{{- if ne (len $services) (len (uniq $services)) }}
+{{- fail (printf "the Services of this release would share a name (%s): choose another release name or set fullnameOverride" (join ", " $services)) }}
+{{- end }}
 {{- if eq $v.redis.mode "external" }}
 {{- $r := $v.redis.external }}
 {{- if eq (empty $r.url) (empty $r.existingSecret) }}

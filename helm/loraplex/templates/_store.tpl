@@ -15,7 +15,7 @@ renders it as a Kubernetes native sidecar (an init container with restartPolicy 
   imagePullPolicy: {{ $root.Values.image.store.pullPolicy }}
   envFrom:
     - configMapRef:
-        name: {{ include "loraplex.fullname" $root }}-store
+        name: {{ include "loraplex.suffixed" (list (include "loraplex.fullname" $root) "store") }}
   env:
     - name: HOME
       value: /tmp

@@ -5,7 +5,7 @@ running server, which reloads the file without a restart.
 */}}
 {{- define "loraplex.secretsMount" -}}/var/lib/loraplex/secrets{{- end }}
 
-{{- define "loraplex.storeSecretName" -}}{{ include "loraplex.fullname" . }}-store-secret{{- end }}
+{{- define "loraplex.storeSecretName" -}}{{ include "loraplex.suffixed" (list (include "loraplex.fullname" .) "store-secret") }}{{- end }}
 
 {{- define "loraplex.tlsOn" -}}{{ if .Values.tls.secretName }}true{{ end }}{{- end }}
 
