@@ -99,9 +99,28 @@ def test_chart_refuses_inconsistent_values_with_a_message(values: dict, words: s
     assert words in render_error(values)
 
 
-def test_redis_url_with_a_password_is_refused_without_echoing_it() -> None:
-    message = render_error({"redis": {"mode": "external", "external": {"url": "redis://app:s3cr3tpw@redis:6379/0"}}})
-    assert "existingSecret" in message and "s3cr3tpw" not in message
+@pytest.mark.parametrize("url", [
+    "redis://app:s3cr3tpw@redis:6379/0",
+    "redis://:s3cr3tpw@redis:6379/0",
+    "redis://redis:6379/0?password=s3cr3tpw",  # redis-py's from_url reads the query parameter
+    "rediss://app@redis:6380/0?socket_timeout=5&password=s3cr3tpw",
+    "redis://redis:6379/0?PASSWORD=s3cr3tpw",
+    "redis://redis:6379/0?ssl_password=s3cr3tpw",
+    "redis://redis:6379/0?pass%77ord=s3cr3tpw",  # parse_qs unescapes keys: "password"
+    "unix:///run/redis.sock?db=0&password=s3cr3tpw",
+])
+def test_redis_url_with_a_password_is_refused_without_echoing_it(url: str) -> None:
+    """A password in the URL would sit in plain text in the store's ConfigMap."""
+    message = render_error({"redis": {"mode": "external", "external": {"url": url}}})
+    assert "carries a password" in message and "redis.external.existingSecret" in message
+    assert "s3cr3tpw" not in message
+
+
+@pytest.mark.parametrize("url", ["redis://redis.cache:6379/0", "rediss://app@redis:6380/1?socket_timeout=5",
+                                 "redis://[::1]:6379/0", "unix:///run/redis.sock?db=2"])
+def test_redis_url_without_a_password_reaches_the_store(url: str) -> None:
+    r = render({"redis": {"mode": "external", "external": {"url": url}}})
+    assert r.config("store")["LORAPLEX_STORE_REDIS_URL"] == url
 
 
 def test_schema_choices_are_the_servers() -> None:

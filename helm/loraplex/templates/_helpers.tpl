@@ -200,7 +200,10 @@ values to change.
 {{- if and $r.url (not (regexMatch "^(redis|rediss|unix)://" $r.url)) }}
 {{- fail "redis.external.url must start with redis://, rediss:// or unix://" }}
 {{- end }}
-{{- if and $r.url (regexMatch "^[a-z]+://[^/@]*:[^/@]*@" $r.url) }}
+{{- /* A password as userinfo (user:pass@, :pass@) or as a query parameter (?password=, which
+redis-py's from_url also reads, like any *password* key; a key with a %-escape may spell one).
+A user name alone is no secret and stays allowed. */}}
+{{- if and $r.url (or (regexMatch "^[a-z]+://[^/?#@]*:[^/?#]*@" $r.url) (regexMatch "(?i)[?&][^=&#]*(password|%)[^=&#]*=" $r.url)) }}
 {{- fail "redis.external.url carries a password: put the whole URL in a Secret and set redis.external.existingSecret (and urlKey) instead" }}
 {{- end }}
 {{- end }}
