@@ -65,7 +65,7 @@ def test_tokens_tls_and_limits_reach_the_server_settings() -> None:
 @pytest.mark.parametrize(("values", "words"), [
     ({"auth": {"mode": "tokens"}}, "auth.mode=tokens needs auth.tokensSecret"),
     ({"tls": {"clientCaSecret": "ca"}}, "tls.clientCaSecret (client certificates) needs tls.secretName"),
-    ({"tls": {"secretName": "t", "healthPort": 50051}}, "tls.healthPort must differ"),
+    ({"tls": {"secretName": "t", "healthPort": 50051}}, "server.grpcPort and tls.healthPort are both 50051"),
     ({"auth": {"mode": "mtls"}}, "/auth/mode"),
     ({"tenantLimits": {"tokensPerMinute": -1}}, "/tenantLimits/tokensPerMinute"),
     ({"tenantLimits": {"requestsPerSecond": 5}}, "'requestsPerSecond' not allowed"),

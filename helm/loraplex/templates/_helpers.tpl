@@ -183,6 +183,19 @@ values to change.
 {{- fail "adapterStore.blobs=s3 needs adapterStore.s3.bucket" }}
 {{- end }}
 {{- include "loraplex.validateSecrets" . }}
+{{- /* The server and the sidecar share the pod's network: a port used twice fails at start ("Address already in use"). */}}
+{{- $ports := list (list "server.grpcPort" $v.server.grpcPort) (list "server.metricsPort" $v.server.metricsPort) }}
+{{- if $v.server.httpPort }}{{ $ports = append $ports (list "server.httpPort" $v.server.httpPort) }}{{ end }}
+{{- if include "loraplex.tlsOn" . }}{{ $ports = append $ports (list "tls.healthPort" $v.tls.healthPort) }}{{ end }}
+{{- $ports = append $ports (list "adapterStore.grpcPort" $v.adapterStore.grpcPort) }}
+{{- if $v.adapterStore.metricsPort }}{{ $ports = append $ports (list "adapterStore.metricsPort" $v.adapterStore.metricsPort) }}{{ end }}
+{{- range $i, $a := $ports }}
+{{- range $j, $b := $ports }}
+{{- if and (lt $i $j) (eq (int (index $a 1)) (int (index $b 1))) }}
+{{- fail (printf "%s and %s are both %d: the server and the adapter-store sidecar share the pod's ports, so each must differ" (index $a 0) (index $b 0) (int (index $a 1))) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- $fullname := include "loraplex.fullname" . }}
 {{- $services := list $fullname (include "loraplex.suffixed" (list $fullname "headless")) }}
 {{- if eq $v.redis.mode "bundled" }}

@@ -22,9 +22,6 @@ running server, which reloads the file without a restart.
 {{- if and $v.tls.clientCaSecret (not $v.tls.secretName) }}
 {{- fail "tls.clientCaSecret (client certificates) needs tls.secretName (the server's certificate)" }}
 {{- end }}
-{{- if and (include "loraplex.tlsOn" .) (or (eq (int $v.tls.healthPort) (int $v.server.grpcPort)) (eq (int $v.tls.healthPort) (int $v.server.metricsPort))) }}
-{{- fail "tls.healthPort must differ from server.grpcPort and server.metricsPort" }}
-{{- end }}
 {{- end }}
 
 {{/* LORAPLEX_* settings of the server for auth, TLS and tenant limits (configmap.yaml). */}}
