@@ -50,6 +50,8 @@ def prop(*path: str) -> dict:
     ({"server": {"connections": {"httpTimeout": 3}}}, "/server/connections", "'httpTimeout' not allowed"),
     ({"replicas": 2}, "''", "'replicas' not allowed"),
     ({"server": {"maxNumSeq": 8}}, "/server", "'maxNumSeq' not allowed"),
+    # "redis:" does not parse, and the chart's appVersion is no Redis version
+    ({"redis": {"mode": "bundled", "bundled": {"image": {"tag": ""}}}}, "/redis/bundled/image/tag", "minLength"),
 ])
 def test_schema_rejects_bad_values_naming_them(values: dict, where: str, words: str) -> None:
     message = render_error(values)
