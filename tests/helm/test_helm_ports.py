@@ -35,3 +35,20 @@ def test_rendered_pod_ports_are_distinct(values: dict) -> None:
     pod = render(values).pod
     ports = [p["containerPort"] for c in pod["containers"] + pod.get("initContainers", []) for p in c.get("ports", [])]
     assert ports and len(ports) == len(set(ports)), ports
+
+
+@pytest.mark.parametrize(("values", "first", "second", "port"), [
+    ({"service": {"httpPort": 9464}}, "service.metricsPort", "service.httpPort", 9464),
+    ({"service": {"grpcPort": 9465}}, "service.grpcPort", "adapterStore.metricsPort", 9465),
+])
+def test_a_service_port_used_twice_is_refused_naming_both_values(values: dict, first: str, second: str,
+                                                                 port: int) -> None:
+    # the API server refuses the Service ("spec.ports[...]: Duplicate value")
+    message = render_error(values)
+    assert f"{first} and {second} are both {port}" in message, message
+
+
+def test_service_ports_that_are_off_do_not_count() -> None:
+    r = render({"server": {"httpPort": 0}, "service": {"httpPort": 9464}})
+    ports = [p["port"] for p in r.get("Service")["spec"]["ports"]]
+    assert len(ports) == len(set(ports)), ports

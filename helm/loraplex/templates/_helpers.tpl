@@ -196,6 +196,17 @@ values to change.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* The Service's ports (the API server refuses one number twice). */}}
+{{- $servicePorts := list (list "service.grpcPort" $v.service.grpcPort) (list "service.metricsPort" $v.service.metricsPort) }}
+{{- if $v.server.httpPort }}{{ $servicePorts = append $servicePorts (list "service.httpPort" $v.service.httpPort) }}{{ end }}
+{{- if $v.adapterStore.metricsPort }}{{ $servicePorts = append $servicePorts (list "adapterStore.metricsPort" $v.adapterStore.metricsPort) }}{{ end }}
+{{- range $i, $a := $servicePorts }}
+{{- range $j, $b := $servicePorts }}
+{{- if and (lt $i $j) (eq (int (index $a 1)) (int (index $b 1))) }}
+{{- fail (printf "%s and %s are both %d: they are ports of one Service, so each must differ" (index $a 0) (index $b 0) (int (index $a 1))) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- $fullname := include "loraplex.fullname" . }}
 {{- $services := list $fullname (include "loraplex.suffixed" (list $fullname "headless")) }}
 {{- if eq $v.redis.mode "bundled" }}
