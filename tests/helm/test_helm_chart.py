@@ -77,7 +77,7 @@ def test_server_and_store_share_the_pod_and_accept_the_rendered_settings(name: s
     assert ports["store-grpc"] == store_port
     # the sidecar listens on every pod address (kubelet probes) and is not behind the Service
     assert store_settings.listen.startswith("0.0.0.0:")
-    svc_ports = {p["targetPort"] for p in r.get("Service")["spec"]["ports"]}
+    svc_ports = {p["targetPort"] for s in r.all("Service") for p in s["spec"]["ports"]}
     assert "store-grpc" not in svc_ports and {"grpc", "metrics"} <= svc_ports
     server_ports = {p["name"]: p["containerPort"] for p in r.container("server")["ports"]}
     health = {"health": settings.health_port} if settings.health_port else {}  # TLS: plaintext probe port
@@ -231,10 +231,11 @@ def test_service_monitor_only_where_the_crd_exists() -> None:
     assert not render().all("ServiceMonitor")
     r = render(api_versions=MONITORING)
     sm = r.get("ServiceMonitor")
-    svc_ports = {p["name"] for p in r.get("Service")["spec"]["ports"]}
+    metrics_service = r.get("Service", f"{FULLNAME}-metrics")  # test_helm_metrics_exposure.py: never the client one
+    svc_ports = {p["name"] for p in metrics_service["spec"]["ports"]}
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics", "store-metrics"]
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= svc_ports
-    assert sm["spec"]["selector"]["matchLabels"].items() <= r.get("Service")["metadata"]["labels"].items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= metrics_service["metadata"]["labels"].items()
     assert "ServiceMonitor was created" in r.notes
     assert not render({"serviceMonitor": {"enabled": False}}, api_versions=MONITORING).all("ServiceMonitor")
 

@@ -41,6 +41,7 @@ def check_names(r: Rendered, release: str) -> None:
         assert not [n for n, c in Counter(names).items() if c > 1], (release, kind, names)
     services = set(by_kind["Service"])
     assert {n for n in services if n.endswith("-headless")} and {n for n in services if n.endswith("-redis")}
+    assert {n for n in services if n.endswith("-metrics")}
     sts = r.all("StatefulSet")[0]
     # the pods' controller-revision-hash label "<statefulset>-<hash of up to 10>" must fit in 63
     assert len(sts["metadata"]["name"]) <= 52 and sts["metadata"]["name"].endswith("-redis")
@@ -74,7 +75,8 @@ def test_every_object_name_fits_keeps_its_suffix_and_is_unique(release: str) -> 
 def test_names_are_unchanged_for_a_short_release() -> None:
     r = render(EVERYTHING, api_versions=APIS)
     assert {d["metadata"]["name"] for d in r.all("Service")} == {
-        "lp-loraplex", "lp-loraplex-headless", "lp-loraplex-redis", "lp-loraplex-redis-headless"}
+        "lp-loraplex", "lp-loraplex-headless", "lp-loraplex-metrics", "lp-loraplex-redis",
+        "lp-loraplex-redis-headless"}
     assert {d["metadata"]["name"] for d in r.all("ConfigMap")} == {
         "lp-loraplex-server", "lp-loraplex-store", "lp-loraplex-scripts"}
 
@@ -83,4 +85,10 @@ def test_a_full_name_that_would_be_the_redis_name_is_refused() -> None:
     # 52 characters ending in "-redis": its Redis name (46 characters + "-redis") is itself
     name = "a" * 46 + "-redis"
     message = render_error({"fullnameOverride": name, "redis": {"mode": "bundled"}})
+    assert "share a name" in message and "fullnameOverride" in message
+
+
+def test_a_full_name_that_would_be_the_metrics_service_name_is_refused() -> None:
+    # 62 characters ending in "-metrics": its metrics Service (54 characters + "-metrics") is itself
+    message = render_error({"fullnameOverride": "a" * 54 + "-metrics"})
     assert "share a name" in message and "fullnameOverride" in message

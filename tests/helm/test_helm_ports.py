@@ -38,8 +38,8 @@ def test_rendered_pod_ports_are_distinct(values: dict) -> None:
 
 
 @pytest.mark.parametrize(("values", "first", "second", "port"), [
-    ({"service": {"httpPort": 9464}}, "service.metricsPort", "service.httpPort", 9464),
-    ({"service": {"grpcPort": 9465}}, "service.grpcPort", "adapterStore.metricsPort", 9465),
+    ({"service": {"httpPort": 50051}}, "service.grpcPort", "service.httpPort", 50051),
+    ({"service": {"metricsPort": 9465}}, "service.metricsPort", "adapterStore.metricsPort", 9465),
 ])
 def test_a_service_port_used_twice_is_refused_naming_both_values(values: dict, first: str, second: str,
                                                                  port: int) -> None:
@@ -48,7 +48,14 @@ def test_a_service_port_used_twice_is_refused_naming_both_values(values: dict, f
     assert f"{first} and {second} are both {port}" in message, message
 
 
-def test_service_ports_that_are_off_do_not_count() -> None:
-    r = render({"server": {"httpPort": 0}, "service": {"httpPort": 9464}})
-    ports = [p["port"] for p in r.get("Service")["spec"]["ports"]]
-    assert len(ports) == len(set(ports)), ports
+@pytest.mark.parametrize("values", [
+    {"server": {"httpPort": 0}, "service": {"httpPort": 50051}},  # ports that are off do not count
+    {"adapterStore": {"metricsPort": 0}, "service": {"metricsPort": 9465}},
+    # the client Service and the metrics Service are two Services: one number on each is fine
+    {"service": {"httpPort": 9464}},
+    {"service": {"grpcPort": 9465}},
+])
+def test_each_services_rendered_ports_are_distinct(values: dict) -> None:
+    for service in render(values).all("Service"):
+        ports = [p["port"] for p in service["spec"]["ports"]]
+        assert len(ports) == len(set(ports)), (service["metadata"]["name"], ports)

@@ -44,6 +44,25 @@ app.kubernetes.io/component: server
 {{- end }}
 
 {{/*
+The metrics Service (metrics-service.yaml): the pods' Prometheus ports only, always ClusterIP.
+Its component label (metrics) is what the ServiceMonitor selects; the client Services carry
+component server, so they are never scraped and never carry the metrics ports.
+*/}}
+{{- define "loraplex.metricsServiceName" -}}
+{{- include "loraplex.suffixed" (list (include "loraplex.fullname" .) "metrics") }}
+{{- end }}
+
+{{- define "loraplex.metricsServiceSelectorLabels" -}}
+{{ include "loraplex.selectorLabels" . }}
+app.kubernetes.io/component: metrics
+{{- end }}
+
+{{- define "loraplex.metricsServiceLabels" -}}
+{{ include "loraplex.labels" . }}
+app.kubernetes.io/component: metrics
+{{- end }}
+
+{{/*
 <base>-<suffix> within 63 characters (a DNS-1035 label): the base is cut, never the suffix,
 so names stay distinct at any release name length. Called with (list BASE SUFFIX).
 */}}
@@ -196,10 +215,12 @@ values to change.
 {{- end }}
 {{- end }}
 {{- end }}
-{{- /* The Service's ports (the API server refuses one number twice). */}}
-{{- $servicePorts := list (list "service.grpcPort" $v.service.grpcPort) (list "service.metricsPort" $v.service.metricsPort) }}
-{{- if $v.server.httpPort }}{{ $servicePorts = append $servicePorts (list "service.httpPort" $v.service.httpPort) }}{{ end }}
-{{- if $v.adapterStore.metricsPort }}{{ $servicePorts = append $servicePorts (list "adapterStore.metricsPort" $v.adapterStore.metricsPort) }}{{ end }}
+{{- /* The ports of each Service: the client one and the metrics one (the API server refuses one number twice). */}}
+{{- $clientPorts := list (list "service.grpcPort" $v.service.grpcPort) }}
+{{- if $v.server.httpPort }}{{ $clientPorts = append $clientPorts (list "service.httpPort" $v.service.httpPort) }}{{ end }}
+{{- $metricsPorts := list (list "service.metricsPort" $v.service.metricsPort) }}
+{{- if $v.adapterStore.metricsPort }}{{ $metricsPorts = append $metricsPorts (list "adapterStore.metricsPort" $v.adapterStore.metricsPort) }}{{ end }}
+{{- range $servicePorts := list $clientPorts $metricsPorts }}
 {{- range $i, $a := $servicePorts }}
 {{- range $j, $b := $servicePorts }}
 {{- if and (lt $i $j) (eq (int (index $a 1)) (int (index $b 1))) }}
@@ -207,8 +228,9 @@ values to change.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
 {{- $fullname := include "loraplex.fullname" . }}
-{{- $services := list $fullname (include "loraplex.suffixed" (list $fullname "headless")) }}
+{{- $services := list $fullname (include "loraplex.suffixed" (list $fullname "headless")) (include "loraplex.metricsServiceName" .) }}
 {{- if eq $v.redis.mode "bundled" }}
 {{- $redis := include "loraplex.redisName" . }}
 {{- $services = concat $services (list $redis (include "loraplex.suffixed" (list $redis "headless"))) }}
