@@ -8,36 +8,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from loraplex.clients.errors import (
-    ClientClosedError,
-    DeadlineExceededError,
-    LoraplexClientError,
-    TransportMismatchError,
-    UnavailableError,
-    from_rpc_error,
-)
+from loraplex.clients.base import HEALTH_STATUS, ClientBase, ServingWait
+from loraplex.clients.errors import LoraplexClientError, from_rpc_error
 from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
     CapturedStream,
     Progress,
     UploadPlan,
-    channel_options,
     check_one_choice,
     generate_request,
     upload_chunk_bytes,
 )
-from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
-from loraplex.clients.transport import Transport
+from loraplex.clients.security import TlsConfig
 from loraplex.clients.types import AdapterInfo, GenerationEvent, GenerationResult, ServerInfo
 from loraplex.v1 import inference_pb2 as pb
-from loraplex.v1 import inference_pb2_grpc as pb_grpc
-
-HEALTH_STATUS = {v: k for k, v in health_pb2.HealthCheckResponse.ServingStatus.items()}
 
 
-class LoraplexClient:
+class LoraplexClient(ClientBase):
     """A connection to one loraplex server.
 
     ``timeout`` (seconds) bounds every unary call; ``generate`` and ``upload_adapter`` take
@@ -48,18 +37,8 @@ class LoraplexClient:
     def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0, retry_attempts: int = 5,
                  channel: grpc.Channel | None = None, token: str | None = None,
                  tls: TlsConfig | None = None) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._metadata = auth_metadata(token)  # sent with every call
-        # a failed connection is explained only on channels made here (their transport is known)
-        self._transport = Transport(address, tls is not None, tls.client_pair if tls else None) \
-            if channel is None else None
-        self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
-                                                   aio=False)
-        self._stub = pb_grpc.InferenceServiceStub(self._channel)
-        self._chunk_bytes: int | None = None  # upload chunks sized to the server's message limit, once asked
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._closed = False
+        super().__init__(address, timeout=timeout, retry_attempts=retry_attempts, channel=channel,
+                         token=token, tls=tls, aio=False)
 
     def __enter__(self) -> "LoraplexClient":
         return self
@@ -70,11 +49,6 @@ class LoraplexClient:
     def close(self) -> None:
         self._closed = True
         self._channel.close()
-
-    def _open(self) -> None:
-        """ClientClosedError once closed (gRPC's own error there is no client error)."""
-        if self._closed:
-            raise ClientClosedError()
 
     def _error(self, exc: grpc.RpcError) -> LoraplexClientError:
         """The client error for a failed call; a connection refused for its transport names the fix."""
@@ -172,17 +146,13 @@ class LoraplexClient:
         Only a server not up yet is waited for (unreachable, or not answering in time): any other
         error (the wrong transport, a refused token, a closed client) does not fix itself and is
         raised at once."""
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        while time.monotonic() < deadline:
+        wait = ServingWait(self.address, timeout)
+        while wait.waiting():
             try:
-                last = self.health(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                if last == "SERVING":
+                if wait.serving(self.health(timeout=wait.poll_timeout())):
                     return
-            except TransportMismatchError:
-                raise
-            except (UnavailableError, DeadlineExceededError) as exc:  # not up yet: keep polling
-                last = str(exc)
+            except ServingWait.STILL_STARTING as exc:
+                wait.not_up(exc)  # raises it again when waiting cannot help
             time.sleep(interval)
-        raise TimeoutError(f"{self.address} not SERVING after {timeout:.0f}s (last: {last})")
+        raise wait.expired()
 

@@ -1,0 +1,76 @@
+"""What the blocking and asyncio clients share: the connection's state, the closed check, and the
+policy of waiting for a server to come up (the twins differ only in how they block)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loraplex.clients.errors import ClientClosedError, DeadlineExceededError, TransportMismatchError, UnavailableError
+from loraplex.clients.requests import channel_options
+from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
+from loraplex.clients.transport import Transport
+from loraplex.v1 import inference_pb2_grpc as pb_grpc
+
+HEALTH_STATUS = {v: k for k, v in health_pb2.HealthCheckResponse.ServingStatus.items()}
+
+
+class ClientBase:
+    """One connection to one server: address, default timeout, token, channel and stubs."""
+
+    def __init__(self, address: str, *, timeout: float, retry_attempts: int, channel: Any,
+                 token: str | None, tls: TlsConfig | None, aio: bool) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = auth_metadata(token)  # sent with every call
+        # a failed connection is explained only on channels made here (their transport is known)
+        self._transport = Transport(address, tls is not None, tls.client_pair if tls else None) \
+            if channel is None else None
+        self._channel = channel or make_channel(address, channel_options(retry_attempts=retry_attempts), tls,
+                                                   aio=aio)
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._chunk_bytes: int | None = None  # upload chunks sized to the server's message limit, once asked
+        self._closed = False
+
+    def _open(self) -> None:
+        """ClientClosedError once closed (gRPC's own error there is no client error)."""
+        if self._closed:
+            raise ClientClosedError()
+
+
+class ServingWait:
+    """``wait_until_serving``'s clock and verdicts. Only a server not up yet is waited for
+    (unreachable, or not answering in time); any other error (the wrong transport, a refused token,
+    a closed client) does not fix itself and is raised at once by the caller."""
+
+    STILL_STARTING = (UnavailableError, DeadlineExceededError)
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.last = "no answer"
+
+    def waiting(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def poll_timeout(self) -> float:
+        """One health call's timeout: at most 5 s, never past the deadline (at least 0.1 s)."""
+        return max(0.1, min(5.0, self.deadline - time.monotonic()))
+
+    def serving(self, status: str) -> bool:
+        self.last = status
+        return status == "SERVING"
+
+    def not_up(self, exc: UnavailableError | DeadlineExceededError) -> None:
+        """Note a server not up yet; a transport mismatch (an UnavailableError) is raised again:
+        waiting cannot fix it."""
+        if isinstance(exc, TransportMismatchError):
+            raise exc
+        self.last = str(exc)
+
+    def expired(self) -> TimeoutError:
+        return TimeoutError(f"{self.address} not SERVING after {self.timeout:.0f}s (last: {self.last})")
