@@ -101,6 +101,20 @@ def test_chart_refuses_inconsistent_values_with_a_message(values: dict, words: s
     assert words in render_error(values)
 
 
+@pytest.mark.parametrize("count", [2, 8])
+def test_more_gpus_than_the_server_uses_are_refused_naming_the_value(count: int) -> None:
+    """gpu.count became the pod's GPU limit while the server ran on one of them: the others were
+    held on the node and never used."""
+    message = render_error({"gpu": {"count": count}})
+    assert f"gpu.count={count}" in message and "one GPU" in message and "gpu.count=1" in message, message
+
+
+def test_the_rendered_server_shards_over_no_more_gpus_than_the_pod_holds() -> None:
+    r = render()
+    settings = ServerSettings.from_sources([], server_env(r))  # LORAPLEX_TENSOR_PARALLEL unset: one GPU
+    assert settings.tensor_parallel == 1 == r.container("server")["resources"]["limits"]["nvidia.com/gpu"]
+
+
 @pytest.mark.parametrize("url", [
     "redis://app:s3cr3tpw@redis:6379/0",
     "redis://:s3cr3tpw@redis:6379/0",

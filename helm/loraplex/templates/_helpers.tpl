@@ -163,6 +163,10 @@ values to change.
 */}}
 {{- define "loraplex.validate" -}}
 {{- $v := .Values }}
+{{- /* The server runs on one device: the chart sets no LORAPLEX_TENSOR_PARALLEL, so more GPUs would sit idle. */}}
+{{- if ne (int $v.gpu.count) 1 }}
+{{- fail (printf "gpu.count=%v: the server runs on one GPU (the chart starts it without tensor parallelism), so the pod would hold GPUs it never uses; set gpu.count=1 (or gpu.enabled=false for the CPU)" $v.gpu.count) }}
+{{- end }}
 {{- if and (eq $v.adapterStore.blobs "local") (or $v.autoscaling.enabled (gt (int $v.replicaCount) 1)) }}
 {{- fail "adapterStore.blobs=local keeps adapters inside each pod, so replicas would serve different adapters: set adapterStore.blobs=s3 (with adapterStore.s3.bucket) before replicaCount > 1 or autoscaling.enabled=true" }}
 {{- end }}
