@@ -83,6 +83,50 @@ def test_notes_print_commands_that_fit_the_values(name: str) -> None:
         assert ("--token" in in_pod.args) == tokens
 
 
+# kubectl as far as NOTES uses it for a LoadBalancer: `get svc` with -o jsonpath, over the Service in
+# $FAKE_SERVICE (simple paths with [index]; a missing key prints nothing, as kubectl does).
+FAKE_KUBECTL = r"""#!{python}
+import json, os, re, sys
+args = sys.argv[1:]
+if args[:5] != ["-n", "ml", "get", "svc", "lp-loraplex"] or not args[5].startswith("-o") or len(args) != 7:
+    sys.exit(f"fake kubectl: unexpected arguments {{args}}")
+svc = json.loads(os.environ["FAKE_SERVICE"])
+out = []
+for path in re.findall(r"{{([^}}]*)}}", args[6].removeprefix("jsonpath=")):
+    node = svc  # kubectl prints nothing for a missing key
+    for key, index in re.findall(r"\.(\w+)(?:\[(\d+)\])?", path):
+        node = node.get(key) if isinstance(node, dict) else None
+        if index and node is not None:
+            node = node[int(index)] if int(index) < len(node) else None
+    out.append("" if node is None else str(node))
+print("".join(out), end="")
+"""
+
+
+@pytest.mark.parametrize(("ingress", "host"), [
+    ({"hostname": "a1b2.elb.us-east-1.amazonaws.com"}, "a1b2.elb.us-east-1.amazonaws.com"),  # AWS ELB / NLB
+    ({"ip": "203.0.113.7"}, "203.0.113.7"),  # GCE, Azure, MetalLB
+    ({"ip": "203.0.113.7", "hostname": "lb.example.com"}, "203.0.113.7"),  # both: either works, the IP is taken
+], ids=["hostname", "ip", "both"])
+def test_the_load_balancer_address_is_found_by_ip_or_hostname(tmp_path: Path, ingress: dict, host: str) -> None:
+    """NOTES read only .status.loadBalancer.ingress[0].ip, which AWS leaves empty (it sets hostname):
+    LORAPLEX_ADDRESS came out as ':50051'. The printed lines run here against a kubectl that answers
+    -o jsonpath from the Service's status."""
+    notes = render({"service": {"type": "LoadBalancer", "httpPort": 80}}).notes
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(FAKE_KUBECTL.format(python=sys.executable))
+    kubectl.chmod(0o755)
+    lines = command_lines(notes)
+    reach = lines[1:next(i for i, line in enumerate(lines) if line.startswith("loraplex "))]  # after rollout status
+    script = "set -e\n" + "\n".join(reach) + '\nprintf "%s|%s" "$LORAPLEX_ADDRESS" "$OPENAI_BASE_URL"'
+    env = {"PATH": f"{kubectl.parent}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_SERVICE": json.dumps({"status": {"loadBalancer": {"ingress": [ingress]}}})}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, (script, out.stderr)
+    assert out.stdout == f"{host}:50051|http://{host}:80/v1", (script, out.stdout)
+
+
 @pytest.mark.slow  # starts a server
 def test_the_printed_commands_work_with_tls_tokens_and_the_http_port(tmp_path: Path) -> None:
     """Run NOTES' shell lines as printed (the port-forward stands for a server on those ports)."""
