@@ -122,7 +122,8 @@ class ServerSettings:
     http_keep_alive_timeout_s: float = _opt(5.0, "HTTP: an idle kept-alive connection is closed after this many "
                                                  "seconds (uvicorn's timeout_keep_alive)", float)
     http_max_connections: int = _opt(2048, "HTTP: connections served at once; a request on one more is answered "
-                                           "503 (OpenAI-shaped, code too_many_connections)", int)
+                                           "503 (OpenAI-shaped, code too_many_connections), except /health and "
+                                           "/metrics, which are still answered", int)
     http_max_head_bytes: int = _opt(16 * 1024, "HTTP: bytes of a request head (request line + headers) still "
                                                "incomplete that are buffered; past it 400 (h11's "
                                                "max_incomplete_event_size)", int)

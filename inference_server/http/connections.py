@@ -4,7 +4,8 @@ uvicorn and h11 bound some of it with their own knobs: ``timeout_keep_alive`` cl
 kept-alive connection, ``h11_max_incomplete_event_size`` refuses a request head that grows past
 it before it is complete (400). ``ConnectionCap`` answers a request on a connection past the cap
 with an OpenAI-shaped 503, counted (uvicorn's ``limit_concurrency`` answers plain text, counted
-nowhere). What they lack is a deadline for the request head: a connection that sends nothing, or half a request line,
+nowhere), except the probes' and scrapers' /health and /metrics, which a small reserve answers
+(with Connection: close) so that a loaded server does not look dead to them. What they lack is a deadline for the request head: a connection that sends nothing, or half a request line,
 was held forever. ``deadline_protocol`` adds it as a small subclass of uvicorn's h11 protocol,
 with a backstop for a body still arriving after its route's own deadline (routes read their
 bodies under ``RouteConfig.body_timeout_s`` and answer 408; this closes the connections of the
@@ -31,6 +32,8 @@ from loraplex.inference_server.http.errors import HttpError, error_response
 
 BODY_BACKSTOP_GRACE_S = 1.0  # the route's own body deadline answers 408 first
 LINGER_S = 5.0  # how long a closed connection still reads (and drops) a refused body
+PROBE_PATHS = frozenset({"/health", "/metrics"})  # answered past the cap, from the reserve
+PROBE_RESERVE = 16  # probe requests answered at once past the cap; more are refused as any request
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -105,24 +108,50 @@ class _LingeringTransport:
 class ConnectionCap:
     """The ASGI app behind a cap on open connections: a request on a connection past ``limit``
     (``open_connections()`` counts this one) is answered 503 in OpenAI's shape, with Retry-After and
-    Connection: close, and ``on_refused()`` is called; no route runs for it."""
+    Connection: close, and ``on_refused()`` is called; no route runs for it.
+
+    /health and /metrics (kubelet probes, Prometheus, the routers' scrapes) are answered past the
+    cap too, at most ``probe_reserve`` of them at once, each with Connection: close: a server at
+    its cap is loaded, not dead, and must not be restarted or drained for it. The reserve keeps
+    that bounded (one more probe is refused as any request), the close keeps a probe's connection
+    from lingering past the cap, and the check is made for each request, so a connection that
+    was let in for a probe gets no other route."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], open_connections: Callable[[], int], limit: int,
-                 on_refused: Callable[[], None]) -> None:
+                 on_refused: Callable[[], None], probe_reserve: int = PROBE_RESERVE) -> None:
         self._app = app
         self._open_connections = open_connections
         self._limit = limit
         self._on_refused = on_refused
+        self._probe_reserve = probe_reserve
+        self._probes_past_cap = 0  # probe requests being answered past the cap now
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] == "http" and self._open_connections() > self._limit:
+        if scope["type"] != "http" or self._open_connections() <= self._limit:
+            await self._app(scope, receive, send)
+        elif scope["path"] in PROBE_PATHS and self._probes_past_cap < self._probe_reserve:
+            self._probes_past_cap += 1
+            try:
+                await self._app(scope, receive, _closing(send))
+            finally:
+                self._probes_past_cap -= 1
+        else:
             self._on_refused()
             refusal = HttpError(503, f"this server holds its limit of {self._limit} HTTP connections "
                                      "(--http-max-connections); retry shortly", kind="server_error",
                                 code="too_many_connections", close=True)
             await error_response(refusal)(scope, receive, send)
-            return
-        await self._app(scope, receive, send)
+
+
+def _closing(send: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """``send`` with Connection: close added to the response head (uvicorn closes the connection
+    once that response is out)."""
+    async def send_closing(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+    return send_closing
 
 
 def deadline_protocol(head_timeout_s: float, body_timeout_s: float,
