@@ -207,7 +207,7 @@ def test_readme_value_examples_install() -> None:
     readme = (CHART / "README.md").read_text()
     blocks = [b.split("```", 1)[0] for b in readme.split("```yaml\n")[1:]]
     examples = [yaml.safe_load(b) for b in blocks if b.startswith("# ") and "-values.yaml" in b.splitlines()[0]]
-    assert len(examples) == 3  # my-values, prod-values, metrics-values
+    assert len(examples) == 4  # my-values, prod-values, gitops-values, metrics-values
     for values in examples:
         rendered = render(values)
         assert rendered.get("Deployment")

@@ -5,6 +5,7 @@ running server, which reloads the file without a restart.
 */}}
 {{- define "loraplex.secretsMount" -}}/var/lib/loraplex/secrets{{- end }}
 
+{{/* The Secret store-secret.yaml makes (none with adapterStore.existingSecret). */}}
 {{- define "loraplex.storeSecretName" -}}{{ include "loraplex.suffixed" (list (include "loraplex.fullname" .) "store-secret") }}{{- end }}
 
 {{- define "loraplex.tlsOn" -}}{{ if .Values.tls.secretName }}true{{ end }}{{- end }}
@@ -21,6 +22,9 @@ running server, which reloads the file without a restart.
 {{- end }}
 {{- if and $v.tls.clientCaSecret (not $v.tls.secretName) }}
 {{- fail "tls.clientCaSecret (client certificates) needs tls.secretName (the server's certificate)" }}
+{{- end }}
+{{- if and $v.adapterStore.existingSecret (not $v.adapterStore.requireSecret) }}
+{{- fail "adapterStore.existingSecret holds the shared secret of adapterStore.requireSecret=true: set requireSecret=true, or leave existingSecret empty" }}
 {{- end }}
 {{- end }}
 
@@ -102,7 +106,14 @@ LORAPLEX_TENANT_MAX_ADAPTERS: {{ .maxAdapters | int64 | quote }}
 {{- if $v.adapterStore.requireSecret }}
 - name: store-secret
   secret:
+    {{- with $v.adapterStore.existingSecret }}
+    secretName: {{ . }}
+    items:
+      - key: {{ $v.adapterStore.existingSecretKey }}
+        path: secret
+    {{- else }}
     secretName: {{ include "loraplex.storeSecretName" . }}
+    {{- end }}
     defaultMode: 0444
 {{- end }}
 {{- end }}
