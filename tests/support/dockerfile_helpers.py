@@ -12,6 +12,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -160,3 +162,10 @@ def build_context(dest: Path) -> list[str]:
             shutil.copy2(src, dest / rel)
         copied.append(rel)
     return copied
+
+
+def store_image_requirements() -> list[Requirement]:
+    """The packages docker/store.Dockerfile installs beside the wheel (its second pip install)."""
+    wheel, packages = pip_installs(parse_dockerfile(REPO / "docker" / "store.Dockerfile").stage("venv"))
+    assert wheel == ["install", "--no-deps", "/dist/loraplex-*.whl"], "the wheel, from stage 1, without its deps"
+    return [Requirement(spec) for spec in packages[1:]]
