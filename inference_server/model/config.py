@@ -62,9 +62,7 @@ class ModelConfig:
             )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"model config: hidden_act {self.hidden_act!r} is not supported; supported: {ACTIVATIONS}")
-        kind = rope_type(self.rope_scaling)
-        if kind not in ROPE_TYPES:
-            raise ValueError(f"rope_scaling: type {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
+        check_rope_scaling(self.rope_scaling)
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise ValueError(f"model config: {len(self.layer_windows)} layer windows for {self.num_layers} layers")
         if any(w is not None and w <= 0 for w in self.layer_windows):
@@ -138,6 +136,30 @@ class ModelConfig:
 def rope_type(scaling: Mapping[str, Any] | None) -> str:
     """The rope_scaling dict's type ("default" when there is none)."""
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+# the fields each rope type computes with: transformers refuses a config without them, so filling
+# any with a default would run a model the reference does not
+_ROPE_FIELDS = {"linear": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def check_rope_scaling(scaling: Mapping[str, Any] | None) -> None:
+    """A supported rope type with every field it computes with, each a positive number (llama3's
+    low_freq_factor below its high_freq_factor); anything else is refused by name."""
+    kind = rope_type(scaling)
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling: type {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
+    for name in _ROPE_FIELDS.get(kind, ()):
+        value = (scaling or {}).get(name)
+        if value is None:
+            raise ValueError(f"rope_scaling: {kind} needs {name} (transformers refuses it too); "
+                             f"the config gives {sorted(scaling or {})}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"rope_scaling: {name} must be a number > 0, got {value!r}")
+    if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ValueError(f"rope_scaling: low_freq_factor ({scaling['low_freq_factor']}) must be below "
+                         f"high_freq_factor ({scaling['high_freq_factor']})")
 
 
 # transformers' default rms_norm_eps where a config.json leaves it out: 1e-6 but for these

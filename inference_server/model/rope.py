@@ -26,8 +26,9 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
 
 
 def _llama3(inv: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
-    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-    old_len = s.get("original_max_position_embeddings", 8192)
+    # every field is there: ModelConfig refuses a llama3 scaling without one (check_rope_scaling)
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)

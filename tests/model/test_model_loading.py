@@ -462,6 +462,29 @@ def test_config_llama3_tied_with_rope_scaling():
     assert expected_shapes(c)["model.layers.0.self_attn.k_proj.weight"] == (512, 2048)
 
 
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({k: v for k, v in LLAMA3_SCALING.items() if k != "low_freq_factor"}, r"llama3 needs low_freq_factor"),
+    ({k: v for k, v in LLAMA3_SCALING.items() if k != "original_max_position_embeddings"},
+     r"llama3 needs original_max_position_embeddings"),
+    ({"rope_type": "linear"}, r"linear needs factor"),
+    ({**LLAMA3_SCALING, "factor": "8"}, r"factor must be a number > 0, got '8'"),
+    ({**LLAMA3_SCALING, "factor": 0}, r"factor must be a number > 0, got 0"),
+    ({**LLAMA3_SCALING, "low_freq_factor": 4.0}, r"low_freq_factor \(4.0\) must be below high_freq_factor \(4.0\)"),
+])
+def test_a_rope_scaling_without_a_field_it_computes_with_is_refused_by_name(scaling, message):
+    """A llama3 scaling without low_freq_factor (or the original length) ran with defaults filled in
+    (1.0, 4.0, 8192): tokens unlike the reference, which refuses such a config."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "rope_scaling": scaling}
+    with pytest.raises(ValueError, match=message):
+        config_from_hf(cfg)
+    assert config_from_hf({**cfg, "rope_scaling": LLAMA3_SCALING}).rope_scaling == LLAMA3_SCALING
+
+
 def test_config_transformers5_rope_parameters():
     cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
            "num_hidden_layers": 2, "num_attention_heads": 4,
