@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from loraplex.inference_server.http.cors import CorsPolicy
+
 ENV_PREFIX = "LORAPLEX_"
 MODEL_FORMATS = ("auto", "hf", "gguf", "dummy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -47,6 +49,10 @@ class ServerSettings:
     metrics_port: int = _opt(9464, "Prometheus /metrics HTTP port (0 = no metrics endpoint)", int)
     http_port: int = _opt(8000, "OpenAI-compatible HTTP port: /v1/completions, /v1/chat/completions, /v1/models, "
                                 "/health, /metrics (0 = off)", int)
+    http_cors_origins: str | None = _opt(None, "HTTP: the browser origins whose pages may call the API (CORS), "
+                                               "a comma list of scheme://host[:port] (e.g. "
+                                               "https://chat.example.com,http://localhost:3000), or * for any; "
+                                               "unset = no CORS headers", _optional_str)
     health_port: int = _opt(0, "plaintext port serving only grpc.health.v1, for probes that cannot speak TLS "
                                "(0 = none)", int)
     # model
@@ -220,6 +226,10 @@ class ServerSettings:
                      "grpc_keepalive_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(_where(name, f"must be > 0 seconds, got {getattr(self, name)}"))
+        try:
+            CorsPolicy.parse(self.http_cors_origins)
+        except ValueError as exc:
+            raise ValueError(_where("http_cors_origins", str(exc))) from None
         if self.http_max_head_bytes < 1024:
             raise ValueError(_where("http_max_head_bytes", f"must be >= 1024, got {self.http_max_head_bytes}"))
         self._check_security()

@@ -29,12 +29,14 @@ from loraplex.inference_server.edge.state import ServingState
 from loraplex.inference_server.edge.tenancy import Tenancy
 from loraplex.inference_server.edge.tenant_metrics import TenantMetrics
 from loraplex.inference_server.http.connections import ConnectionCap, HttpConnectionLimits
+from loraplex.inference_server.http.cors import Cors, CorsPolicy
 from loraplex.inference_server.http.errors import error_body
 from loraplex.inference_server.http.router_metrics import RouterCollector
-from loraplex.inference_server.http.routes import OpenAIRoutes, RouteConfig
+from loraplex.inference_server.http.routes import IGNORED_FIELDS_HEADER, OpenAIRoutes, RouteConfig
 
 log = logging.getLogger(__name__)
 _CLOSE_WAIT_S = 5.0  # after the drain: how long open connections get to finish their last response
+EXPOSED_HEADERS = (IGNORED_FIELDS_HEADER, "Retry-After")  # response headers a browser page may read (CORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class HttpOptions:
     port: int = 0
     routes: RouteConfig = RouteConfig()
     connections: HttpConnectionLimits = HttpConnectionLimits()
+    cors: CorsPolicy = CorsPolicy()  # off
 
     @classmethod
     def from_settings(cls, settings: Any) -> "HttpOptions":
@@ -55,7 +58,8 @@ class HttpOptions:
                                       runtime_lora_updating=settings.allow_runtime_lora_updating == "on",
                                       body_timeout_s=settings.http_body_timeout_s,
                                       max_batch_prompts=settings.max_batch_prompts),
-                   connections=HttpConnectionLimits.from_settings(settings))
+                   connections=HttpConnectionLimits.from_settings(settings),
+                   cors=CorsPolicy.parse(settings.http_cors_origins))
 
 
 class _Uvicorn(uvicorn.Server):
@@ -114,10 +118,14 @@ class HttpServer:
         self._task: asyncio.Task[None] | None = None
         self.port = 0
 
-    def app(self) -> ConnectionCap:
-        routes = Starlette(routes=self.routes.routes(), exception_handlers={HTTPException: _http_error})
-        return ConnectionCap(routes, self._open_connections, self.options.connections.max_connections,
-                             self.routes.http_metrics.over_cap.inc)
+    def app(self) -> ConnectionCap | Cors:
+        """The routes behind the connection cap, behind CORS where it is on."""
+        table = self.routes.routes()
+        routes = Starlette(routes=table, exception_handlers={HTTPException: _http_error})
+        capped = ConnectionCap(routes, self._open_connections, self.options.connections.max_connections,
+                               self.routes.http_metrics.over_cap.inc)
+        cors = self.options.cors
+        return Cors(capped, cors, table, EXPOSED_HEADERS) if cors.enabled else capped
 
     def _open_connections(self) -> int:
         return 0 if self._server is None else len(self._server.server_state.connections)
