@@ -53,3 +53,21 @@ def test_gemma3_270m_base_and_a_trained_adapter_are_token_exact(gemma3, tmp_path
     mismatches = {r.request_id: (tokens_of(got[r.request_id]), expected[key])
                   for r, key in zip(requests, expected) if tokens_of(got[r.request_id]) != expected[key]}
     assert not mismatches, mismatches
+
+
+def test_gemma3_270m_past_its_512_token_window_is_token_exact(gemma3, tmp_path: Path) -> None:
+    """A prompt longer than the sliding window, prefilled in chunks that cross it, then decoded:
+    the local layers must see only the last 512 keys, as transformers' do (short prompts never
+    reach the window, so they cannot tell)."""
+    from demo import train_adapters
+
+    path, hf_model, tokenizer = gemma3
+    text = (train_adapters.DATA_DIR / "pirate.txt").read_text()
+    ids = tokenizer(text * (1 + 2400 // len(text)))["input_ids"]
+    prompt = ids[:700]
+    assert len(prompt) == 700
+    expected = hf_greedy(hf_model, prompt, 16)
+    (tmp_path / "adapters").mkdir()
+    engine = load_engine(path, tmp_path / "adapters", max_num_seqs=2, max_num_batched_tokens=96)
+    got = run_all(engine, [greedy_request("long", prompt, None, 16)])
+    assert tokens_of(got["long"]) == expected
