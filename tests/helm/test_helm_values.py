@@ -155,7 +155,8 @@ CONNECTIONS = {"httpHeadTimeoutS": 2.5, "httpBodyTimeoutS": 12, "httpKeepAliveTi
 def test_every_connection_bound_of_the_server_is_a_chart_value_and_reaches_it() -> None:
     """server.connections holds exactly the server's http_*/grpc_* bounds (not the ports), null
     keeps the server's defaults, and each value set arrives in the server's settings as given."""
-    settings_fields = {f for f in ServerSettings.__dataclass_fields__ if f.startswith(("http_", "grpc_"))} - {"http_port"}
+    settings_fields = {f for f in ServerSettings.__dataclass_fields__
+                       if f.startswith(("http_", "grpc_"))} - {"http_port", "http_cors_origins"}  # not bounds
     chart_keys = set(prop("server", "connections")["properties"])
     assert chart_keys == set(CONNECTIONS)
     assert {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower() for k in chart_keys} == settings_fields
@@ -164,6 +165,14 @@ def test_every_connection_bound_of_the_server_is_a_chart_value_and_reaches_it() 
     configured = ServerSettings.from_sources([], server_env(render({"server": {"connections": CONNECTIONS}})))
     for key, value in CONNECTIONS.items():
         assert getattr(configured, re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()) == value, key
+
+
+def test_cors_origins_reach_the_server_and_are_off_by_default() -> None:
+    assert "LORAPLEX_HTTP_CORS_ORIGINS" not in server_env(render())
+    assert ServerSettings.from_sources([], server_env(render())).http_cors_origins is None
+    origins = "https://ui.example.com,https://b.example"
+    env = server_env(render({"server": {"httpCorsOrigins": origins}}))
+    assert ServerSettings.from_sources([], env).http_cors_origins == origins
 
 
 @pytest.mark.parametrize("name", ["values", *CI_VALUE_SETS])
