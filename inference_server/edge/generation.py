@@ -29,12 +29,15 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
     once, freeing its slot and KV blocks, and counts it in the finished requests as ``abort``.
     Iterate it inside ``contextlib.aclosing`` so an edge that stops early closes it at once."""
     async with tenancy.generation(context, engine, request) as (req, ticket), state.stream(req.request_id):
-        track = metrics.stream(req.adapter_id, len(req.prompt_token_ids) if counts_prompt(req) else 0)
+        prompt = len(req.prompt_token_ids) if counts_prompt(req) else 0
+        track = metrics.stream(req.adapter_id, prompt)
         stream = engine.generate(req)
-        finished = False
+        finished = refused = False
         metrics.active_streams.inc()  # admitted: until its last event, its refusal or its abort
         try:
             async for event in stream:
+                if track.admit():  # counted as the engine takes it: a refusal raises before any event
+                    tenancy.admitted(ticket, prompt)
                 track.tokens(len(event.token_ids))
                 tenancy.generated(ticket, len(event.token_ids))
                 if event.finish_reason is not None:
@@ -43,6 +46,7 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
                 yield event
         except LoraplexError:
             finished = True  # the engine refused the request: there is nothing to abort
+            refused = not track.admitted
             raise
         except (GeneratorExit, asyncio.CancelledError):
             if not finished:  # the caller left, or its deadline passed: an abort, as vLLM counts it
@@ -50,6 +54,8 @@ async def generation(state: ServingState, metrics: ServerMetrics, tenancy: Tenan
             raise
         finally:
             metrics.active_streams.dec()
+            if not refused and track.admit():  # aborted while it waited: it was taken all the same
+                tenancy.admitted(ticket, prompt)
             if not finished:  # cancelled, deadline passed, or failed mid-stream
                 engine.abort(req.request_id)
             await stream.aclose()

@@ -40,7 +40,8 @@ class ServerMetrics:
                                          "Generate streams that produced tokens, by adapter (see adapter_label)",
                                          ["adapter"], registry=r)
         self.generated_tokens = Counter("loraplex_generated_tokens", "Tokens streamed to clients", registry=r)
-        self.prompt_tokens = Counter("loraplex_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.prompt_tokens = Counter("loraplex_prompt_tokens", "Prompt tokens of requests the engine took (a "
+                                     "refused one adds none)", registry=r)
         self.finished = Counter("loraplex_finished_requests", "Finished generations by finish reason",
                                 ["reason"], registry=r)
         self.ttft = Histogram("loraplex_time_to_first_token_seconds", "Request arrival to first streamed token",
@@ -79,10 +80,10 @@ class ServerMetrics:
         self.rpc_seconds.labels(method).observe(seconds)
 
     def stream(self, adapter_id: str | None, prompt_tokens: int) -> "StreamMetrics":
-        """Start timing one admitted Generate stream (counted by adapter at its first token: a
-        request for an adapter that does not exist adds no series)."""
-        self.prompt_tokens.inc(prompt_tokens)
-        return StreamMetrics(self, self.adapter_label(adapter_id))
+        """Start timing one Generate stream (counted by adapter at its first token: a request for
+        an adapter that does not exist adds no series); its ``prompt_tokens`` count once the
+        engine takes it (StreamMetrics.admit)."""
+        return StreamMetrics(self, self.adapter_label(adapter_id), prompt_tokens)
 
     def adapter_label(self, adapter_id: str | None) -> str:
         """The adapter label of a request. With tenants, an adapter of a tenant is labelled by the
@@ -101,8 +102,20 @@ class StreamMetrics:
 
     metrics: ServerMetrics
     adapter: str  # its generate_requests label
+    prompt_tokens: int  # counted by admit
     start: float = field(default_factory=time.perf_counter)
     last: float | None = None
+    admitted: bool = False
+
+    def admit(self) -> bool:
+        """The engine took the request (its first event came, or it was aborted while it waited):
+        its prompt tokens are counted, once. True the first time. A request the engine refused
+        (unknown adapter, full queue) is never admitted: it computed no prompt."""
+        if self.admitted:
+            return False
+        self.admitted = True
+        self.metrics.prompt_tokens.inc(self.prompt_tokens)
+        return True
 
     def tokens(self, n: int) -> None:
         """``n`` tokens were just streamed."""

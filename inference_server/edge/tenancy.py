@@ -86,9 +86,13 @@ class Tenancy:
         except ResourceExhaustedError as exc:
             self.metrics.quota_rejections.labels(tenant, _limit_name(exc)).inc()
             raise
-        self.metrics.requests.labels(tenant).inc()
-        self.metrics.tokens.labels(tenant, "prompt").inc(prompt)
         return request, ticket
+
+    def admitted(self, ticket: RequestTicket, prompt: int) -> None:
+        """The engine took ``ticket``'s request (``prompt``: the prompt tokens it accounts for):
+        counted in the tenant's requests and tokens. A request the engine refuses is not."""
+        self.metrics.requests.labels(ticket.tenant).inc()
+        self.metrics.tokens.labels(ticket.tenant, "prompt").inc(prompt)
 
     def generated(self, ticket: RequestTicket, n: int) -> None:
         """``n`` tokens were streamed for ``ticket``'s request (the first event ends its queueing)."""
