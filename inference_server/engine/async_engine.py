@@ -87,14 +87,16 @@ class AsyncEngine:
         waiting merged into one); raises before the first event on bad input (a response format
         the grammar library refuses among it), an unknown adapter, or a full queue."""
         self._admit(request)
-        grammar = None
-        if request.grammar is not None:  # compiled off the event loop and the step loop (cached)
-            grammar = await asyncio.to_thread(self._core.grammars.compile, request.grammar)
+        # counted from admission on, not after the first await: requests arriving while others'
+        # grammars compile would each find the room those had not taken yet, past --max-waiting
         stream = TokenStream()
         self._streams[request.request_id] = stream
         self._admission.opened(request.tenant)
         finished = False
         try:
+            grammar = None
+            if request.grammar is not None:  # compiled off the event loop and the step loop (cached)
+                grammar = await asyncio.to_thread(self._core.grammars.compile, request.grammar)
             adapter = await self._acquire(request)
             self._submit(lambda: self._add(request, adapter, grammar))
             while True:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
-from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, SamplingParams, StoppingCriteria
+from loraplex.adapter_store.errors import ResourceExhaustedError
+from loraplex.inference_server.engine.request import (FinishReason, GenerationRequest, GrammarSpec, SamplingParams,
+                                                      StoppingCriteria)
 from lora_helpers import ADAPTER_CONFIGS, collect, greedy_request, load_engine, make_test_adapters, run_all, text_of, tokens_of
 
 TEXTS = ["Hello there, how are you?", "The quick brown fox", "Once upon a time", "1, 2, 3, 4,", "Rust or Go?"]
@@ -87,6 +90,40 @@ def test_closing_the_stream_aborts_the_request(tiny_llama_dir: Path, adapter_dir
 
     stats = asyncio.run(main())
     assert stats.num_running == 0 and stats.free_kv_blocks == stats.total_kv_blocks
+
+
+def test_the_queue_bound_holds_for_requests_whose_grammar_compiles(tiny_llama_dir: Path, adapter_dir: Path) -> None:
+    """A stream counted against --max-waiting only once its grammar had compiled (an await): every
+    structured-output request arriving meanwhile found the room the others had not taken yet, so a
+    burst of them went past the bound instead of getting RESOURCE_EXHAUSTED."""
+    engine = load_engine(tiny_llama_dir, adapter_dir, max_num_seqs=1, max_waiting=1)  # room for 2 streams
+    prompt = tuple(engine.tokenizer.encode(TEXTS[0]))
+    held = greedy_request("held", list(prompt), None, 500)
+    burst = [GenerationRequest(f"json{i}", prompt, None, SamplingParams(), StoppingCriteria(max_new_tokens=4),
+                               grammar=GrammarSpec("json_schema", json.dumps({"type": "integer", "maximum": i})))
+             for i in range(6)]
+
+    async def outcome(request: GenerationRequest) -> str:
+        try:
+            await collect(engine, request)
+            return "done"
+        except ResourceExhaustedError:
+            return "refused"
+
+    async def main():
+        await engine.start()
+        stream = engine.generate(held)
+        await anext(stream)  # holds one of the two places
+        outcomes = await asyncio.gather(*(outcome(r) for r in burst))
+        await stream.aclose()
+        await asyncio.sleep(0.05)
+        stats = engine.stats()
+        await engine.shutdown()
+        return outcomes, stats
+
+    outcomes, stats = asyncio.run(main())
+    assert sorted(outcomes) == ["done"] + ["refused"] * 5
+    assert stats.num_running == stats.num_waiting == 0
 
 
 def test_stop_string_cuts_the_text_exactly(tiny_llama_dir: Path, adapter_dir: Path) -> None:
