@@ -4,6 +4,7 @@ counters say against what the API answered."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import urllib.request
@@ -16,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplex.clients import LoraplexClient
-from loraplex.clients.errors import NotFoundError
+from loraplex.clients.errors import DeadlineExceededError, NotFoundError
 from server_helpers import free_port
 from server_process import start_server, stop
 
@@ -109,3 +110,33 @@ def test_refused_requests_count_no_prompt_tokens_and_taken_ones_count_their_usag
     assert moved("loraplex_tenant_tokens_total", tenant="anonymous", kind="prompt") == prompt
     assert moved("loraplex_tenant_tokens_total", tenant="anonymous", kind="generated") == 800
     assert moved("loraplex_generated_tokens_total") == sum(u.completion_tokens for u in usages) == 800
+
+
+def test_a_generate_whose_deadline_passed_counts_as_deadline_exceeded(served: Served) -> None:
+    """The client's deadline passes first (the server set its copy when the call arrived): its
+    cancellation lands while the server still sees a few ms left. Counted as the client saw it,
+    DEADLINE_EXCEEDED, as docs/HTTP.md says; a call cancelled well before its deadline stays
+    CANCELLED."""
+    before = _wait_idle(served)
+    with LoraplexClient(served.address) as client:
+        client.health()  # connected: a call's deadline runs from its start, not from the connection's
+        for _ in range(3):
+            with pytest.raises(DeadlineExceededError):
+                list(client.generate("Count forever.", max_new_tokens=1500, ignore_eos=True, timeout=0.5))
+        # a client a transit ahead of the server: it cancels 20 ms before the deadline it sent (or
+        # its deadline passes first, on a slow machine: the same call as far as the server knows)
+        start = time.monotonic()
+        events = client.generate("Count forever.", max_new_tokens=1500, ignore_eos=True, timeout=3.0)
+        with contextlib.suppress(DeadlineExceededError):
+            for _ in events:
+                if time.monotonic() - start >= 2.98:
+                    break
+        events.close()
+        events = client.generate("Count forever.", max_new_tokens=1500, ignore_eos=True, timeout=30.0)
+        next(events)
+        events.close()
+    after = _wait_idle(served)
+    for code, calls in (("DEADLINE_EXCEEDED", 4), ("CANCELLED", 1)):
+        labels = dict(method="Generate", code=code)
+        assert _value(after, "loraplex_rpc_requests_total", **labels) - _value(
+            before, "loraplex_rpc_requests_total", **labels) == calls, code
