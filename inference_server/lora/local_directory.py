@@ -119,16 +119,16 @@ class LocalAdapterDirectory:
                 f"{what} files it did not write: move them (or the folder) away first", "adapter_id")
 
     def _read(self, adapter_id: str) -> tuple[dict[str, bytes], float, bool, tuple[PatternValue, ...] | None]:
-        folder = self._path(adapter_id)
-        real = Path(os.path.realpath(folder))  # pin one version for its files, flag and decisions
+        pinned = _resolved(self._path(adapter_id))  # pin one version for its files, flag and decisions
+        if pinned is None:
+            raise AdapterNotFoundError(adapter_id)
+        real = Path(pinned)
         try:
             files = {name: (real / name).read_bytes() for name in ADAPTER_FILES}
             return (files, real.stat().st_mtime, _read_public(adapter_id, real / VISIBILITY_FILE),
                     _read_decided(adapter_id, real / PATTERNS_FILE))
-        except FileNotFoundError:
-            if folder.exists() and not any((real / n).exists() for n in ADAPTER_FILES):
-                raise AdapterNotFoundError(adapter_id) from None
-            if folder.exists():
+        except FileNotFoundError:  # judged on the pinned folder, not on what the link names by now
+            if real.is_dir() and any((real / n).exists() for n in ADAPTER_FILES):
                 raise AdapterValidationError(f"adapter {adapter_id!r} is incomplete on disk") from None
             raise AdapterNotFoundError(adapter_id) from None
 
@@ -306,7 +306,9 @@ def _files_key(folder: Path) -> tuple | None:
     """What identifies the adapter files at ``folder`` as read: the version folder it resolves to
     and each file's size and modification time (a hand-made folder edited in place changes them);
     None when they cannot be read (the caller reads them, and raises what that raises)."""
-    real = os.path.realpath(folder)
+    real = _resolved(folder)
+    if real is None:
+        return None
     try:
         stats = [os.stat(os.path.join(real, name)) for name in ADAPTER_FILES]
     except OSError:
@@ -316,6 +318,18 @@ def _files_key(folder: Path) -> tuple | None:
     except OSError:
         flag = None
     return (real, flag, *((st.st_size, st.st_mtime_ns, st.st_ino) for st in stats))
+
+
+def _resolved(folder: Path) -> str | None:
+    """The folder ``folder`` names now (a link's version folder, or a hand-made folder itself), or
+    None where nothing is there. Not a plain os.path.realpath: a delete landing between its lstat and
+    its readlink of the link raised FileNotFoundError (an INTERNAL error for a request naming a deleted
+    adapter), and a link absent when it looked came back unresolved, so the reads that followed went
+    through whatever link an upload made meanwhile (a missing file there: 'incomplete on disk')."""
+    try:
+        return os.path.realpath(folder, strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _links(root: Path) -> list[Path]:
