@@ -135,8 +135,12 @@ class AdapterStoreService:
     async def put(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.StoredAdapter:
         caller = _caller(context)
         deadline = CallDeadline(context.time_remaining())
-        upload = await receive_upload(requests, self._store.max_adapter_bytes,
-                                      lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
+        try:
+            upload = await receive_upload(requests, self._store.max_adapter_bytes,
+                                          lambda adapter_id: policy.check_write(caller, adapter_id, "upload"))
+        except InvalidRequestError:  # a bad stream (id, sizes, checksums) is an invalid upload as a bad folder is
+            self._store.metrics.uploads.labels("invalid").inc()
+            raise
         record = await _until_caller_leaves(deadline, self._store.put, upload.adapter_id, upload.files,
                                             upload.public, upload.digests, deadline=deadline, fits=upload.fits)
         return record_to_pb(record)

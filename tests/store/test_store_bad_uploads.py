@@ -42,6 +42,9 @@ def _chunks(files):
 
 
 def _assert_nothing_stored(env):
+    """Nothing stored, and the refusal counted once as an invalid upload (whether the stream or
+    the folder in it was bad)."""
+    assert env.store.metrics.value("loraplex_store_uploads_total", outcome="invalid") == 1
     assert env.client.list() == []
     assert env.stored_objects() == []
     assert env.redis_keys() == []
