@@ -37,6 +37,10 @@ class PoolCollector(Collector):
             for tier, key in tiers.items():
                 family.add_metric([tier], c[key])
             yield family
+        yield CounterMetricFamily("loraplex_adapter_pool_joins",
+                                  "Adapter acquisitions that joined a device load already under way (neither a hit "
+                                  "nor a load of their own): hits + joins + device misses = acquisitions",
+                                  value=c["gpu_joins"])
         yield CounterMetricFamily("loraplex_adapter_invalidations", "Adapters dropped after a re-upload or delete",
                                   value=c["invalidations"])
         yield CounterMetricFamily("loraplex_adapter_stale_fetches",

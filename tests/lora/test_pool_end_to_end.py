@@ -108,7 +108,13 @@ def test_small_pool_over_grpc_matches_an_all_resident_server(tiny_llama_dir: Pat
 
             evictions = metric(r'loraplex_adapter_pool_evictions_total\{tier="device"\}')
             assert metric("loraplex_adapter_load_seconds_count") > 0
-            assert metric(r'loraplex_adapter_pool_hits_total\{tier="device"\}') > 0
+            hits = metric(r'loraplex_adapter_pool_hits_total\{tier="device"\}')
+            assert hits > 0
+            # every acquisition is a device hit, a join of a load under way, or a load of its own
+            acquisitions = sum(a is not None for _, a in jobs)
+            joins, loads = metric("loraplex_adapter_pool_joins_total"), metric(
+                r'loraplex_adapter_pool_misses_total\{tier="device"\}')
+            assert hits + joins + loads == acquisitions, (hits, joins, loads, acquisitions)
             assert (evictions > 0) == (pool_bytes == six)
             with LoraplexClient(srv.address) as client:
                 listed = {a.adapter_id: a for a in client.list_adapters()}
