@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -24,10 +25,10 @@ from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.engine.info import EngineInfo, EngineStats
 from loraplex.inference_server.engine.llm_engine import LLMEngine
 from loraplex.inference_server.engine.lora_capacity import LoraCapacity
-from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, TokenEvent
+from loraplex.inference_server.engine.request import FinishReason, GenerationRequest, Timings, TokenEvent, Usage
 from loraplex.inference_server.engine.token_stream import TokenStream
 from loraplex.inference_server.lora.managed_adapters import ManagedAdapters
-from loraplex.inference_server.lora.pool.adapter_pool import AdapterPool
+from loraplex.inference_server.lora.pool.adapter_pool import AcquireCancelled, AdapterPool
 from loraplex.inference_server.lora.pool.pool_stats import PoolStats
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class AsyncEngine:
         self._manager = manager
         self._capacity = capacity
         self._acquiring: dict[str, str] = {}  # request id -> the adapter it waits for (not in the pool yet)
+        self._unqueued: dict[str, threading.Event] = {}  # request id -> its abort, until the step loop has it
         self.adapters = adapters
         self.info = info
         self.tokenizer = core.tokenizer
@@ -92,12 +94,14 @@ class AsyncEngine:
         stream = TokenStream()
         self._streams[request.request_id] = stream
         self._admission.opened(request.tenant)
+        arrival = time.monotonic()
         finished = False
         try:
-            grammar = None
-            if request.grammar is not None:  # compiled off the event loop and the step loop (cached)
-                grammar = await asyncio.to_thread(self._core.grammars.compile, request.grammar)
-            adapter = await self._acquire(request)
+            aborted, grammar, adapter = await self._prepare(request)
+            if aborted:  # before the step loop had it: it ends here, holding nothing
+                finished = True
+                yield self._aborted_early(request, arrival)
+                return
             self._submit(lambda: self._add(request, adapter, grammar))
             while True:
                 event = await stream.get()  # all that is waiting, merged: a reader behind catches up
@@ -122,20 +126,48 @@ class AsyncEngine:
             raise ResourceExhaustedError(f"request queue is full ({self._config.max_waiting} waiting)")
         self._core.check(request)
 
-    async def _acquire(self, request: GenerationRequest):
+    async def _prepare(self, request: GenerationRequest):
+        """(aborted, grammar, adapter): the request's grammar compiled and its adapter taken,
+        unless ``abort`` came first (then nothing is held). An abort of a request the step loop
+        did not have yet was lost: one waiting for adapter pool space (a shutdown's grace period
+        over) waited on, was queued and ran after it."""
+        cancel = threading.Event()  # set by abort(); also ends a wait for pool space
+        self._unqueued[request.request_id] = cancel
+        grammar = adapter = None
+        try:
+            if request.grammar is not None:  # compiled off the event loop and the step loop (cached)
+                grammar = await asyncio.to_thread(self._core.grammars.compile, request.grammar)
+            if not cancel.is_set():
+                adapter = await self._acquire(request, cancel)
+        except AcquireCancelled:
+            if not cancel.is_set():
+                raise
+        finally:
+            self._unqueued.pop(request.request_id, None)
+        if cancel.is_set() and adapter is not None:
+            self._manager.release(adapter)
+            adapter = None
+        return cancel.is_set(), grammar, adapter
+
+    @staticmethod
+    def _aborted_early(request: GenerationRequest, arrival: float) -> TokenEvent:
+        waited = time.monotonic() - arrival
+        return TokenEvent(request.request_id, (), "", finish_reason=FinishReason.ABORT,
+                          usage=Usage(len(request.prompt_token_ids), 0), timings=Timings(waited, waited, waited))
+
+    async def _acquire(self, request: GenerationRequest, cancel: threading.Event):
         if request.adapter_id is None:
             return None
-        adapter = await self._acquire_current(request)
+        adapter = await self._acquire_current(request, cancel)
         if request.adapter_version is not None and adapter.version != request.adapter_version:
             self._manager.release(adapter)  # replaced since the request was admitted for that version
             raise AdapterNotFoundError(request.adapter_id)
         return adapter
 
-    async def _acquire_current(self, request: GenerationRequest):
+    async def _acquire_current(self, request: GenerationRequest, cancel: threading.Event):
         resident = self._manager.try_acquire_resident(request.adapter_id)
         if resident is not None:
             return resident
-        cancel = threading.Event()
         loading = self._loader.submit(self._manager.acquire, request.adapter_id, cancel)
         self._acquiring[request.request_id] = request.adapter_id
         try:
@@ -166,6 +198,10 @@ class AsyncEngine:
             self._deliver([TokenEvent(request.request_id, (), "", finish_reason=FinishReason.ERROR)])
 
     def abort(self, request_id: str) -> None:
+        cancel = self._unqueued.get(request_id)
+        if cancel is not None:  # its grammar compiles or its adapter loads: it ends before the step loop
+            self._manager.cancel_wait(cancel)
+            return
         self._submit(lambda: self._core.abort(request_id))
 
     def pool_stats(self) -> PoolStats:

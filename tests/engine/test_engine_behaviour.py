@@ -126,6 +126,43 @@ def test_the_queue_bound_holds_for_requests_whose_grammar_compiles(tiny_llama_di
     assert stats.num_running == stats.num_waiting == 0
 
 
+def test_an_abort_while_the_adapter_waits_for_pool_space_ends_the_stream(tiny_llama_dir: Path,
+                                                                          adapter_dir: Path) -> None:
+    """An abort of a request the step loop did not have yet (its adapter waiting for pool space
+    held by running requests) was lost: the request waited on, was queued once the space came and
+    ran on. A shutdown whose grace period was over aborted it for nothing; the gRPC server's stop
+    cut it later (UNAVAILABLE, not a last 'abort' message) after waiting 10 s for it. Now the
+    wait ends at once, the stream's last event is ABORT, and nothing stays held."""
+    probe = load_engine(tiny_llama_dir, adapter_dir)
+    prompt = probe.tokenizer.encode(TEXTS[0])
+    run_all(probe, [greedy_request("probe", prompt, "mlp-r64", 1)])
+    one = probe.pool_stats().used_bytes  # mlp-r64's place in the pool
+    engine = load_engine(tiny_llama_dir, adapter_dir, adapter_pool_bytes=one + one // 4)  # it alone fits
+    holder = greedy_request("holder", prompt, "mlp-r64", 500)
+    waiter = greedy_request("waiter", prompt, "all-r16-rslora", 8)
+
+    async def main():
+        await engine.start()
+        held = engine.generate(holder)
+        await anext(held)  # mlp-r64 fills the pool while this runs
+        waiting = asyncio.ensure_future(collect(engine, waiter))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if engine.pool_stats().waiting:
+                break
+        engine.abort("waiter")
+        events = await asyncio.wait_for(waiting, 10)
+        await held.aclose()
+        await asyncio.sleep(0.05)
+        stats, pool = engine.stats(), engine.pool_stats()
+        await engine.shutdown()
+        return events, stats, pool
+
+    events, stats, pool = asyncio.run(main())
+    assert [e.finish_reason for e in events] == [FinishReason.ABORT] and not tokens_of(events)
+    assert stats.num_running == stats.num_waiting == 0 and pool.waiting == 0 and pool.in_use == 0
+
+
 def test_stop_string_cuts_the_text_exactly(tiny_llama_dir: Path, adapter_dir: Path) -> None:
     engine = load_engine(tiny_llama_dir, adapter_dir)
     prompt = engine.tokenizer.encode(TEXTS[3])
