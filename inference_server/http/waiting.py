@@ -28,13 +28,22 @@ async def _first(events: AsyncIterator[TokenEvent]) -> TokenEvent:
 
 
 async def firsts(streams: list[AsyncIterator[TokenEvent]]) -> list[TokenEvent]:
-    """Every stream's first event; the first refusal is raised, with every stream closed."""
-    results = await asyncio.gather(*(_first(s) for s in streams), return_exceptions=True)
-    failed = next((r for r in results if isinstance(r, BaseException)), None)
-    if failed is not None:
+    """Every stream's first event; the first refusal is raised as it comes, with every stream
+    closed. (Not after every other stream's first event: a choice refused at once (429) was held
+    until the admitted ones had their first token, behind the whole queue, holding its place.)"""
+    tasks = [asyncio.ensure_future(_first(s)) for s in streams]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:  # a refusal, or this wait cancelled (the client left): stop the others, then close
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    failed = next((t.exception() for t in tasks if not t.cancelled() and t.exception() is not None), None)
+    if failed is not None or any(t.cancelled() for t in tasks):
         await close_all(streams)
-        raise failed
-    return list(results)  # type: ignore[arg-type]
+        raise failed if failed is not None else asyncio.CancelledError()
+    return [t.result() for t in tasks]
 
 
 async def close_all(streams: list[AsyncIterator[TokenEvent]]) -> None:
