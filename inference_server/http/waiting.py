@@ -39,7 +39,8 @@ async def firsts(streams: list[AsyncIterator[TokenEvent]]) -> list[TokenEvent]:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    failed = next((t.exception() for t in tasks if not t.cancelled() and t.exception() is not None), None)
+    errors = [t.exception() for t in tasks if not t.cancelled()]  # each one read, or asyncio logs it as lost
+    failed = next((e for e in errors if e is not None), None)
     if failed is not None or any(t.cancelled() for t in tasks):
         await close_all(streams)
         raise failed if failed is not None else asyncio.CancelledError()

@@ -5,6 +5,8 @@ answering 'request queue is full'); the admitted generations are aborted with it
 
 from __future__ import annotations
 
+import gc
+import logging
 import time
 from pathlib import Path
 
@@ -47,3 +49,22 @@ def test_one_refused_generation_refuses_the_call_at_once(one_place, call: str, s
     while engine.running and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not engine.running  # the admitted generation went with the refusal
+
+
+def test_every_refusal_of_a_call_is_read_not_logged_as_lost(tmp_path: Path, caplog) -> None:
+    """Both choices refused: the second refusal is read too, not left for asyncio to log as an
+    ERROR 'Task exception was never retrieved' with a traceback."""
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=4))
+    url = srv.start_http(default_max_new_tokens=4)
+    srv.attach(FakeEngine(tmp_path / "adapters", max_running=0))
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=10) as client, \
+            caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "hi"}], n=3)
+        srv.call(_collect_garbage())
+    srv.close(grace_s=0.5)
+    assert "never retrieved" not in caplog.text
+
+
+async def _collect_garbage() -> None:
+    gc.collect()  # a task whose exception nobody read logs it when collected
