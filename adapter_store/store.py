@@ -101,13 +101,17 @@ class Store:
         record = StoredRecord.build(adapter_id, files, spec, self._clock(), public, digests)
         blob = record.pack(files)
         deadline = deadline or CallDeadline()
-        with self._writers.hold(adapter_id, deadline.wait_budget()) as lease:
-            old, tag = self._head_for_write(adapter_id, "store")
-            self._commit(record, blob, old, Turn(tag, lease, deadline))
-            self.keeper.write(self.index.put, record)
-            self._cache_call(self.cache.put, record.blob_key, blob)
-            self._old.after_put(old, record, lease)
-            self._publish(ChangeEvent(KIND_PUT, adapter_id, record.version, record.info.sha256, self._clock()))
+        try:
+            with self._writers.hold(adapter_id, deadline.wait_budget()) as lease:
+                old, tag = self._head_for_write(adapter_id, "store")
+                self._commit(record, blob, old, Turn(tag, lease, deadline))
+                self.keeper.write(self.index.put, record)
+                self._cache_call(self.cache.put, record.blob_key, blob)
+                self._old.after_put(old, record, lease)
+                self._publish(ChangeEvent(KIND_PUT, adapter_id, record.version, record.info.sha256, self._clock()))
+        except UnavailableError:  # the writer lock not had in time, the blob store down, the turn lost
+            self.metrics.uploads.labels("unavailable").inc()
+            raise
         self.metrics.uploads.labels("stored").inc()
         log.info("stored %s version %s (%d bytes, %s)", adapter_id, record.version, len(blob),
                  "public" if public else "private")
@@ -165,8 +169,6 @@ class Store:
         except BaseException as e:
             if (old is None or old.version != record.version) and not self._head_may_be(record):
                 delete_quietly(self.blobs, record.blob_key)
-            if isinstance(e, (BackendUnavailable, HeadChanged, LeaseLost, UnavailableError)):
-                self.metrics.uploads.labels("unavailable").inc()
             if isinstance(e, BackendUnavailable):
                 raise self._unavailable(what, e) from e
             if isinstance(e, (HeadChanged, LeaseLost)):
@@ -186,8 +188,6 @@ class Store:
         try:
             return self._heads.read_tagged(adapter_id)
         except BackendUnavailable as e:
-            if what == "store":
-                self.metrics.uploads.labels("unavailable").inc()
             raise self._unavailable(f"cannot {what} {adapter_id!r}", e) from e
         except AdapterCorruptError as e:
             if what != "store":

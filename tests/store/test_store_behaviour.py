@@ -10,7 +10,8 @@ import threading
 import pytest
 from store_adapters import ADAPTERS, WEIGHTS, peft_files
 
-from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError
+from loraplex.adapter_store.call_deadline import CallDeadline
+from loraplex.adapter_store.errors import AdapterNotFoundError, InvalidRequestError, UnavailableError
 from loraplex.adapter_store.records import KIND_DELETE, KIND_PUT, KIND_RESYNC
 
 pytestmark = pytest.mark.slow  # starts gRPC servers (and Redis / moto)
@@ -256,6 +257,11 @@ def test_the_index_is_reconciled_with_the_heads_whatever_it_says(env, adapters, 
     watchers to re-check their copies."""
     from loraplex.adapter_store.errors import BackendUnavailable
 
+    from loraplex.adapter_store.store import Store
+
+    # the server's background upkeep (every 0.2 s) off: a tick between the lost write and the
+    # process "forgetting" it below rebuilt the index first, so the stale read saw no stale index
+    monkeypatch.setattr(env.store, "maintain", lambda: None)
     v1 = env.client.put("acme/stale", adapters["r4-fp32"]).version
     real_put = env.store.index.put
 
@@ -269,8 +275,21 @@ def test_the_index_is_reconciled_with_the_heads_whatever_it_says(env, adapters, 
     assert env.client.get("acme/stale").version == v1  # the index, trusted: stale
     events, watch = _follow(env)
     env.store.keeper._reconciled_at = time.time() - env.settings.reconcile_interval_s - 1  # the interval is up
-    env.store.maintain()
+    Store.maintain(env.store)
     assert env.client.get("acme/stale").version == v2
     assert env.client.resolve("acme/stale").files == peft_files(adapters["r16-bf16"])
     _wait_for(lambda: len([e for e in events if e.kind == KIND_RESYNC]) >= 2)  # the first comes with the watch
     watch.cancel()
+
+
+def test_an_upload_that_waits_out_its_deadline_for_the_writer_counts_as_unavailable(env, adapters):
+    """The store's upload outcomes add up: a put refused because another writer held the id past
+    its caller's deadline is an "unavailable" one, as a put refused for a blob store that is down."""
+    files = peft_files(adapters["r4-fp32"])
+    with env.store._writers.hold("acme/busy", 5.0):  # another upload of the id, in this process
+        with pytest.raises(UnavailableError, match="being written by another upload"):
+            env.store.put("acme/busy", files, deadline=CallDeadline(1.5))
+    assert env.store.metrics.value("loraplex_store_uploads_total", outcome="unavailable") == 1
+    env.store.put("acme/busy", files)
+    assert env.store.metrics.value("loraplex_store_uploads_total", outcome="stored") == 1
+    assert env.store.metrics.value("loraplex_store_uploads_total", outcome="unavailable") == 1
