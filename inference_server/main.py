@@ -3,7 +3,7 @@
 The gRPC port (and the OpenAI-compatible HTTP port, --http-port) opens before the model loads
 (health NOT_SERVING, Generate UNAVAILABLE, /health 503) so orchestrators can probe it; the
 weights load in a background thread with a progress bar; SIGTERM or SIGINT drains open streams
-of both ports within ``--grace-period-s`` and exits 0.
+of both ports within ``--grace-period-s`` (a second signal aborts what is left at once) and exits 0.
 """
 
 from __future__ import annotations
@@ -195,8 +195,11 @@ async def serve(settings: ServerSettings, build: Callable[[], Any] | None = None
         log.info("stop requested while the model was loading")
         loading.cancel()
     stopping.cancel()
-    log.info("shutting down (grace period %.1fs)", settings.grace_period_s)
-    await server.shutdown(settings.grace_period_s)  # drains HTTP streams too: the two edges share one state
+    log.info("shutting down (grace period %.1fs; a second SIGTERM or SIGINT ends it now)", settings.grace_period_s)
+    again = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, again.set)
+    await server.shutdown(settings.grace_period_s, again)  # drains HTTP streams too: the two edges share one state
     if http is not None:
         await http.close()
     if engine is not None:

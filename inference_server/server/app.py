@@ -8,6 +8,7 @@ grace period, aborts what is left, then closes the port.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from importlib import metadata
@@ -165,17 +166,19 @@ class GrpcServer:
             self._metrics_http.close()
             self._metrics_http = None
 
-    async def shutdown(self, grace_s: float) -> None:
-        """Stop admitting, drain open work for up to ``grace_s`` seconds, abort the rest, close."""
+    async def shutdown(self, grace_s: float, cut_short: asyncio.Event | None = None) -> None:
+        """Stop admitting, drain open work for up to ``grace_s`` seconds (or until ``cut_short`` is
+        set: a second SIGTERM), abort the rest, close."""
         self.state.start_draining()
         await self.health.enter_graceful_shutdown()
         open_streams = len(self.state.open_stream_ids())
         if open_streams:
             log.info("draining %d open stream(s), up to %.1fs", open_streams, grace_s)
-        if not await self.state.wait_idle(grace_s):
+        if not await self._drained(grace_s, cut_short):
             engine = self.state.engine
             left = self.state.open_stream_ids()
-            log.warning("grace period over: aborting %d stream(s)", len(left))
+            why = "stop requested again" if cut_short is not None and cut_short.is_set() else "grace period over"
+            log.warning("%s: aborting %d stream(s)", why, len(left))
             for request_id in left if engine is not None else ():
                 engine.abort(request_id)
             await self.state.wait_idle(_ABORT_WAIT_S)
@@ -186,6 +189,17 @@ class GrpcServer:
         if self._metrics_http is not None:
             self._metrics_http.close()
         log.info("gRPC server stopped")
+
+    async def _drained(self, grace_s: float, cut_short: asyncio.Event | None) -> bool:
+        """True once no work is open; False when ``grace_s`` passes or ``cut_short`` is set first."""
+        if cut_short is None:
+            return await self.state.wait_idle(grace_s)
+        idle = asyncio.ensure_future(self.state.wait_idle(grace_s))
+        cut = asyncio.ensure_future(cut_short.wait())
+        await asyncio.wait({idle, cut}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (idle, cut):
+            task.cancel()
+        return idle.done() and not idle.cancelled() and idle.result()
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:

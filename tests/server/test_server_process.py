@@ -148,3 +148,36 @@ def test_a_taken_port_stops_the_server_naming_its_flag(tiny_llama_dir: Path, tmp
     finally:
         stop(proc)
         taken.close()
+
+
+def test_a_second_sigterm_ends_the_drain_at_once(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """An operator who signals twice (Ctrl-C twice, `kill` again) does not wait out a long grace
+    period: the open streams end with finish reason "abort" and the process exits 0."""
+    proc, address = start_server(tiny_llama_dir, tmp_path, "--grace-period-s", "300")
+    try:
+        with LoraplexClient(address, retry_attempts=1, timeout=5) as client:
+            client.wait_until_serving(120)
+            events = []
+            started = threading.Event()
+
+            def stream() -> None:
+                for event in client.generate("story", max_new_tokens=1900, ignore_eos=True, timeout=300):
+                    events.append(event)
+                    started.set()
+
+            reader = threading.Thread(target=stream)
+            reader.start()
+            assert started.wait(60)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            assert proc.poll() is None and reader.is_alive()  # the first signal drains: the stream goes on
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            reader.join(60)
+            assert not reader.is_alive()
+        assert proc.wait(60) == 0
+        assert time.monotonic() - signalled < 30  # not the 300 s grace period
+        assert events[-1].finish_reason == "abort"
+        assert "stop requested again: aborting 1 stream(s)" in (tmp_path / "server.log").read_text()
+    finally:
+        stop(proc)
