@@ -360,6 +360,31 @@ def test_a_reader_that_resolved_the_old_version_reads_it_whole_after_a_re_upload
     assert not pinned.exists() and len(list((tmp_path / ".versions").iterdir())) == 1
 
 
+def test_rapid_re_uploads_keep_only_the_newest_replaced_versions(tmp_path: Path, monkeypatch) -> None:
+    """Re-uploading one adapter in a loop does not fill the disk with its old versions for RETIRE_S:
+    the newest RETIRED_PER_ADAPTER replaced ones stay (a reader may hold them), older ones go at
+    once, other adapters' retired versions are not counted against it, and a listing after the
+    burst removes those whose time is up."""
+    from loraplex.inference_server.lora import local_directory
+
+    store = LocalAdapterDirectory(tmp_path, CFG)
+    store.put("other", _files(r=4))
+    store.put("other", _files(r=8))
+    kept = local_directory.RETIRED_PER_ADAPTER
+    replaced = []
+    for r in (1, 2, 3, 4, 5, 6, 7, 8):
+        store.put("a", _files(r=r))
+        replaced.append(Path(os.path.realpath(tmp_path / "a")))
+    versions = tmp_path / ".versions"
+    # linked: a, other; retired: the newest of a's replaced ones, and other's one
+    assert len(list(versions.iterdir())) == 2 + kept + 1
+    assert [p.exists() for p in replaced[:-1]] == [False] * (7 - kept) + [True] * kept
+    assert store.get("a").rank == 8 and store.get("other").rank == 8
+    monkeypatch.setattr(local_directory, "RETIRE_S", 0.0)
+    assert sorted(i.adapter_id for i in store.list()) == ["a", "other"]
+    assert sorted(p.name.rpartition("@")[0] for p in versions.iterdir()) == ["a", "other"]
+
+
 def test_a_start_removes_what_a_killed_process_left_and_nothing_younger(tmp_path: Path) -> None:
     store = LocalAdapterDirectory(tmp_path, CFG)
     store.put("kept", _files())
