@@ -50,6 +50,7 @@ class ResidentAdapter:
     refcount: int = 0
     ready: bool = False  # the host -> pool copy has completed
     stale: bool = False  # replaced or deleted: freed when the last user releases it
+    failed: bool = False  # the copy failed: freed then; whoever joined it is told, none releases it
     last_used: float = field(default_factory=time.monotonic)
     placement: AdapterPlacement = field(init=False)
 

@@ -138,6 +138,65 @@ def test_invalidate_keeps_the_running_copy_until_released(adapter_root: Path) ->
     assert mgr.stats().used_bytes < used
 
 
+class _FailingFirstWrite:
+    """The pool's writes, with the first copy held until ``go`` and then failing (a device copy error)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def write(self, start, packed) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.go.wait(10)
+            raise RuntimeError("device copy failed")
+        self.inner.write(start, packed)
+
+
+def test_a_failed_copy_racing_a_reupload_fails_its_joiners_and_spares_the_new_copy(adapter_root: Path) -> None:
+    """A copy into the pool fails after a re-upload invalidated its adapter and a newer load placed
+    the new version: the requests that joined the failed load are told so (they waited forever),
+    the new version stays resident (it was dropped and its place leaked), and every place is freed once."""
+    mgr = _manager(adapter_root, 3)
+    writes = mgr._writes = _FailingFirstWrite(mgr._writes)
+    outcome: dict[str, object] = {}
+
+    def acquire(name: str) -> None:
+        try:
+            outcome[name] = mgr.acquire("a0")
+        except Exception as e:  # noqa: BLE001  (the test reads it)
+            outcome[name] = e
+
+    loader = threading.Thread(target=acquire, args=("loader",), daemon=True)
+    loader.start()
+    assert writes.entered.wait(10)
+    joiner = threading.Thread(target=acquire, args=("joiner",), daemon=True)
+    joiner.start()
+    _wait_for(lambda: mgr.stats().counters["gpu_joins"] == 1)
+    mgr.invalidate("a0")  # the re-upload: a newer load places the new version while the old copy runs
+    newer = mgr.acquire("a0")
+    writes.go.set()
+    loader.join(10)
+    joiner.join(10)
+    assert not joiner.is_alive(), "a request that joined the failed load waits forever"
+    assert isinstance(outcome["loader"], RuntimeError)
+    assert isinstance(outcome["joiner"], ResourceExhaustedError)
+    assert mgr.resident_ids() == ["a0"] and mgr.try_acquire_resident("a0") is newer
+    mgr.release(newer)
+    mgr.release(newer)
+    assert mgr.stats().used_bytes == newer.layout.num_elements * 4
+    mgr.invalidate("a0")
+    assert mgr.stats().used_bytes == 0
+
+
+def _wait_for(check, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 class _PausedSource:
     """The adapter directory, with resolve() of one id held after it read the files until released."""
 

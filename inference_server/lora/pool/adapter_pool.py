@@ -301,8 +301,10 @@ class AdapterPool:
                 self._packing.placed(ra.start, packed)
             self._writes.write(ra.start, packed)
         except BaseException:
-            with self._cond:
-                self._resident.pop(ra.adapter_id, None)
+            with self._cond:  # its place is freed here, once: a failed copy is never released
+                ra.failed = True
+                if self._resident.get(ra.adapter_id) is ra:  # (invalidated meanwhile: a newer copy may be there)
+                    del self._resident[ra.adapter_id]
                 self._alloc.free(ra.start)
                 self._cond.notify_all()
             raise
@@ -313,7 +315,7 @@ class AdapterPool:
     def _wait_ready(self, ra: ResidentAdapter) -> ResidentAdapter:
         with self._cond:
             while not ra.ready:
-                if ra.adapter_id not in self._resident and not ra.stale:  # its load failed
+                if ra.failed:
                     ra.refcount -= 1
                     raise ResourceExhaustedError(f"loading adapter {ra.adapter_id!r} failed; retry")
                 self._cond.wait(timeout=1.0)
