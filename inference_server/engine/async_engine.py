@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,8 +43,7 @@ class AsyncEngine:
         self._core = core
         self._manager = manager
         self._capacity = capacity
-        self._acquiring: dict[str, str] = {}  # request id -> the adapter it waits for (not in the pool yet)
-        self._unqueued: dict[str, threading.Event] = {}  # request id -> its abort, until the step loop has it
+        self._unqueued: dict[str, _Unqueued] = {}  # requests the step loop does not have yet
         self.adapters = adapters
         self.info = info
         self.tokenizer = core.tokenizer
@@ -131,14 +131,14 @@ class AsyncEngine:
         unless ``abort`` came first (then nothing is held). An abort of a request the step loop
         did not have yet was lost: one waiting for adapter pool space (a shutdown's grace period
         over) waited on, was queued and ran after it."""
-        cancel = threading.Event()  # set by abort(); also ends a wait for pool space
-        self._unqueued[request.request_id] = cancel
+        unqueued = self._unqueued[request.request_id] = _Unqueued()
+        cancel = unqueued.cancel
         grammar = adapter = None
         try:
             if request.grammar is not None:  # compiled off the event loop and the step loop (cached)
                 grammar = await asyncio.to_thread(self._core.grammars.compile, request.grammar)
             if not cancel.is_set():
-                adapter = await self._acquire(request, cancel)
+                adapter = await self._acquire(request, unqueued)
         except AcquireCancelled:
             if not cancel.is_set():
                 raise
@@ -155,29 +155,29 @@ class AsyncEngine:
         return TokenEvent(request.request_id, (), "", finish_reason=FinishReason.ABORT,
                           usage=Usage(len(request.prompt_token_ids), 0), timings=Timings(waited, waited, waited))
 
-    async def _acquire(self, request: GenerationRequest, cancel: threading.Event):
+    async def _acquire(self, request: GenerationRequest, unqueued: _Unqueued):
         if request.adapter_id is None:
             return None
-        adapter = await self._acquire_current(request, cancel)
+        adapter = await self._acquire_current(request, unqueued)
         if request.adapter_version is not None and adapter.version != request.adapter_version:
             self._manager.release(adapter)  # replaced since the request was admitted for that version
             raise AdapterNotFoundError(request.adapter_id)
         return adapter
 
-    async def _acquire_current(self, request: GenerationRequest, cancel: threading.Event):
+    async def _acquire_current(self, request: GenerationRequest, unqueued: _Unqueued):
         resident = self._manager.try_acquire_resident(request.adapter_id)
         if resident is not None:
             return resident
-        loading = self._loader.submit(self._manager.acquire, request.adapter_id, cancel)
-        self._acquiring[request.request_id] = request.adapter_id
+        loading = self._loader.submit(self._manager.acquire, request.adapter_id, unqueued.cancel)
+        unqueued.loading = request.adapter_id
         try:
             return await asyncio.wrap_future(loading)
         except asyncio.CancelledError:  # the caller left: stop waiting for pool space
-            self._manager.cancel_wait(cancel)
+            self._manager.cancel_wait(unqueued.cancel)
             loading.add_done_callback(self._release_unclaimed)
             raise
         finally:
-            self._acquiring.pop(request.request_id, None)
+            unqueued.loading = None
 
     def _release_unclaimed(self, loading: Future) -> None:
         """An acquisition that completed after its caller left: give the reference back."""
@@ -198,9 +198,9 @@ class AsyncEngine:
             self._deliver([TokenEvent(request.request_id, (), "", finish_reason=FinishReason.ERROR)])
 
     def abort(self, request_id: str) -> None:
-        cancel = self._unqueued.get(request_id)
-        if cancel is not None:  # its grammar compiles or its adapter loads: it ends before the step loop
-            self._manager.cancel_wait(cancel)
+        unqueued = self._unqueued.get(request_id)
+        if unqueued is not None:  # its grammar compiles or its adapter loads: it ends before the step loop
+            self._manager.cancel_wait(unqueued.cancel)
             return
         self._submit(lambda: self._core.abort(request_id))
 
@@ -210,7 +210,8 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         running_adapters, waiting_adapters = self._core.adapters_in_flight()
-        loading = set(self._acquiring.values())  # waiting for the pool: waiting too, as routers read it
+        # waiting for the pool: waiting too, as routers read it
+        loading = {u.loading for u in list(self._unqueued.values()) if u.loading is not None}
         pool = self._manager.stats()
         self._capacity.note(self._manager.resident_footprints())
         return EngineStats(
@@ -257,3 +258,11 @@ class AsyncEngine:
             stream = self._streams.get(event.request_id)
             if stream is not None:
                 stream.put(event)
+
+
+@dataclass
+class _Unqueued:
+    """A request between admission and the step loop: its grammar compiles, its adapter loads."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)  # set by abort(); also ends a pool wait
+    loading: str | None = None  # the adapter a loader thread fetches or places for it (the stats' waiting)
