@@ -44,6 +44,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _wait_seconds(text: str) -> float:
+    """A health --wait: a finite number of seconds >= 0 (0 = ask once; a negative or nan was taken as 0)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (0 = ask once), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every subcommand except ``serve`` (which takes the server's flags)."""
     from loraplex.clients.requests import DEFAULT_ADDRESS  # noqa: PLC0415
@@ -83,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm = adapters.add_parser("delete", help="delete an adapter")
     rm.add_argument("adapter_id")
     health = sub.add_parser("health", help="exit 0 if the server is SERVING")
-    health.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="poll until SERVING, up to this long")
+    health.add_argument("--wait", type=_wait_seconds, default=0.0, metavar="SECONDS",
+                        help="poll until SERVING, up to this long")
     sub.add_parser("info", help="the served model and the server's limits (JSON)")
     sub.add_parser("hash-token", help="read a token on stdin, print its entry for a tokens file's sha256")
     return p

@@ -234,3 +234,12 @@ def test_ctrl_c_before_the_call_exits_130_without_a_traceback(monkeypatch) -> No
 
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["health"]) == 130
+
+
+def test_a_health_wait_that_is_no_number_of_seconds_is_refused(capsys, address: str) -> None:
+    """--wait -5 and --wait nan asked once and did not wait, silently (only > 0 waited)."""
+    for bad in ("-5", "nan", "inf"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--address", address, "health", "--wait", bad])
+        assert exit_.value.code == 2 and "--wait: must be a number of seconds >= 0" in capsys.readouterr().err
+    assert run(capsys, address, "health", "--wait", "0") == (0, "SERVING\n", "")
