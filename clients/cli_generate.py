@@ -83,9 +83,12 @@ def _schema(text: str | None) -> str | None:
 
 def _prompt(args: argparse.Namespace) -> str:
     """The prompt text (``-``: stdin), refused unless valid UTF-8 (Python hands undecodable bytes
-    on as lone surrogates, which only fail later as an encoding error naming no input)."""
+    on as lone surrogates, which only fail later as an encoding error naming no input) and unless
+    it has some text (an unset variable or an empty file was answered from an empty chat turn)."""
     where = "stdin" if args.prompt == "-" else "the prompt argument"
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise ValueError(f"{where} is empty: nothing to answer")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:

@@ -210,6 +210,7 @@ def test_an_upload_honours_the_timeout_given(capsys, address: str, tmp_path: Pat
 
 def test_prompt_and_adapter_input_mistakes_are_named(capsys, address: str, monkeypatch) -> None:
     """Undecodable bytes in a prompt ended with "'utf-8' codec can't encode ... surrogates"; an
+    empty prompt (an unset variable, an empty file on stdin) was answered in chat mode; an
     empty --adapter (an unset variable) answered from the base model; an empty LORAPLEX_ADDRESS
     was taken as the address."""
     code, _, err = run(capsys, address, "generate", "--raw", "Hi \udcff there")
@@ -217,6 +218,11 @@ def test_prompt_and_adapter_input_mistakes_are_named(capsys, address: str, monke
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Hi \xff there"), errors="surrogateescape"))
     code, _, err = run(capsys, address, "generate", "--raw", "-")
     assert code == 1 and "stdin is not valid UTF-8" in err
+    for mode in ((), ("--raw",)):  # chat mode answered an empty turn; --raw said only "text: must be non-empty"
+        assert run(capsys, address, "generate", *mode, "") == (1, "", "loraplex: the prompt argument is empty: "
+                                                                       "nothing to answer\n")
+        monkeypatch.setattr("sys.stdin", io.StringIO(" \n"))
+        assert run(capsys, address, "generate", *mode, "-")[::2] == (1, "loraplex: stdin is empty: nothing to answer\n")
     with pytest.raises(SystemExit) as exit_:
         main(["--address", address, "generate", "--adapter", "", "hi"])
     assert exit_.value.code == 2 and "empty adapter id" in capsys.readouterr().err
