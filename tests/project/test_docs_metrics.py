@@ -6,7 +6,8 @@ real process on the tiny Llama, with authentication off and with tokens, serves 
 refuses a bad token, and is scraped on its metrics port and its HTTP port; the store sidecar is
 scraped for the loraplex_store_* names. A counter is matched by its exposed sample name
 (`loraplex_auth_failures_total`, never the bare `loraplex_auth_failures`), a gauge or histogram
-by its name; `loraplex_tenant_*` stands for any name with that prefix.
+by its name; `loraplex_tenant_*` stands for any name with that prefix. The other way round,
+docs/METRICS.md has a row for every metric the scrapes find, with its type and labels.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from doc_sources import doc_files, rel
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import free_port
 from store_services import StoreProcess
-from server_process import start_server, stop
+from server_process import REPO, start_server, stop
 
 from loraplex.clients import LoraplexClient, UnauthenticatedError
 from loraplex.inference_server.auth.tokens import hash_token
@@ -52,6 +53,41 @@ def exported_names(text: str) -> set[str]:
         names.update(s.name for s in family.samples)
         names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
+
+
+def families(text: str) -> dict[str, tuple[str, set[str]]]:
+    """name as queried (a counter's with _total) -> (type, the label names on its samples)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.endswith("_created"):  # prometheus_client's creation times, beside each counter
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        out[name] = (family.type, {k for s in family.samples for k in s.labels if k not in ("le", "quantile")})
+    return out
+
+
+def reference_rows(section: str) -> dict[str, tuple[str, set[str]]]:
+    """docs/METRICS.md's table under '## <Section>: ...': {name: (type, labels)}."""
+    rows: dict[str, tuple[str, set[str]]] = {}
+    inside = False
+    for line in (REPO / "docs" / "METRICS.md").read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].lower().startswith(f"{section}:")
+        elif inside and line.startswith("| `"):
+            name, kind, labels = (cell.strip() for cell in line.strip("|").split("|")[:3])
+            rows[name.strip("`")] = (kind, {label.strip() for label in labels.split(",") if label.strip()})
+    return rows
+
+
+def check_reference(section: str, exported: dict[str, tuple[str, set[str]]]) -> None:
+    """docs/METRICS.md, the operators' reference, has a row for every metric exported, with its type
+    and labels, and none for a metric that is gone."""
+    rows = reference_rows(section)
+    assert sorted(set(exported) - set(rows)) == [], f"exported, no row in docs/METRICS.md's {section} table"
+    assert sorted(set(rows) - set(exported)) == [], f"a row in docs/METRICS.md's {section} table, not exported"
+    for name, (kind, labels) in exported.items():
+        assert rows[name][0] == kind, f"{name}: docs/METRICS.md says {rows[name][0]}, exported as {kind}"
+        assert labels <= rows[name][1], f"{name}: labels {sorted(labels - rows[name][1])} not in docs/METRICS.md"
 
 
 def missing(documented: dict[str, list[str]], names: set[str]) -> list[str]:
@@ -115,6 +151,8 @@ def test_every_documented_server_metric_is_exported(tiny_llama_dir: Path, tmp_pa
     assert not gone, "documented, not exported on --metrics-port:\n" + "\n".join(gone)
     gone = missing(documented, exported_names(on_http_port))
     assert not gone, "documented, not exported on the HTTP port's /metrics:\n" + "\n".join(gone)
+    assert families(on_http_port).keys() == families(on_metrics_port).keys()
+    check_reference("server", families(on_metrics_port))
 
 
 def test_every_documented_store_metric_is_exported(tmp_path: Path) -> None:
@@ -122,7 +160,9 @@ def test_every_documented_store_metric_is_exported(tmp_path: Path) -> None:
     port = free_port()
     store = StoreProcess(["--local-dir", str(tmp_path / "blobs"), "--metrics-port", str(port)], tmp_path / "store.log")
     try:
-        gone = missing(documented, exported_names(_scrape(f"http://127.0.0.1:{port}/metrics")))
+        scraped = _scrape(f"http://127.0.0.1:{port}/metrics")
     finally:
         store.stop()
+    gone = missing(documented, exported_names(scraped))
+    check_reference("store", families(scraped))
     assert not gone, "documented, not exported by loraplex-store:\n" + "\n".join(gone)
