@@ -35,8 +35,9 @@ class UnavailableError(LoraplexClientError):
 
 class TransportMismatchError(UnavailableError):
     """The connection failed because client and port speak different transports (plaintext to a
-    TLS port, TLS to a plaintext one) or the server's certificate is not trusted; the message
-    names the fix (e.g. "this port speaks TLS: pass --tls-root-cert"). Waiting will not help."""
+    TLS port, TLS to a plaintext one, gRPC to a port that answers in HTTP/1.1) or the server's
+    certificate is not trusted; the message names the fix (e.g. "this port speaks TLS: pass
+    --tls-root-cert"). Waiting will not help."""
 
 
 class DeadlineExceededError(LoraplexClientError, TimeoutError):

@@ -5,7 +5,8 @@ plaintext port as a handshake failure deep in its message. When a connection fai
 clients ask ``Transport.explain``: it reads gRPC's message and, where that is not enough,
 tries one TLS handshake with the port itself (no certificate checked, nothing sent after
 it), and returns a TransportMismatchError that says "this port speaks TLS: pass
---tls-root-cert" (or the reverse, or that the certificate is not trusted).
+--tls-root-cert" (or the reverse, or that the certificate is not trusted, or that the port does
+not speak gRPC at all). A gRPC port without the inference service (the adapter store's) is named too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ UNTRUSTED = ("the server's TLS certificate is not one this client trusts (not si
 NO_CLIENT_CERT = ("this server requires a client certificate (mutual TLS): pass --tls-client-cert CERT.pem "
                   "--tls-client-key KEY.pem (env LORAPLEX_TLS_CLIENT_CERT / LORAPLEX_TLS_CLIENT_KEY; in Python "
                   "TlsConfig(client_cert_file=..., client_key_file=...))")
+HTTP_NOT_GRPC = ("this port does not speak gRPC (it answered in something other than HTTP/2: an HTTP/1.1 port, such "
+                 "as the server's OpenAI --http-port?): dial the server's gRPC port, its --port (default 50051)")
+NOT_INFERENCE_SERVICE = ("this port speaks gRPC but serves no loraplex.v1.InferenceService (the adapter store's "
+                         "port? another service?): dial the server's gRPC port, its --port (default 50051)")
 CLIENT_CERT_REFUSED = ("the server refused this client's certificate: it is not signed by a CA the server trusts "
                        "for clients (its --tls-client-ca-file), or it has expired")
 _UNTRUSTED_MARKS = ("CERTIFICATE_VERIFY_FAILED", "certificate signature failure", "Peer name")
@@ -48,6 +53,8 @@ class Transport:
     def explain(self, error: LoraplexClientError) -> LoraplexClientError:
         """``error``, or a TransportMismatchError naming the fix when the connection failed
         because the client and the port speak different transports."""
+        if error.code == grpc.StatusCode.UNIMPLEMENTED and "Method not found" in error.details:
+            return LoraplexClientError(error.code, f"{NOT_INFERENCE_SERVICE} ({error.details})")
         hint = self.hint(error)
         if hint is None:
             return error
@@ -59,6 +66,8 @@ class Transport:
         if error.code != grpc.StatusCode.UNAVAILABLE or CONNECT_FAILURE not in details:
             return None
         closed = "Socket closed" in details or "Connection reset" in details
+        if "Failed parsing HTTP/2" in details:  # the port answered gRPC's connection preface in another protocol
+            return HTTP_NOT_GRPC
         if self.tls:
             if closed and refuses_client(self.address, self.client_pair):  # a session ended over the client's cert
                 return CLIENT_CERT_REFUSED if self.client_pair else NO_CLIENT_CERT

@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from loraplex.clients import (
     AsyncLoraplexClient,
     ClientClosedError,
     LoraplexClient,
+    LoraplexClientError,
     TlsConfig,
     TransportMismatchError,
     UnavailableError,
@@ -208,3 +210,59 @@ def test_a_closed_client_says_so_at_once(servers) -> None:
             await async_client.wait_until_serving(60)
 
     asyncio.run(closed_async())
+
+
+@pytest.fixture
+def http_port():
+    """A plain HTTP server's address (an HTTP/1.1 port such as the server's --http-port)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def health_only_port():
+    """A gRPC server with the health service only (as the adapter store's port looks to this client)."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_an_http_port_is_named_and_not_waited_for(http_port, capsys) -> None:
+    """The HTTP port (--http-port) answered with gRPC's "Failed parsing HTTP/2 ... frame type 80",
+    and `health --wait` waited out its whole time, then said only DEADLINE_EXCEEDED."""
+    with LoraplexClient(http_port, timeout=5) as client:
+        with pytest.raises(TransportMismatchError, match="this port does not speak gRPC"):
+            client.server_info()
+        started = time.monotonic()
+        with pytest.raises(TransportMismatchError):
+            client.wait_until_serving(30)
+        assert time.monotonic() - started < 10
+    assert cli_main(["--address", http_port, "health", "--wait", "30"]) == 1
+    assert "this port does not speak gRPC" in capsys.readouterr().err
+
+
+def test_a_grpc_port_without_the_inference_service_is_named(health_only_port, capsys) -> None:
+    """The adapter store's port (or any other gRPC service) answered "UNIMPLEMENTED: Method not found!"."""
+    assert cli_main(["--address", health_only_port, "--timeout", "5", "info"]) == 1
+    err = capsys.readouterr().err
+    assert "serves no loraplex.v1.InferenceService" in err and "--port" in err, err
+
+    async def call() -> None:
+        async with AsyncLoraplexClient(health_only_port, timeout=5) as client:
+            await client.list_adapters()
+
+    with pytest.raises(LoraplexClientError, match="serves no loraplex.v1.InferenceService"):
+        asyncio.run(call())
