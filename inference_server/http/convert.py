@@ -118,8 +118,27 @@ def _renamed(build: Callable[[], T], names: Mapping[str, str]) -> T:
         raise type(exc)(said, names.get(exc.field, exc.field)) from None
 
 
+# Parameters of OpenAI's or vLLM's API that change the answer and that this edge does not honour, with
+# the values that ask for nothing (null always does): anything else is refused by name, since an answer
+# that ignored them would look right and be wrong (guided_json answered in free text). Other unknown
+# fields are still accepted and ignored, as vLLM does (schemas.py).
+UNHONOURED: dict[str, tuple[object, ...]] = {
+    "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
+    "audio": (), "web_search_options": (), "echo": (False,), "add_generation_prompt": (True,),
+    "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},), "documents": (),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structural_tag": (),
+    "structured_outputs": (), "use_beam_search": (False,), "length_penalty": (1, 1.0),
+    "include_stop_str_in_output": (False,), "prompt_logprobs": (), "bad_words": ([],), "allowed_token_ids": (),
+    "truncate_prompt_tokens": (), "logits_processors": (), "return_tokens_as_token_ids": (False,),
+    "spaces_between_special_tokens": (True,),
+}
+
+
 def _check_supported(body: _Sampling) -> None:
     """400 for parameters accepted by the API but not honoured here, rather than ignoring them."""
+    for name, value in (body.model_extra or {}).items():
+        if name in UNHONOURED and value is not None and value not in UNHONOURED[name]:
+            raise InvalidRequestError(f"is not supported by this server, got {json.dumps(value)[:80]}", name)
     if not 1 <= body.n <= MAX_CHOICES:
         raise InvalidRequestError(f"must be in [1, {MAX_CHOICES}], got {body.n}", "n")
     if body.stream_options is not None and not body.stream:
@@ -239,7 +258,7 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     grammar = _response_format(body)
     template = tokenizer.chat_template
     fmt = tool_formats.detect(template)
-    tools = tool_calls.tool_use(body.tools, body.tool_choice, fmt, template)
+    tools = tool_calls.tool_use(body.tools, body.tool_choice, fmt, template, body.parallel_tool_calls)
     if tools is not None:
         if grammar is not None:
             raise InvalidRequestError("cannot be combined with tools (their calls have their own format)",

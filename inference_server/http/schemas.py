@@ -1,6 +1,7 @@
 """The request bodies of the OpenAI-compatible endpoints, as pydantic models.
 
-Fields the edge does not know are accepted and ignored, as vLLM does: ``ignored_fields`` names
+Fields the edge does not know are accepted and ignored, as vLLM does (but for those of OpenAI's or
+vLLM's API that would change the answer: convert.py refuses them by name): ``ignored_fields`` names
 them, and the route logs them and names them in the ``X-Loraplex-Ignored-Fields`` response
 header, so a misspelt parameter is visible without failing the request. A known field with a
 bad value is a 400 naming it (``strict``: no silent coercion of types). Parameters whose form
@@ -106,7 +107,8 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    _chat_nulls = _nullable("logprobs")
+    parallel_tool_calls: bool = True  # false: one call at most
+    _chat_nulls = _nullable("logprobs", "parallel_tool_calls")
 
 
 def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:

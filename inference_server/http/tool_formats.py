@@ -43,11 +43,13 @@ class ToolFormat:
     marker: str = ""
     in_template: bool = True
 
-    def grammar(self, calls: list[dict[str, Any]], forced: bool) -> GrammarSpec | None:
-        """The output's grammar for these call schemas (``forced``: a call must be made); None
-        where the model answers freely ("auto" in a format without a text tag)."""
+    def grammar(self, calls: list[dict[str, Any]], forced: bool, parallel: bool = True) -> GrammarSpec | None:
+        """The output's grammar for these call schemas (``forced``: a call must be made; not
+        ``parallel``: a list holds one call); None where the model answers freely ("auto" in a
+        format without a text tag)."""
         one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        payload = {"type": "array", "minItems": 1, "items": one} if self.listed else one
+        most = {} if parallel else {"maxItems": 1}
+        payload = {"type": "array", "minItems": 1, **most, "items": one} if self.listed else one
         if self.begin:
             return GrammarSpec("tagged_json", json.dumps(payload), self.begin, self.end, free_text=not forced)
         return GrammarSpec("json_schema", json.dumps(payload)) if forced else None

@@ -70,11 +70,14 @@ class ToolCall:
 class ToolUse:
     """A chat request's tools, what ``tool_choice`` allows (``forced`` None for "auto", else the
     names of the functions one of which must be called; "required": all of them) and the model's
-    tool-call format."""
+    tool-call format; not ``parallel`` (``parallel_tool_calls: false``): one call at most, as
+    OpenAI makes it (a list holds one call, and of a text with more the first is read, as vLLM
+    reads it)."""
 
     tools: tuple[Tool, ...]
     forced: tuple[str, ...] | None
     format: ToolFormat = SMOLLM2
+    parallel: bool = True
 
     def system_prompt(self) -> str:
         tools = json.dumps([t.to_json() for t in self.tools])
@@ -85,7 +88,7 @@ class ToolUse:
         arguments valid for its parameters (None: "auto" in a format the model opens freely)."""
         allowed = [t for t in self.tools if self.forced is None or t.name in self.forced]
         return self.format.grammar([self.format.call_schema(t.name, t.parameters) for t in allowed],
-                                   self.forced is not None)
+                                   self.forced is not None, self.parallel)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them (OpenAI's shape), where it renders them."""
@@ -107,11 +110,11 @@ class ToolUse:
         """(the text outside the calls, None if empty; the calls) of a model's answer."""
         rest, calls = self.format.parse(text)
         return rest, [ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(arguments))
-                      for name, arguments in calls]
+                      for name, arguments in (calls if self.parallel else calls[:1])]
 
 
 def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-             fmt: ToolFormat | None, template: str = "") -> ToolUse | None:
+             fmt: ToolFormat | None, template: str = "", parallel: bool = True) -> ToolUse | None:
     """The request's ToolUse in ``fmt`` (the format of the model's chat template ``template``),
     or None when no tool may be called (no tools, or "none"); a bad tool or choice, or a
     template in no known format (``fmt`` None), is InvalidRequestError naming it."""
@@ -130,9 +133,9 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, An
                                   f"{', '.join(FORMATS)}); tools are refused rather than written in another "
                                   "model's format", "tools")
     if tool_choice is None or tool_choice == "auto":
-        return ToolUse(parsed, None, fmt)
+        return ToolUse(parsed, None, fmt, parallel)
     if tool_choice == "required":
-        return ToolUse(parsed, tuple(names), fmt)
+        return ToolUse(parsed, tuple(names), fmt, parallel)
     function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
@@ -140,7 +143,7 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, An
                                   '{"name": ...}}', "tool_choice")
     if name not in names:
         raise InvalidRequestError(f"names {name!r}, which is not among the tools", "tool_choice")
-    return ToolUse(parsed, (name,), fmt)
+    return ToolUse(parsed, (name,), fmt, parallel)
 
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name

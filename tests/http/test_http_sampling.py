@@ -45,9 +45,8 @@ def test_unknown_fields_are_accepted_ignored_named_and_logged(served, caplog) ->
     assert headers["X-Loraplex-Ignored-Fields"] == "guided_whatever,priority"
     assert "guided_whatever, priority" in caplog.text
     chat = {"model": BASE, "messages": [{"role": "user", "content": "hi", "weight": 2}], "max_tokens": 2,
-            "parallel_tool_calls": False}
-    assert _post(url + "/chat/completions", chat)[1]["X-Loraplex-Ignored-Fields"] == (
-        "messages[0].weight,parallel_tool_calls")
+            "store": False}
+    assert _post(url + "/chat/completions", chat)[1]["X-Loraplex-Ignored-Fields"] == "messages[0].weight,store"
     _, plain_headers, _ = _post(url + "/completions", {"model": BASE, "prompt": "hi", "max_tokens": 1})
     assert plain_headers.get("X-Loraplex-Ignored-Fields") is None
     # names no header can carry as they are (letters outside Latin-1, a line break, a comma): escaped
@@ -63,6 +62,29 @@ def test_unknown_fields_are_accepted_ignored_named_and_logged(served, caplog) ->
     assert status == 200 and names[:2] == ["extra_field_0000", "extra_field_0001"]
     assert len(",".join(names)) < 1100 and names[-1] == f"+{600 - len(names) + 1} more"
     assert f"{names[-2]}, {names[-1]}" in caplog.text and "extra_field_0599" not in caplog.text
+
+
+def test_parameters_that_change_the_answer_but_are_not_honoured_are_refused_by_name(served) -> None:  # noqa: F811
+    """guided_json, functions, include_stop_str_in_output...: ignoring them would answer wrongly
+    with a 200 (free text for a schema); a value that asks for nothing, and null, are accepted."""
+    _, engine, client, _ = served
+    msgs = [{"role": "user", "content": "hi"}]
+    asked = [(client.chat.completions.create, dict(functions=[{"name": "f"}]), "functions"),
+             (client.chat.completions.create, dict(modalities=["text", "audio"]), "modalities"),
+             (client.chat.completions.create, dict(extra_body={"guided_json": {"type": "object"}}), "guided_json"),
+             (client.chat.completions.create, dict(extra_body={"echo": True}), "echo"),
+             (client.completions.create, dict(extra_body={"include_stop_str_in_output": True}),
+              "include_stop_str_in_output"),
+             (client.completions.create, dict(extra_body={"prompt_logprobs": 1}), "prompt_logprobs")]
+    for create, extra, param in asked:
+        args = dict(messages=msgs) if create == client.chat.completions.create else dict(prompt="hi")
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(model=BASE, max_tokens=2, **args, **extra)
+        assert refused.value.body["param"] == param and "not supported" in refused.value.body["message"]
+    sent = len(engine.requests)
+    client.chat.completions.create(model=BASE, messages=msgs, max_tokens=2, modalities=["text"],
+                                   extra_body={"guided_json": None, "echo": False, "functions": []})
+    assert len(engine.requests) == sent + 1
 
 
 def test_vllm_and_openai_sampling_parameters_reach_the_engine(served) -> None:  # noqa: F811

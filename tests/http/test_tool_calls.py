@@ -219,3 +219,34 @@ def test_a_call_cut_in_its_closing_tag_through_the_http_edge(tmp_path: Path) -> 
     finally:
         client.close()
         srv.close()
+
+
+def test_parallel_tool_calls_false_makes_one_call_at_most(tmp_path: Path) -> None:
+    """LangChain's with_structured_output sends parallel_tool_calls=false with a named choice: the
+    list of calls holds one, and of an answer with more the first is read (it was ignored: two calls
+    came back)."""
+    single = _tool_use(TOOLS, "required", FORMATS["smollm2"], parallel=False)
+    assert json.loads(single.grammar().schema)["maxItems"] == 1
+    assert "maxItems" not in json.loads(tool_use(TOOLS, "required").grammar().schema)
+    hermes = _tool_use(TOOLS, "auto", FORMATS["hermes"], parallel=False)
+    two = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><tool_call>\n{"name": "get_weather", ' \
+          '"arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert [c.name for c in hermes.parse(two)[1]] == ["get_time"]
+    script = BEGIN + '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {}}]' + END
+    srv = ServerThread(ServerOptions(port=0))
+    url = srv.start_http()
+    srv.attach(_ScriptedEngine(tmp_path / "adapters", script))
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=10)
+    try:
+        ask = dict(model="fake-llama", messages=[{"role": "user", "content": "Time?"}], tools=TOOLS,
+                   tool_choice="required", max_tokens=len(script))
+        assert len(client.chat.completions.create(**ask).choices[0].message.tool_calls) == 2
+        for parallel in (False, None):  # null reads as unset: parallel
+            answer = client.chat.completions.create(**ask, parallel_tool_calls=parallel).choices[0]
+            assert [c.function.name for c in answer.message.tool_calls] == (
+                ["get_time"] if parallel is False else ["get_time", "get_weather"])
+        chunks = list(client.chat.completions.create(**ask, parallel_tool_calls=False, stream=True))
+        assert [c.function.name for c in chunks[-1].choices[0].delta.tool_calls] == ["get_time"]
+    finally:
+        client.close()
+        srv.close()
