@@ -10,10 +10,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
-from loraplex.clients.base import HEALTH_STATUS, ClientBase, ServingWait
-from loraplex.clients.errors import LoraplexClientError, from_rpc_error
+from loraplex.clients.base import HEALTH_STATUS, SERVICE_UNKNOWN, ClientBase, ServingWait
+from loraplex.clients.errors import LoraplexClientError, NotFoundError, from_rpc_error
 from loraplex.clients.requests import (
     DEFAULT_ADDRESS,
+    SERVICE,
     CapturedStream,
     Progress,
     UploadPlan,
@@ -130,8 +131,12 @@ class AsyncLoraplexClient(ClientBase):
         return ServerInfo.from_pb(await self._call(self._stub.ServerInfo, pb.ServerInfoRequest(), timeout))
 
     async def health(self, service: str = "", *, timeout: float | None = None) -> str:
-        """SERVING, NOT_SERVING, SERVICE_UNKNOWN or UNKNOWN."""
-        response = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout)
+        """SERVING, NOT_SERVING, SERVICE_UNKNOWN (the port's health service does not know ``service``)
+        or UNKNOWN."""
+        try:
+            response = await self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout)
+        except NotFoundError:  # grpc.health.v1's answer for a service it does not know
+            return SERVICE_UNKNOWN
         return HEALTH_STATUS[response.status]
 
     async def wait_until_serving(self, timeout: float = 300.0, interval: float = 0.25) -> None:
@@ -141,7 +146,7 @@ class AsyncLoraplexClient(ClientBase):
         wait = ServingWait(self.address, timeout)
         while wait.waiting():
             try:
-                if wait.serving(await self.health(timeout=wait.poll_timeout())):
+                if wait.serving(await self.health(SERVICE, timeout=wait.poll_timeout())):
                     return
             except ServingWait.STILL_STARTING as exc:
                 wait.not_up(exc)  # raises it again when waiting cannot help

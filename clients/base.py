@@ -6,15 +6,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loraplex.clients.errors import ClientClosedError, DeadlineExceededError, TransportMismatchError, UnavailableError
+from loraplex.clients.errors import (
+    ClientClosedError,
+    DeadlineExceededError,
+    LoraplexClientError,
+    TransportMismatchError,
+    UnavailableError,
+)
 from loraplex.clients.requests import channel_options
 from loraplex.clients.security import TlsConfig, auth_metadata, make_channel
-from loraplex.clients.transport import Transport
+from loraplex.clients.transport import NOT_INFERENCE_SERVICE, Transport
 from loraplex.v1 import inference_pb2_grpc as pb_grpc
 
 HEALTH_STATUS = {v: k for k, v in health_pb2.HealthCheckResponse.ServingStatus.items()}
+SERVICE_UNKNOWN = "SERVICE_UNKNOWN"  # health: the port does not serve the service asked about
 
 
 class ClientBase:
@@ -62,6 +70,11 @@ class ServingWait:
         return max(0.1, min(5.0, self.deadline - time.monotonic()))
 
     def serving(self, status: str) -> bool:
+        """Is ``status`` (the inference service's health) SERVING? A port that does not serve the
+        service at all (the adapter store's, another gRPC server's) is raised at once: its health
+        service said SERVING for the whole server, and waiting cannot help."""
+        if status == SERVICE_UNKNOWN:
+            raise LoraplexClientError(grpc.StatusCode.UNIMPLEMENTED, f"{self.address}: {NOT_INFERENCE_SERVICE}")
         self.last = status
         return status == "SERVING"
 

@@ -136,10 +136,16 @@ def _list(client: Any, args: argparse.Namespace) -> int:
 
 
 def _health(client: Any, args: argparse.Namespace) -> int:
+    """The inference service's health (a whole server's, "", was SERVING on the adapter store's port too)."""
+    from loraplex.clients.requests import SERVICE  # noqa: PLC0415
+    from loraplex.clients.transport import NOT_INFERENCE_SERVICE  # noqa: PLC0415
+
     if args.wait > 0:
         client.wait_until_serving(timeout=args.wait)
-    status = client.health()
+    status = client.health(SERVICE)
     print(status)
+    if status == "SERVICE_UNKNOWN":
+        print(f"loraplex: {NOT_INFERENCE_SERVICE}", file=sys.stderr)
     return EXIT_OK if status == "SERVING" else EXIT_ERROR
 
 

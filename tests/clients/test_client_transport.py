@@ -266,3 +266,27 @@ def test_a_grpc_port_without_the_inference_service_is_named(health_only_port, ca
 
     with pytest.raises(LoraplexClientError, match="serves no loraplex.v1.InferenceService"):
         asyncio.run(call())
+
+
+def test_health_asks_for_the_inference_service(health_only_port, capsys) -> None:
+    """`loraplex health` and wait_until_serving asked for the whole server's health (""), which the
+    adapter store's port answers SERVING too: a script waited for the store and then failed its calls."""
+    assert cli_main(["--address", health_only_port, "--timeout", "5", "health"]) == 1
+    out = capsys.readouterr()
+    assert out.out == "SERVICE_UNKNOWN\n" and "serves no loraplex.v1.InferenceService" in out.err
+    assert cli_main(["--address", health_only_port, "health", "--wait", "30"]) == 1
+    assert "serves no loraplex.v1.InferenceService" in capsys.readouterr().err
+    with LoraplexClient(health_only_port, timeout=5) as client:
+        assert client.health() == "SERVING"
+        assert client.health("loraplex.v1.InferenceService") == "SERVICE_UNKNOWN"
+        started = time.monotonic()
+        with pytest.raises(LoraplexClientError, match="serves no loraplex.v1.InferenceService"):
+            client.wait_until_serving(30)
+        assert time.monotonic() - started < 5
+
+    async def wait() -> None:
+        async with AsyncLoraplexClient(health_only_port, timeout=5) as client:
+            await client.wait_until_serving(30)
+
+    with pytest.raises(LoraplexClientError, match="serves no loraplex.v1.InferenceService"):
+        asyncio.run(wait())
