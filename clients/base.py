@@ -61,6 +61,7 @@ class ServingWait:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.last = "no answer"
+        self._unreachable = False  # the last poll's error was UNAVAILABLE (refused, no such host)
 
     def waiting(self) -> bool:
         return time.monotonic() < self.deadline
@@ -75,15 +76,19 @@ class ServingWait:
         service said SERVING for the whole server, and waiting cannot help."""
         if status == SERVICE_UNKNOWN:
             raise LoraplexClientError(grpc.StatusCode.UNIMPLEMENTED, f"{self.address}: {NOT_INFERENCE_SERVICE}")
-        self.last = status
+        self.last, self._unreachable = status, False
         return status == "SERVING"
 
     def not_up(self, exc: UnavailableError | DeadlineExceededError) -> None:
         """Note a server not up yet; a transport mismatch (an UnavailableError) is raised again:
-        waiting cannot fix it."""
+        waiting cannot fix it. A poll cut short by its deadline while its call was retrying an
+        unreachable port keeps the reason it was unreachable (the last poll, shorter than gRPC's
+        retries, ran out first: the wait ended saying only DEADLINE_EXCEEDED of a server that was down)."""
         if isinstance(exc, TransportMismatchError):
             raise exc
-        self.last = str(exc)
+        if isinstance(exc, DeadlineExceededError) and self._unreachable:
+            return
+        self.last, self._unreachable = str(exc), isinstance(exc, UnavailableError)
 
     def expired(self) -> TimeoutError:
         return TimeoutError(f"{self.address} not SERVING after {self.timeout:.0f}s (last: {self.last})")

@@ -93,6 +93,14 @@ def test_unreachable_server_is_a_clean_error(capsys) -> None:
     assert code == 1 and "UNAVAILABLE" in capsys.readouterr().err
 
 
+def test_a_wait_for_a_server_that_is_down_says_it_is_down(capsys) -> None:
+    """The last poll, cut short by the wait's end while gRPC retried the refused connection, ended
+    the wait with "last: DEADLINE_EXCEEDED", as if the server were up but slow."""
+    assert main(["--address", "127.0.0.1:1", "health", "--wait", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "not SERVING after 4s (last: UNAVAILABLE" in err and "DEADLINE_EXCEEDED" not in err, err
+
+
 def test_upload_of_a_missing_folder_is_a_clean_error(capsys, address: str, tmp_path: Path) -> None:
     code, _, err = run(capsys, address, "adapters", "upload", "x", str(tmp_path / "nope"))
     assert code == 1 and err == f"loraplex: {tmp_path / 'nope'}: not a folder\n"  # no progress bar first
