@@ -160,9 +160,15 @@ def _tool(i: int, tool: Any) -> Tool:
     description = function.get("description") or ""
     if not isinstance(description, str):
         raise InvalidRequestError("must be a string", f"tools[{i}].function.description")
-    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    parameters = function.get("parameters")
+    if parameters is None or parameters == {}:  # no parameters: the call's arguments are {}
+        parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise InvalidRequestError("must be a JSON schema object", f"tools[{i}].function.parameters")
+    if parameters.get("type") != "object":  # arguments are keyword arguments: '9' or '"abc"' are none
+        raise InvalidRequestError(f'must be a schema of "type": "object" (as OpenAI requires: a call\'s arguments '
+                                  f'are an object), got "type": {json.dumps(parameters.get("type"))[:40]}',
+                                  f"tools[{i}].function.parameters")
     check_schema(parameters, f"tools[{i}].function.parameters")
     return Tool(name, description, parameters)
 

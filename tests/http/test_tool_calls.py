@@ -42,6 +42,11 @@ def test_no_tools_or_none_means_no_tool_use() -> None:
     ([{"type": "retrieval", "function": {}}], None, "tools[0]"),
     ([{"type": "function", "function": {"name": ""}}], None, "tools[0].function.name"),
     ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], None, "tools[0].function.parameters"),
+    # arguments are an object (keyword arguments): a string or number schema made arguments '9' (a 200)
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "integer"}}}], None,
+     "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"anyOf": [{"type": "object"}]}}}], None,
+     "tools[0].function.parameters"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "allOf": []}}}], None,
      "tools[0].function.parameters"),
     ([*TOOLS, TOOLS[0]], None, "tools"),
@@ -52,6 +57,13 @@ def test_bad_tools_and_choices_name_their_field(tools, choice, field) -> None:
     with pytest.raises(InvalidRequestError) as refused:
         tool_use(tools, choice)
     assert refused.value.field == field
+
+
+def test_no_parameters_or_empty_ones_are_an_object_of_no_arguments() -> None:
+    for function in ({"name": "f"}, {"name": "f", "parameters": None}, {"name": "f", "parameters": {}}):
+        use = tool_use([{"type": "function", "function": function}], "required")
+        assert json.loads(use.grammar().schema)["items"]["properties"]["arguments"] == {"type": "object",
+                                                                                          "properties": {}}
 
 
 def test_each_choice_asks_for_its_grammar() -> None:
