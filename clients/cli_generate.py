@@ -66,19 +66,25 @@ def add_generate_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--min-tokens", type=int, default=0, help="no EOS, stop token or stop string before this many")
     g.add_argument("--ignore-eos", action="store_true", help="go on past EOS (up to --max-new-tokens)")
     g.add_argument("-n", "--n", type=_choices, default=1, help="choices of the prompt (printed one after another)")
-    g.add_argument("--json-schema", default=None, metavar="SCHEMA",
-                   help="the answer is a document of this JSON schema (JSON text, or @file.json)")
-    g.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    structured = g.add_mutually_exclusive_group()  # one format: both ended in "pass json_schema or json_object"
+    structured.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                            help="the answer is a document of this JSON schema (JSON text, or @file.json)")
+    structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
     g.add_argument("--json", action="store_true", help="print each event as a JSON line")
     g.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
 
 
 def _schema(text: str | None) -> str | None:
-    """--json-schema's JSON text (``@path`` reads a file)."""
+    """--json-schema's JSON text (``@path`` reads a file; one that cannot be read is named)."""
     if text is None or not text.startswith("@"):
         return text
-    with open(text[1:], encoding="utf-8") as handle:
-        return handle.read()
+    try:
+        with open(text[1:], encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as e:  # the message named neither the flag nor, for a bad byte, the file
+        raise ValueError(f"--json-schema {text}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--json-schema {text}: not UTF-8 text (an undecodable byte at offset {e.start})") from None
 
 
 def _prompt(args: argparse.Namespace) -> str:

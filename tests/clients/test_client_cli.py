@@ -257,3 +257,19 @@ def test_a_health_wait_that_is_no_number_of_seconds_is_refused(capsys, address: 
             main(["--address", address, "health", "--wait", bad])
         assert exit_.value.code == 2 and "--wait: must be a number of seconds >= 0" in capsys.readouterr().err
     assert run(capsys, address, "health", "--wait", "0") == (0, "SERVING\n", "")
+
+
+def test_a_json_schema_file_that_cannot_be_read_is_named(capsys, address: str, tmp_path: Path) -> None:
+    """`--json-schema @file` said "[Errno 2] No such file or directory" (no flag), or for a file not in
+    UTF-8 "'utf-8' codec can't decode byte 0xff ..." (no file); with --json-object too it said
+    "pass json_schema or json_object, not both", Python's names, not the flags."""
+    binary = tmp_path / "schema.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    code, _, err = run(capsys, address, "generate", "--json-schema", f"@{tmp_path / 'nope.json'}", "hi")
+    assert (code, err) == (1, f"loraplex: --json-schema @{tmp_path / 'nope.json'}: cannot read (No such file or "
+                              "directory)\n")
+    code, _, err = run(capsys, address, "generate", "--json-schema", f"@{binary}", "hi")
+    assert code == 1 and err.startswith(f"loraplex: --json-schema @{binary}: not UTF-8 text"), err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--address", address, "generate", "--json-schema", "{}", "--json-object", "hi"])
+    assert exit_.value.code == 2 and "not allowed with argument --json-schema" in capsys.readouterr().err
