@@ -101,11 +101,12 @@ def generate_request(
         raise ValueError(f"pass exactly one of prompt, token_ids or messages (got {given or 'none'})")
     if isinstance(stop, str):
         stop = (stop,)
-    if adapter is not None and not adapter.strip():
-        raise ValueError(f"adapter: empty id {adapter!r} (None is the base model)")
-    req = pb.GenerateRequest(adapter_id=adapter or "", request_id=request_id)
+    if adapter is not None and not (isinstance(adapter, str) and adapter.strip()):
+        raise ValueError(f"adapter: must be a non-empty id, got {adapter!r} (None is the base model)")
+    req = pb.GenerateRequest(adapter_id=adapter or "")
+    _set(req, "request_id", request_id)
     if prompt is not None:
-        req.text = prompt
+        _set(req, "text", prompt, "prompt")
     elif token_ids is not None:
         try:
             req.token_ids.ids.extend(token_ids)
@@ -113,9 +114,9 @@ def generate_request(
             raise ValueError(f"token_ids: {e} (token ids are integers in 0..{2**32 - 1})") from None
     else:
         req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages or ()))
+    _set(req, "n", n)
     if n < 1:  # 0 would go out as unset (proto3): one choice, not the none asked for
         raise ValueError(f"n: must be at least 1, got {n}")
-    _set(req, "n", n)
     if skip_special_tokens is not None:
         _set(req, "skip_special_tokens", skip_special_tokens)
     _sampling(req.sampling, dict(
@@ -126,13 +127,13 @@ def generate_request(
     st = req.stopping
     if max_new_tokens is not None:
         _set(st, "max_new_tokens", max_new_tokens)
-    st.stop_strings.extend(stop)
-    try:
-        st.stop_token_ids.extend(stop_token_ids)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"stop_token_ids: {e}") from None
+    for field, values in (("stop_strings", stop), ("stop_token_ids", stop_token_ids)):
+        try:
+            getattr(st, field).extend(values)
+        except (TypeError, ValueError) as e:  # protobuf's TypeError names no argument
+            raise ValueError(f"{'stop' if field == 'stop_strings' else field}: {e} (got {values!r})") from None
     _set(st, "min_tokens", min_tokens)
-    st.ignore_eos = ignore_eos
+    _set(st, "ignore_eos", ignore_eos)
     if json_schema is not None and json_object:
         raise ValueError("pass json_schema or json_object, not both")
     if json_schema is not None:
@@ -168,12 +169,13 @@ def _sampling(s: pb.SamplingParams, values: dict[str, Any], logit_bias: Mapping[
             raise ValueError(f"logit_bias[{token}]: {e} (got {bias!r})") from None
 
 
-def _set(message: object, name: str, value: object) -> None:
-    """message.name = value, a protobuf range or type error naming the argument."""
+def _set(message: object, name: str, value: object, argument: str | None = None) -> None:
+    """message.name = value, a protobuf range or type error naming the argument (``argument``, if
+    its name is not the field's)."""
     try:
         setattr(message, name, value)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: {e} (got {value!r})") from None
+        raise ValueError(f"{argument or name}: {e} (got {value!r})") from None
 
 
 def _chat_message(i: int, m: object) -> pb.ChatMessage:

@@ -42,3 +42,19 @@ def test_upload_says_the_visibility_the_list_shows(capsys, address: str, tmp_pat
 def test_a_token_id_the_client_refuses_names_the_field(ids: list) -> None:
     with pytest.raises(ValueError, match=r"^token_ids: "):
         generate_request(token_ids=ids)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompt": 123}, r"^prompt: "),
+    ({"prompt": ["a", "b"]}, r"^prompt: "),
+    ({"prompt": "x", "adapter": 5}, r"^adapter: must be a non-empty id"),
+    ({"prompt": "x", "stop": [1]}, r"^stop: "),
+    ({"prompt": "x", "n": "2"}, r"^n: "),
+    ({"prompt": "x", "ignore_eos": "yes"}, r"^ignore_eos: "),
+    ({"prompt": "x", "request_id": 5}, r"^request_id: "),
+])
+def test_an_argument_of_the_wrong_type_is_named(kwargs: dict, message: str) -> None:
+    """They raised protobuf's TypeError "bad argument type for built-in operation" naming no argument,
+    or AttributeError ('int' object has no attribute 'strip') for a non-string adapter."""
+    with pytest.raises(ValueError, match=message):
+        generate_request(**kwargs)
