@@ -114,9 +114,9 @@ def generate_request(
             raise ValueError(f"token_ids: {e} (token ids are integers in 0..{2**32 - 1})") from None
     else:
         req.chat.messages.extend(_chat_message(i, m) for i, m in enumerate(messages or ()))
-    _set(req, "n", n)
-    if n < 1:  # 0 would go out as unset (proto3): one choice, not the none asked for
+    if isinstance(n, int) and n < 1:  # 0 would go out as unset (proto3): one choice, not the none asked for
         raise ValueError(f"n: must be at least 1, got {n}")
+    _set(req, "n", n)
     if skip_special_tokens is not None:
         _set(req, "skip_special_tokens", skip_special_tokens)
     _sampling(req.sampling, dict(
