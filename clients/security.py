@@ -91,9 +91,15 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
 
 def check_address(address: str) -> str:
     """``address`` if it is a usable gRPC target, else ValueError naming the problem (a port past
-    65535 was taken modulo 65536 by the resolver, and the call failed naming another port)."""
+    65535 was taken modulo 65536 by the resolver, and the call failed naming another port; an
+    http:// URL failed as a "Misformatted domain name")."""
     if not isinstance(address, str) or not address.strip():
         raise ValueError(f"address must be host:port, got {address!r}")
+    # the HTTP API's base URL (http://host:8000/v1) is no gRPC target: it failed "Misformatted domain name"
+    url = re.match(r"(https?)://([^/]+)(/.*)?\Z", address, re.IGNORECASE)
+    if url is not None:
+        tls = " with TLS (--tls; in Python tls=TlsConfig())" if url[1].lower() == "https" else ""
+        raise ValueError(f"address {address!r} is a URL: a gRPC address is host:port, e.g. {url[2]!r}{tls}")
     m = re.search(r":(\d+)\Z", address)
     if m is not None and not 1 <= int(m[1]) <= 65535:
         raise ValueError(f"address {address!r}: port {m[1]} is outside 1-65535")

@@ -273,3 +273,15 @@ def test_a_json_schema_file_that_cannot_be_read_is_named(capsys, address: str, t
     with pytest.raises(SystemExit) as exit_:
         main(["--address", address, "generate", "--json-schema", "{}", "--json-object", "hi"])
     assert exit_.value.code == 2 and "not allowed with argument --json-schema" in capsys.readouterr().err
+
+
+def test_a_url_for_an_address_is_named(capsys) -> None:
+    """`--address http://127.0.0.1:8000/v1` (the HTTP API's base URL) failed as gRPC's "Misformatted
+    domain name"; it names the host:port to pass instead, and TLS for https."""
+    from loraplex.clients.sync_client import LoraplexClient
+
+    assert main(["--address", "http://127.0.0.1:8000/v1", "health"]) == 1
+    assert capsys.readouterr().err == ("loraplex: address 'http://127.0.0.1:8000/v1' is a URL: a gRPC address is "
+                                       "host:port, e.g. '127.0.0.1:8000'\n")
+    with pytest.raises(ValueError, match=r"is a URL: .* e.g. 'api.example.com:443' with TLS"):
+        LoraplexClient("https://api.example.com:443")
