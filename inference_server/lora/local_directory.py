@@ -13,7 +13,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +23,7 @@ from loraplex.adapter_store.format.files import ADAPTER_FILES, AdapterFiles, Ada
 from loraplex.adapter_store.format.naming import validate_adapter_id
 from loraplex.adapter_store.format.pattern_decisions import PatternValue
 from loraplex.adapter_store.format.peft_format import CONFIG_FILE, parse_adapter_files, parse_adapter_upload
+from loraplex.inference_server.lora.retired_versions import RetiredVersions, remove_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,6 @@ INFO_FILE = "loraplex_info.json"
 # What PEFT's save_pretrained writes (its model card beside the adapter's files): a hand-made folder
 # holding only these is replaced or deleted whole; anything else in it refuses the call.
 PEFT_SAVED_FILES = frozenset({*ADAPTER_FILES, "README.md"})
-# How long a replaced or deleted version's folder outlives its link (a reader that resolved the
-# link before the swap reads that folder), and how old a leftover must be before a start removes it.
-RETIRE_S = 300.0
-# How many replaced versions of one adapter stay within RETIRE_S: rapid re-uploads of one id would
-# otherwise keep every version (1,250 folders after 40 s of them); a reader pins the version it
-# resolved, which the next swaps retire first, so the oldest past this many go at once.
-RETIRED_PER_ADAPTER = 2
-
 
 class LocalAdapterDirectory:
     """Adapters as PEFT folders under ``root/<id>`` (``id`` = ``name`` or ``tenant/name``).
@@ -67,8 +59,9 @@ class LocalAdapterDirectory:
     Nothing the server did not write is deleted: a symlink made by hand is replaced or removed,
     never what it points to; a hand-made folder is replaced or deleted only while it holds nothing
     but what PEFT's save_pretrained writes (anything else there, a training log or checkpoints,
-    refuses the call by name). A replaced or deleted version's folder stays RETIRE_S (the newest
-    RETIRED_PER_ADAPTER of one adapter), so a reader that pinned it reads it whole; leftovers of a process killed mid-write (staging, unlinked versions) go at start.
+    refuses the call by name). A replaced or deleted version's folder stays a while, so a reader that
+    pinned it reads it whole, and leftovers of a process killed mid-write (staging, unlinked versions)
+    go at start (lora/retired_versions.py).
     """
 
     def __init__(self, root: str | os.PathLike[str], base: BaseShapes | None = None, max_rank: int = 128) -> None:
@@ -83,7 +76,7 @@ class LocalAdapterDirectory:
         # weights file only when it changed (else every ListAdapters re-reads them all, linear in the adapters)
         self._infos: dict[str, tuple[tuple, AdapterInfo]] = {}
         self._skipped: dict[str, str] = {}  # folder -> why list() leaves it out (logged once a reason)
-        self._retired: list[tuple[float, Path]] = []  # (when, version folder) no link names any more, oldest first
+        self._retired = RetiredVersions()  # version folders no link names any more
         self._remove_leftovers()
 
     def _path(self, adapter_id: str) -> Path:
@@ -198,7 +191,7 @@ class LocalAdapterDirectory:
 
     def list(self) -> list[AdapterInfo]:
         with self._lock:  # a burst of uploads followed by none leaves no folder past its time
-            self._sweep()
+            self._retired.sweep()
         out = []
         # ids are name or tenant/name; "**" would not descend into the symlinked version folders
         for config in sorted([*self.root.glob(f"*/{CONFIG_FILE}"), *self.root.glob(f"*/*/{CONFIG_FILE}")]):
@@ -253,7 +246,7 @@ class LocalAdapterDirectory:
         link.symlink_to(os.path.relpath(version_dir, target.parent))
         os.replace(link, target)
         if old is not None and old != version_dir:
-            self._retire(old)
+            self._retired.retire(old)
 
     def delete(self, adapter_id: str) -> None:
         target = self._path(adapter_id)
@@ -264,7 +257,7 @@ class LocalAdapterDirectory:
                 old = self._managed_version(target)
                 target.unlink()
                 if old is not None:
-                    self._retire(old)
+                    self._retired.retire(old)
                 return
             held = _held_adapters(target)
             if held:  # a hand-made adapter folder that also holds adapters: they would go with it
@@ -282,44 +275,8 @@ class LocalAdapterDirectory:
         real = Path(os.path.realpath(target))
         return real if real.parent == Path(os.path.realpath(self._versions)) else None
 
-    def _retire(self, version_dir: Path) -> None:
-        """No link names ``version_dir`` now: removed once RETIRE_S have passed, or once
-        RETIRED_PER_ADAPTER newer versions of its adapter were retired (call under the lock)."""
-        self._retired.append((time.monotonic(), version_dir))
-        self._sweep()
-
-    def _sweep(self) -> None:
-        """Remove the retired folders whose time is up or that too many newer ones of their adapter follow."""
-        now, kept, newer = time.monotonic(), [], Counter()
-        for when, path in reversed(self._retired):
-            adapter = _version_adapter(path)
-            newer[adapter] += 1
-            if now - when >= RETIRE_S or newer[adapter] > RETIRED_PER_ADAPTER:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                kept.append((when, path))
-        self._retired = kept[::-1]
-
     def _remove_leftovers(self) -> None:
-        """At start: staging folders and version folders no link names, older than RETIRE_S (a
-        process killed mid-upload or mid-delete left them; younger ones may be another process's)."""
-        named = {os.path.realpath(p) for p in _links(self.root)}
-        cutoff = time.time() - RETIRE_S
-        for parent, keep in ((self._staging, set()), (self._versions, named)):
-            if not parent.is_dir():
-                continue
-            for path in parent.iterdir():
-                try:
-                    old = path.lstat().st_mtime < cutoff
-                except OSError:
-                    continue
-                if old and os.path.realpath(path) not in keep:
-                    shutil.rmtree(path, ignore_errors=True)
-
-
-def _version_adapter(version_dir: Path) -> str:
-    """The adapter a version folder (``<id with / as __>@<version>-<nonce>``) was written for."""
-    return version_dir.name.rpartition("@")[0]
+        remove_leftovers(self._staging, self._versions, _links(self.root))
 
 
 def _files_key(folder: Path) -> tuple | None:

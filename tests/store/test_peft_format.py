@@ -347,7 +347,7 @@ def test_a_reader_that_resolved_the_old_version_reads_it_whole_after_a_re_upload
                                                                                   monkeypatch) -> None:
     """A re-upload swaps the link while a reader holds the old version's folder: that folder stays
     RETIRE_S, then goes with the next upload or delete."""
-    from loraplex.inference_server.lora import local_directory
+    from loraplex.inference_server.lora import retired_versions
 
     store = LocalAdapterDirectory(tmp_path, CFG)
     old = _files(r=4)
@@ -355,7 +355,7 @@ def test_a_reader_that_resolved_the_old_version_reads_it_whole_after_a_re_upload
     pinned = Path(os.path.realpath(tmp_path / "a"))
     store.put("a", _files(r=8))
     assert {n: (pinned / n).read_bytes() for n in old} == old
-    monkeypatch.setattr(local_directory, "RETIRE_S", 0.0)
+    monkeypatch.setattr(retired_versions, "RETIRE_S", 0.0)
     store.put("a", _files(r=16))
     assert not pinned.exists() and len(list((tmp_path / ".versions").iterdir())) == 1
 
@@ -365,12 +365,12 @@ def test_rapid_re_uploads_keep_only_the_newest_replaced_versions(tmp_path: Path,
     the newest RETIRED_PER_ADAPTER replaced ones stay (a reader may hold them), older ones go at
     once, other adapters' retired versions are not counted against it, and a listing after the
     burst removes those whose time is up."""
-    from loraplex.inference_server.lora import local_directory
+    from loraplex.inference_server.lora import retired_versions
 
     store = LocalAdapterDirectory(tmp_path, CFG)
     store.put("other", _files(r=4))
     store.put("other", _files(r=8))
-    kept = local_directory.RETIRED_PER_ADAPTER
+    kept = retired_versions.RETIRED_PER_ADAPTER
     replaced = []
     for r in (1, 2, 3, 4, 5, 6, 7, 8):
         store.put("a", _files(r=r))
@@ -380,7 +380,7 @@ def test_rapid_re_uploads_keep_only_the_newest_replaced_versions(tmp_path: Path,
     assert len(list(versions.iterdir())) == 2 + kept + 1
     assert [p.exists() for p in replaced[:-1]] == [False] * (7 - kept) + [True] * kept
     assert store.get("a").rank == 8 and store.get("other").rank == 8
-    monkeypatch.setattr(local_directory, "RETIRE_S", 0.0)
+    monkeypatch.setattr(retired_versions, "RETIRE_S", 0.0)
     assert sorted(i.adapter_id for i in store.list()) == ["a", "other"]
     assert sorted(p.name.rpartition("@")[0] for p in versions.iterdir()) == ["a", "other"]
 
