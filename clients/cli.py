@@ -236,18 +236,23 @@ def _main(argv: list[str]) -> int:
         return EXIT_OK
     except LoraplexClientError as exc:
         field = f" (field {exc.field})" if exc.field else ""
-        print(f"loraplex: {exc}{field}{_expired(exc)}", file=sys.stderr)
+        print(f"loraplex: {exc}{field}{_hint(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except (ValueError, TimeoutError, OSError) as exc:  # after BrokenPipeError, an OSError too
         print(f"loraplex: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
-def _expired(exc: Exception) -> str:
-    """What a deadline error owes the user: that the limit was this client's own (--timeout)."""
-    from loraplex.clients.errors import DeadlineExceededError  # noqa: PLC0415
+def _hint(exc: Exception) -> str:
+    """The flag an error owes the user: a deadline was this client's own (--timeout); a token is
+    given with --token (the server's words, "send 'authorization: Bearer <token>'", name none)."""
+    from loraplex.clients.errors import DeadlineExceededError, UnauthenticatedError  # noqa: PLC0415
 
-    return " (this client's deadline ran out: pass a larger --timeout)" if isinstance(exc, DeadlineExceededError) else ""
+    if isinstance(exc, DeadlineExceededError):
+        return " (this client's deadline ran out: pass a larger --timeout)"
+    if isinstance(exc, UnauthenticatedError):
+        return " (the token comes from --token or LORAPLEX_TOKEN)"
+    return ""
 
 
 def _quiet_closed_stdout() -> None:

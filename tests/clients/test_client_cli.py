@@ -285,3 +285,23 @@ def test_a_url_for_an_address_is_named(capsys) -> None:
                                        "host:port, e.g. '127.0.0.1:8000'\n")
     with pytest.raises(ValueError, match=r"is a URL: .* e.g. 'api.example.com:443' with TLS"):
         LoraplexClient("https://api.example.com:443")
+
+
+def test_a_missing_or_unknown_token_names_the_flag(capsys, tmp_path: Path) -> None:
+    """The server says "missing credentials: send 'authorization: Bearer <token>'", the wire's words:
+    the CLI's user passes --token or LORAPLEX_TOKEN, which nothing named."""
+    from tenant_tokens import TOKENS, write_tokens
+
+    from loraplex.inference_server.auth.security import Security
+    from loraplex.inference_server.auth.tokens import TokenFile
+
+    write_tokens(tmp_path / "tokens.json", TOKENS)
+    srv = ServerThread(ServerOptions(port=0), security=Security(tokens=TokenFile(str(tmp_path / "tokens.json"))))
+    srv.attach(FakeEngine(tmp_path / "store"))
+    try:
+        for token in ((), ("--token", "not-a-token-the-server-knows")):
+            code, _, err = run(capsys, srv.address, *token, "info")
+            assert code == 1 and "UNAUTHENTICATED" in err and "--token or LORAPLEX_TOKEN" in err, err
+        assert run(capsys, srv.address, "--token", TOKENS["a"], "adapters", "list")[0] == 0
+    finally:
+        srv.close()
