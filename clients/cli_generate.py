@@ -106,6 +106,8 @@ def generate(client: Any, args: argparse.Namespace) -> int:
     """Stream the answer to stdout (``-n`` > 1: each choice whole, one after another; ``--json``: an
     event a line) and a statistics line to stderr. Exit 1, naming it on stderr, when the server
     ended a choice before it was done (finish reason abort or error: the answer is cut off)."""
+    from loraplex.clients.errors import LoraplexClientError  # noqa: PLC0415 (gRPC loads after GRPC_VERBOSITY is set)
+
     prompt = _prompt(args)
     kwargs: dict[str, Any] = dict(
         adapter=args.adapter, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -122,21 +124,27 @@ def generate(client: Any, args: argparse.Namespace) -> int:
     start, tokens, last = time.perf_counter(), 0, None
     texts: dict[int, list[str]] = {}  # n > 1: each choice's text, printed whole at the end
     finished: dict[int, str] = {}
-    for event in client.generate(**kwargs):
-        tokens += len(event.token_ids)
-        last = event
-        if event.finish_reason:
-            finished[event.index] = event.finish_reason
-        if args.json:
-            print(json.dumps(asdict(event)), flush=True)
-        elif args.n > 1:
-            texts.setdefault(event.index, []).append(event.text)
-        else:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+    streamed = not args.json and args.n <= 1  # text goes out as it comes; its line ends with the answer
+    try:
+        for event in client.generate(**kwargs):
+            tokens += len(event.token_ids)
+            last = event
+            if event.finish_reason:
+                finished[event.index] = event.finish_reason
+            if args.json:
+                print(json.dumps(asdict(event)), flush=True)
+            elif not streamed:
+                texts.setdefault(event.index, []).append(event.text)
+            else:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    except (LoraplexClientError, KeyboardInterrupt):
+        if streamed and last is not None:  # the error (or the shell's prompt) starts a line of its own
+            print(flush=True)
+        raise
     for index in sorted(texts):
         sys.stdout.write(f"[choice {index}]\n{''.join(texts[index])}\n")
-    if not args.json and args.n <= 1:
+    if streamed:
         sys.stdout.write("\n")
     if not args.quiet and last is not None:
         elapsed = time.perf_counter() - start

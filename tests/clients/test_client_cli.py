@@ -155,7 +155,8 @@ def test_an_upload_that_fails_on_the_client_side_says_why(address: str, tmp_path
 
 def test_a_generate_past_its_timeout_says_the_limit_was_the_clients(capsys, tmp_path: Path) -> None:
     """`generate --timeout` bounds the whole stream; when it runs out the message says it was this
-    client's deadline and names the flag (a bare DEADLINE_EXCEEDED reads like a server fault)."""
+    client's deadline and names the flag (a bare DEADLINE_EXCEEDED reads like a server fault); the
+    text printed before it ends its line, so the error does not continue the answer's line."""
     from server_helpers import FakeEngine, ServerOptions, ServerThread
 
     srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
@@ -167,6 +168,7 @@ def test_a_generate_past_its_timeout_says_the_limit_was_the_clients(capsys, tmp_
         srv.close()
     assert code == 1 and "DEADLINE_EXCEEDED" in err and "--timeout" in err
     assert 0 < len(out) < 200  # the tokens that came before the deadline were printed
+    assert out.endswith("\n")  # their line ends: the error line was glued to it on a terminal
 
 
 def test_an_answer_the_server_cut_off_exits_1_naming_it(capsys, tmp_path: Path) -> None:
