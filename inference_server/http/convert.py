@@ -155,6 +155,10 @@ def _response_format(body: _Sampling) -> GrammarSpec | None:
         return GrammarSpec("json_object")
     if not isinstance(fmt.json_schema, dict) or not isinstance(fmt.json_schema.get("schema"), dict):
         raise InvalidRequestError('needs {"name": ..., "schema": {...}}', "response_format.json_schema")
+    for key, kind, name in (("name", str, "a string"), ("strict", bool, "true or false")):  # OpenAI's types
+        if fmt.json_schema.get(key) is not None and not isinstance(fmt.json_schema[key], kind):
+            raise InvalidRequestError(f"must be {name}, got {json.dumps(fmt.json_schema[key])[:40]}",
+                                      f"response_format.json_schema.{key}")
     schema = fmt.json_schema["schema"]
     check_schema(schema, "response_format.json_schema.schema")
     return _renamed(lambda: GrammarSpec("json_schema", json.dumps(schema)),

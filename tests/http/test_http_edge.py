@@ -175,6 +175,11 @@ BAD_COMPLETIONS = [
     ({"logit_bias": {"5": 101}}, "logit_bias"), ({"min_p": 2}, "min_p"), ({"min_tokens": -1}, "min_tokens"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"), ({"stop_token_ids": [999]}, "stop_token_ids"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
+    # a strict that is no boolean (was accepted as it came): a known field's bad value is named
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}}},
+     "response_format.json_schema.strict"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": 5, "schema": {}}}},
+     "response_format.json_schema.name"),
     ({"suffix": "x"}, "suffix"),
     ({"stream_options": {"continuous_usage_stats": "yes"}, "stream": True}, "stream_options.continuous_usage_stats"),
     ({"prompt": ["a"] * 65}, "prompt"), ({"prompt": ["a", ""]}, "prompt[1]"), ({"prompt": [[3], [999]]}, "prompt[1]"),
