@@ -307,3 +307,25 @@ def test_a_missing_or_unknown_token_names_the_flag(capsys, tmp_path: Path) -> No
         assert run(capsys, srv.address, "--token", TOKENS["a"], "adapters", "list")[0] == 0
     finally:
         srv.close()
+
+
+def test_ctrl_c_during_a_stream_exits_130_at_once_without_a_traceback(tmp_path: Path) -> None:
+    """SIGINT mid-answer (a real process: gRPC's stream wait must let the signal through)."""
+    import signal
+    import subprocess
+    import sys
+
+    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=6))
+    srv.attach(FakeEngine(tmp_path / "store", step_s=0.05))
+    try:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "loraplex.clients.cli", "--address", srv.address,
+                                 "generate", "--raw", "hey", "--max-new-tokens", "200"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.read(1), proc.communicate()  # streaming
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        srv.close()
+    assert proc.returncode == 130 and time.monotonic() - started < 5
+    assert err == b"" and out.endswith(b"\n"), err
