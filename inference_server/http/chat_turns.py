@@ -30,6 +30,9 @@ def chat_turns(body: ChatCompletionRequest, fmt: ToolFormat | None, template: st
             ((part.type, part.text) for part in m.content), f"messages[{i}].content")
         role = _role(i, m.role)
         turn: dict[str, Any] = {"role": role, "content": content}
+        if m.tool_calls and role != "assistant":  # the model made them: dropping them would change the chat
+            raise InvalidRequestError(f"only an assistant message makes tool calls; message {i} is {m.role!r}",
+                                      f"messages[{i}].tool_calls")
         if (m.tool_calls and role == "assistant") or role == "tool":
             if fmt is None:
                 field = f"messages[{i}].tool_calls" if role == "assistant" else f"messages[{i}].role"

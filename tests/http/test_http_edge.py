@@ -195,6 +195,10 @@ BAD_CHAT = [
      "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
     ({"tools": [{"type": "function"}]}, "tools[0]"), ({"n": 2, "stream_options": {}}, "stream_options"),
+    # calls on a user turn were dropped from the prompt without a word
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1", "type": "function",
+                                                                  "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[0].tool_calls"),
 ]
 
 
