@@ -3,6 +3,7 @@ policy of waiting for a server to come up (the twins differ only in how they blo
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -31,6 +32,9 @@ class ClientBase:
     def __init__(self, address: str, *, timeout: float, retry_attempts: int, channel: Any,
                  token: str | None, tls: TlsConfig | None, aio: bool) -> None:
         self.address = address
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            # 0 meant no deadline on unary calls and an expired one on generate; -1 and nan failed every call
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.timeout = timeout
         self._metadata = auth_metadata(token)  # sent with every call
         # a failed connection is explained only on channels made here (their transport is known)

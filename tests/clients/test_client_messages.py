@@ -58,3 +58,14 @@ def test_an_argument_of_the_wrong_type_is_named(kwargs: dict, message: str) -> N
     or AttributeError ('int' object has no attribute 'strip') for a non-string adapter."""
     with pytest.raises(ValueError, match=message):
         generate_request(**kwargs)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "5"])
+def test_a_client_timeout_that_is_no_number_of_seconds_is_refused(timeout: object) -> None:
+    """timeout=0 meant no deadline on unary calls but an expired one on generate; -1 and nan made
+    every call DEADLINE_EXCEEDED, naming no argument."""
+    from loraplex.clients import AsyncLoraplexClient, LoraplexClient
+
+    for client in (LoraplexClient, AsyncLoraplexClient):
+        with pytest.raises(ValueError, match="^timeout must be a number of seconds > 0"):
+            client("127.0.0.1:50051", timeout=timeout)
