@@ -195,8 +195,10 @@ def _sampling(body: _Sampling, limits: RequestLimits, logprobs: bool, top_logpro
     ), {"top_logprobs": top_logprobs_param, "prompt_logprobs": top_logprobs_param})
 
 
-def _stopping(body: _Sampling, requested: int | None, max_param: str, limits: RequestLimits,
-              prompt: tuple[int, ...], prompt_param: str) -> StoppingCriteria:
+def _stopping(body: _Sampling, limits: RequestLimits, prompt: tuple[int, ...], prompt_param: str) -> StoppingCriteria:
+    # max_completion_tokens, the newer name, wins (on completions too, where it was ignored for the default length)
+    requested, max_param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
+                            is not None else (body.max_tokens, "max_tokens"))
     max_new = edge.fitted_max_new_tokens(requested, len(prompt), limits, max_param, prompt_param)
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     stop_ids = edge.check_token_ids(body.stop_token_ids or (), limits.vocab_size, "stop_token_ids")
@@ -247,7 +249,7 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
     edge.check_streams(count, len(prompts), limits, "best_of" if ranked else "n")
     requests: list[GenerationRequest] = []
     for p in prompts:  # each prompt its own choices, all in the engine's batches at once
-        stopping = _stopping(body, body.max_tokens, "max_tokens", limits, p.ids, p.field)
+        stopping = _stopping(body, limits, p.ids, p.field)
         requests += edge.choice_requests(p.ids, adapter, sampling, stopping, count,
                                          skip_special_tokens=body.skip_special_tokens, grammar=grammar)
     echo = tuple(p.text if p.text is not None else tokenizer.decode(list(p.ids)) for p in prompts) if body.echo \
@@ -274,8 +276,6 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     edge.check_streams(body.n, 1, limits, "n")
     top = body.top_logprobs or 0
     sampling = _sampling(body, limits, body.logprobs, top, "top_logprobs")
-    requested, param = ((body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens
-                        is not None else (body.max_tokens, "max_tokens"))
     messages = chat_turns(body, fmt, template)
     if tools is not None:
         messages = tools.messages(messages)
@@ -284,7 +284,7 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages",
                                tools.template_tools() if tools is not None else None, roles)
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
-    stopping = _stopping(body, requested, param, limits, prompt, "messages")
+    stopping = _stopping(body, limits, prompt, "messages")
     requests = edge.choice_requests(prompt, adapter, sampling, stopping, body.n,
                                     skip_special_tokens=body.skip_special_tokens, grammar=grammar)
     return _decoded(body, requests, body.logprobs, top, tools=tools)

@@ -49,6 +49,7 @@ class _Sampling(_Body):
 
     model: str
     max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     temperature: float | None = None  # None: OpenAI's default, 1.0
     top_p: float | None = None
     top_k: int | None = None  # vLLM extra; -1 or 0 = off
@@ -102,7 +103,6 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions: messages through the tokenizer's chat template."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None

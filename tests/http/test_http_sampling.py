@@ -87,6 +87,19 @@ def test_parameters_that_change_the_answer_but_are_not_honoured_are_refused_by_n
     assert len(engine.requests) == sent + 1
 
 
+def test_max_completion_tokens_bounds_completions_too(served) -> None:  # noqa: F811
+    """The newer name of max_tokens, which wins on chat, was ignored on /v1/completions (the
+    answer ran to the server's default length); over the window it is named as sent."""
+    _, engine, client, _ = served
+    client.completions.create(model=BASE, prompt="abc", max_tokens=5, extra_body={"max_completion_tokens": 2})
+    assert engine.requests[-1].stopping.max_new_tokens == 2
+    client.completions.create(model=BASE, prompt="abc", max_tokens=5, extra_body={"max_completion_tokens": None})
+    assert engine.requests[-1].stopping.max_new_tokens == 5
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=BASE, prompt="abc", extra_body={"max_completion_tokens": 0})
+    assert refused.value.body["param"] == "max_completion_tokens"
+
+
 def test_vllm_and_openai_sampling_parameters_reach_the_engine(served) -> None:  # noqa: F811
     _, engine, client, _ = served
     client.completions.create(model=BASE, prompt="abc", max_tokens=6, presence_penalty=0.5, frequency_penalty=-0.5,
