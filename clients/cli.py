@@ -238,6 +238,10 @@ def _main(argv: list[str]) -> int:
         field = f" (field {exc.field})" if exc.field else ""
         print(f"loraplex: {exc}{field}{_hint(exc)}", file=sys.stderr)
         return EXIT_ERROR
+    except UnicodeEncodeError as exc:  # the answer has a character stdout's encoding has not (a ValueError too)
+        print(f"loraplex: the output's encoding ({exc.encoding}) cannot write {exc.object[exc.start:exc.end]!r}: "
+              "set PYTHONIOENCODING=utf-8 or use a UTF-8 locale", file=sys.stderr)
+        return EXIT_ERROR
     except (ValueError, TimeoutError, OSError) as exc:  # after BrokenPipeError, an OSError too
         print(f"loraplex: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -329,3 +329,20 @@ def test_ctrl_c_during_a_stream_exits_130_at_once_without_a_traceback(tmp_path: 
         srv.close()
     assert proc.returncode == 130 and time.monotonic() - started < 5
     assert err == b"" and out.endswith(b"\n"), err
+
+
+def test_an_answer_the_output_encoding_cannot_write_names_the_fix(address: str, monkeypatch, capsys) -> None:
+    """On an ASCII or cp1252 stdout (a C locale, a redirect on Windows) the answer stopped at its
+    first such character with "'ascii' codec can't encode character ...", naming no fix."""
+
+    class NarrowOut(io.StringIO):
+        def write(self, text: str) -> int:  # as a stdout whose encoding has none of the answer's characters
+            if text:
+                raise UnicodeEncodeError("ascii", text, 0, 1, "ordinal not in range(128)")
+            return 0
+
+    monkeypatch.setattr("sys.stdout", NarrowOut())
+    code = main(["--address", address, "generate", "--raw", "hey"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("loraplex: the output's encoding (ascii) cannot write ") and \
+        err.endswith(": set PYTHONIOENCODING=utf-8 or use a UTF-8 locale\n"), err
