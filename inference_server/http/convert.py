@@ -130,7 +130,7 @@ UNHONOURED: dict[str, tuple[object, ...]] = {
     "structured_outputs": (), "use_beam_search": (False,), "length_penalty": (1, 1.0),
     "include_stop_str_in_output": (False,), "prompt_logprobs": (), "bad_words": ([],), "allowed_token_ids": (),
     "truncate_prompt_tokens": (), "logits_processors": (), "return_tokens_as_token_ids": (False,),
-    "spaces_between_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "best_of": (1,),
 }
 
 

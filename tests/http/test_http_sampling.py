@@ -73,6 +73,7 @@ def test_parameters_that_change_the_answer_but_are_not_honoured_are_refused_by_n
              (client.chat.completions.create, dict(modalities=["text", "audio"]), "modalities"),
              (client.chat.completions.create, dict(extra_body={"guided_json": {"type": "object"}}), "guided_json"),
              (client.chat.completions.create, dict(extra_body={"echo": True}), "echo"),
+             (client.chat.completions.create, dict(extra_body={"best_of": 3}), "best_of"),  # completions' only
              (client.completions.create, dict(extra_body={"include_stop_str_in_output": True}),
               "include_stop_str_in_output"),
              (client.completions.create, dict(extra_body={"prompt_logprobs": 1}), "prompt_logprobs")]
