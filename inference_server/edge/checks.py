@@ -17,6 +17,7 @@ from loraplex.adapter_store.errors import ContextLengthExceededError, InvalidReq
 from loraplex.inference_server.engine.api import PromptTokenizer
 from loraplex.inference_server.engine.info import EngineInfo
 from loraplex.inference_server.engine.request import GenerationRequest, GrammarSpec, SamplingParams, StoppingCriteria
+from loraplex.inference_server.model.tokenizer import ChatOptions
 
 SEED_RANGE = 2**63  # seeds are in [0, 2^63) (engine/request.py)
 MAX_CHOICES = 16  # n (and best_of): each choice is a request of its own in the engine
@@ -103,10 +104,11 @@ def text_of_parts(parts: Iterable[tuple[str, str | None]], field: str) -> str:
 
 def chat_prompt_ids(messages: list[dict[str, Any]], tokenizer: PromptTokenizer, field: str,
                     template_field: str, tools: list[dict[str, Any]] | None = None,
-                    roles: tuple[str, ...] = CHAT_ROLES) -> list[int]:
+                    roles: tuple[str, ...] = CHAT_ROLES, options: ChatOptions | None = None) -> list[int]:
     """The chat template applied to ``messages`` ({role, content}, and for a template that renders
-    tools, ``tools`` and the ``roles`` of tool turns); errors name ``field`` (a message) or
-    ``template_field`` (no template, or the template refused them)."""
+    tools, ``tools`` and the ``roles`` of tool turns; ``options``: the generation prompt and the
+    template's variables); errors name ``field`` (a message) or ``template_field`` (no template,
+    or the template refused them)."""
     if not messages:
         raise InvalidRequestError("at least one message is required", field)
     for i, m in enumerate(messages):
@@ -116,6 +118,8 @@ def chat_prompt_ids(messages: list[dict[str, Any]], tokenizer: PromptTokenizer, 
             raise InvalidRequestError(f"message {i} has role {m['role']!r}; roles are {', '.join(roles)}",
                                       f"{field}[{i}].role")
     try:
+        if options is not None:
+            return tokenizer.apply_chat_template(messages, tools, options)
         return tokenizer.apply_chat_template(messages, tools) if tools else tokenizer.apply_chat_template(messages)
     except ValueError as exc:  # no chat template, or the template refused the messages
         raise InvalidRequestError(str(exc), template_field) from None

@@ -16,6 +16,7 @@ from loraplex.adapter_store.tenants.principal import Principal
 from loraplex.inference_server.engine.info import EngineInfo, EngineStats
 from loraplex.inference_server.engine.request import GenerationRequest, TokenEvent
 from loraplex.inference_server.lora.pool.pool_stats import PoolStats
+from loraplex.inference_server.model.tokenizer import ChatOptions
 
 
 class PromptTokenizer(Protocol):
@@ -28,9 +29,10 @@ class PromptTokenizer(Protocol):
         """The chat template's Jinja text ("" without one): the edge reads its tool-call format."""
         ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]],
-                            tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """transformers' ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            options: ChatOptions = ChatOptions()) -> list[int]:
+        """transformers' ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``
+        (its other arguments from ``options``); ValueError when the template refuses the messages."""
         ...
 
     def decode(self, ids: list[int]) -> str:

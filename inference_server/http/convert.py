@@ -27,6 +27,7 @@ from loraplex.inference_server.http import tool_formats, tools as tool_calls
 from loraplex.inference_server.http.chat_turns import chat_turns
 from loraplex.inference_server.http.prompts import completion_prompts
 from loraplex.inference_server.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling, ignored_fields
+from loraplex.inference_server.model.tokenizer import ChatOptions
 
 T = TypeVar("T")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
@@ -124,8 +125,7 @@ def _renamed(build: Callable[[], T], names: Mapping[str, str]) -> T:
 # fields are still accepted and ignored, as vLLM does (schemas.py).
 UNHONOURED: dict[str, tuple[object, ...]] = {
     "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
-    "audio": (), "web_search_options": (), "echo": (False,), "add_generation_prompt": (True,),
-    "continue_final_message": (False,), "chat_template": (), "chat_template_kwargs": ({},), "documents": (),
+    "audio": (), "web_search_options": (), "echo": (False,), "chat_template": (), "documents": (),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structural_tag": (),
     "structured_outputs": (), "use_beam_search": (False,), "length_penalty": (1, 1.0),
     "include_stop_str_in_output": (False,), "prompt_logprobs": (), "bad_words": ([],), "allowed_token_ids": (),
@@ -257,6 +257,36 @@ def completion_request(body: CompletionRequest, tokenizer: PromptTokenizer, limi
     return _decoded(body, tuple(requests), want_logprobs, body.logprobs or 0, echo, prompt_count=len(prompts))
 
 
+# apply_chat_template's own arguments: a template variable of these names would set them instead
+_TEMPLATE_ARGUMENTS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def _chat_options(body: ChatCompletionRequest, messages: list[dict], constrained: bool) -> ChatOptions | None:
+    """The template's options of a chat request (None: the defaults), checked: the last message
+    is continued only when it is the assistant's, without the generation prompt, and not under a
+    grammar (tools or response_format would constrain the continuation alone)."""
+    kwargs = body.chat_template_kwargs or {}
+    reserved = sorted(_TEMPLATE_ARGUMENTS.intersection(kwargs))
+    if reserved:
+        raise InvalidRequestError(f"{', '.join(reserved)} cannot be set here (a parameter of the request or the "
+                                  "server)", "chat_template_kwargs")
+    if body.continue_final_message:
+        if body.add_generation_prompt:
+            raise InvalidRequestError("needs add_generation_prompt=false (the answer continues the last message "
+                                      "instead of opening a new one)", "continue_final_message")
+        if messages[-1:] and messages[-1]["role"] != "assistant":
+            raise InvalidRequestError(f"needs the last message to be the assistant's, got {messages[-1]['role']!r}",
+                                      "continue_final_message")
+        if constrained:
+            raise InvalidRequestError("cannot be combined with tools or response_format", "continue_final_message")
+    if body.add_generation_prompt and not body.continue_final_message and not kwargs:
+        return None
+    return ChatOptions(body.add_generation_prompt, body.continue_final_message, kwargs)
+
+
 def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits: RequestLimits,
                  names: ModelNames) -> DecodedRequest:
     """Validate a /v1/chat/completions body and apply the tokenizer's chat template."""
@@ -282,7 +312,8 @@ def chat_request(body: ChatCompletionRequest, tokenizer: PromptTokenizer, limits
     edge.check_text_length("".join(m["content"] or "" for m in messages), limits, "messages")
     roles = (*edge.CHAT_ROLES, "tool") if fmt is not None and fmt.in_template else edge.CHAT_ROLES
     ids = edge.chat_prompt_ids(messages, tokenizer, "messages", "messages",
-                               tools.template_tools() if tools is not None else None, roles)
+                               tools.template_tools() if tools is not None else None, roles,
+                               _chat_options(body, messages, tools is not None or grammar is not None))
     prompt = edge.check_prompt_ids(tuple(ids), limits, "messages")
     stopping = _stopping(body, limits, prompt, "messages")
     requests = edge.choice_requests(prompt, adapter, sampling, stopping, body.n,

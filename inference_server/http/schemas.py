@@ -108,7 +108,12 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True  # false: one call at most
-    _chat_nulls = _nullable("logprobs", "parallel_tool_calls")
+    # vLLM's chat-template parameters: the assistant header at the end, or the last (assistant)
+    # message continued; the template's own variables (Qwen3's enable_thinking)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    _chat_nulls = _nullable("logprobs", "parallel_tool_calls", "add_generation_prompt", "continue_final_message")
 
 
 def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:

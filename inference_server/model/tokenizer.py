@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.inference_server.model import text_bound
@@ -14,6 +15,18 @@ from loraplex.inference_server.model import text_bound
 # closes turns with one of them, generation must stop there too (Qwen2/ChatML-style models
 # whose eos is <|endoftext|>); for SmolLM2 the eos already is <|im_end|>.
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How the chat template renders a conversation beyond its messages and tools (vLLM's chat
+    parameters of the same names): the assistant turn's header at the end, or the last (assistant)
+    message left open for the model to continue, and the template's own variables
+    (``enable_thinking`` for Qwen3's)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Tokenizer:
@@ -143,22 +156,33 @@ class Tokenizer:
         """The chat template's Jinja text ("" without one)."""
         return self._tok.chat_template if isinstance(self._tok.chat_template, str) else ""
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    options: ChatOptions = ChatOptions()) -> str:
         """The chat template applied to ``messages`` (and ``tools``, OpenAI's function tools, for a
-        template that renders them), with the assistant generation prompt."""
+        template that renders them), with the assistant generation prompt unless ``options`` say
+        otherwise. A template that refuses the messages (``raise_exception``, an undefined variable)
+        is a ValueError saying why."""
+        import jinja2  # noqa: PLC0415  (transformers' template engine)
+
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a raw prompt instead")
         _check_messages(messages)
-        return self._tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        try:
+            return self._tok.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message, **options.template_kwargs)
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"the chat template refused the messages: {exc}") from None
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-                            ) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            options: ChatOptions = ChatOptions()) -> list[int]:
         """Chat messages -> prompt token ids, ending with the assistant generation prompt.
 
-        Same ids as transformers' ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``:
-        the template text is tokenized without adding special tokens again.
+        Same ids as transformers' ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``
+        (and its other arguments from ``options``): the template text is tokenized without adding
+        special tokens again.
         """
-        return self.encode(self.render_chat(messages, tools), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools, options), add_special_tokens=False)
 
 
 def _gpt2_byte_chars() -> dict[int, str]:
