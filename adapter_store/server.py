@@ -42,7 +42,8 @@ class StoreServer:
     async def start(self) -> int:
         """Bind, start serving, and return the bound port."""
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.so_reuseport", 0)]  # a port in use is refused, not shared with the store already there
         interceptors = [SecretInterceptor(self._secret)] if self._secret is not None else []
         if self._secret is None and not is_loopback(self._listen):
             log.warning("the adapter store listens on %s without a shared secret: anyone who can reach it "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -121,6 +122,17 @@ def test_bad_settings_exit_with_a_clear_message():
     )
     assert out.returncode == 2
     assert "prefix must end with '/'" in out.stderr
+
+
+def test_a_port_in_use_stops_the_store_naming_it(tmp_path):
+    """A second store on the port of a running one shared it (gRPC's SO_REUSEPORT): it said it was
+    listening, and calls went to one store or the other, each with its own adapters."""
+    first = StoreProcess(["--local-dir", str(tmp_path / "a")], tmp_path / "store.log")
+    try:
+        out = _store_at_start(["--listen", first.target, "--local-dir", str(tmp_path / "b")], dict(os.environ))
+    finally:
+        first.stop()
+    assert out.returncode == 1 and f"loraplex-store: cannot listen on {first.target}" in out.stderr, out.stderr
 
 
 def _store_at_start(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
