@@ -99,6 +99,7 @@ STORE_CLIENT_SIDE = (
 
 # The LoRA runtime's tiers, lowest first: a module may import its own tier and lower ones only.
 LORA_TIERS = (
+    ("loraplex.inference_server.lora.retired_versions",),  # the local directory's old versions
     ("loraplex.inference_server.lora.local_directory",),
     ("loraplex.inference_server.lora.resident",),
     ("loraplex.inference_server.lora.batch",),
