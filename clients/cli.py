@@ -235,7 +235,8 @@ def _main(argv: list[str]) -> int:
         _quiet_closed_stdout()
         return EXIT_OK
     except LoraplexClientError as exc:
-        field = f" (field {exc.field})" if exc.field else ""
+        # the server's message names the field first ("sampling.top_p: ..."): only a message that does not says it
+        field = f" (field {exc.field})" if exc.field and not exc.details.startswith(f"{exc.field}:") else ""
         print(f"loraplex: {exc}{field}{_hint(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except UnicodeEncodeError as exc:  # the answer has a character stdout's encoding has not (a ValueError too)
