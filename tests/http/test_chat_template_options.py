@@ -12,13 +12,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from loraplex.inference_server.build import build_engine
-from loraplex.inference_server.engine.async_engine import AsyncEngine
+from http_engine import serve_with_tokenizer
+
 from loraplex.inference_server.engine.config import EngineConfig
-from loraplex.inference_server.model.checkpoint import ModelSource
-from loraplex.inference_server.server.app import ServerOptions
-from server_helpers import ServerThread
-from tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -42,16 +38,8 @@ def served(smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
     tok = transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
     tok.chat_template = TEMPLATE
-    tok_dir = tmp_path_factory.mktemp("tokenizer")
-    tok.save_pretrained(tok_dir)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=1024, vocab_size=len(tok))
-    folder = save_tiny_model(transformers.LlamaForCausalLM, config, tok_dir, tmp_path_factory.mktemp("model"), seed=5)
-    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=8))
-    url = srv.start_http(default_max_new_tokens=8)
-    engine = build_engine(AsyncEngine, EngineConfig(num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=256),
-                          ModelSource(path=str(folder)), tmp_path_factory.mktemp("adapters"), progress=False)
-    srv.attach(engine)
+    srv, engine, url = serve_with_tokenizer(
+        tok, tmp_path_factory, 5, 8, EngineConfig(num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=256))
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
     yield client, engine.info.model_name, tok
     client.close()

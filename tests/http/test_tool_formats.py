@@ -13,15 +13,10 @@ from pathlib import Path
 
 import openai
 import pytest
+from http_engine import serve_with_tokenizer
 
-from loraplex.inference_server.build import build_engine
-from loraplex.inference_server.engine.async_engine import AsyncEngine
 from loraplex.inference_server.engine.config import EngineConfig
 from loraplex.inference_server.http.tool_formats import FORMATS, detect
-from loraplex.inference_server.model.checkpoint import ModelSource
-from loraplex.inference_server.server.app import ServerOptions
-from server_helpers import ServerThread
-from tiny_models import save_tiny_model
 
 HERMES = (
     "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n"
@@ -107,16 +102,8 @@ def served(request, smollm2_tokenizer_dir: Path, tmp_path_factory: pytest.TempPa
     tok.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                                                           "<|python_tag|>"]})
     tok.chat_template = template
-    tok_dir = tmp_path_factory.mktemp("tokenizer")
-    tok.save_pretrained(tok_dir)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=1024, vocab_size=len(tok))
-    folder = save_tiny_model(transformers.LlamaForCausalLM, config, tok_dir, tmp_path_factory.mktemp("model"), seed=3)
-    srv = ServerThread(ServerOptions(port=0, default_max_new_tokens=40))
-    url = srv.start_http(default_max_new_tokens=40)
-    engine = build_engine(AsyncEngine, EngineConfig(num_kv_blocks=128, max_num_seqs=4, max_num_batched_tokens=512),
-                          ModelSource(path=str(folder)), tmp_path_factory.mktemp("adapters"), progress=False)
-    srv.attach(engine)
+    srv, engine, url = serve_with_tokenizer(
+        tok, tmp_path_factory, 3, 40, EngineConfig(num_kv_blocks=128, max_num_seqs=4, max_num_batched_tokens=512))
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
     yield request.param, client, engine, tok
     client.close()
